@@ -1,0 +1,3 @@
+from geospec.cli import main
+
+main()

@@ -1,0 +1,46 @@
+"""Errors a user can cause, each carrying the exit status the CLI reports.
+
+The CLI prints ``str(error)`` and exits with ``error.exit_code``; a traceback is shown only with
+``--debug``. Anything that is not a :class:`GeospecError` is a bug and is shown with its traceback.
+"""
+
+from __future__ import annotations
+
+
+class GeospecError(Exception):
+    """A failure the user can act on (exit status 1: the run failed)."""
+
+    exit_code = 1
+
+
+class SpecError(GeospecError):
+    """The spec (or another input file) is invalid (exit status 2).
+
+    ``problems`` holds one line per problem, each naming the dotted path of the offending key.
+    """
+
+    exit_code = 2
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        if len(self.problems) == 1:
+            return f"{self.source}: {self.problems[0]}"
+        lines = [f"{self.source}: {len(self.problems)} problems"]
+        lines += [f"  {problem}" for problem in self.problems]
+        return "\n".join(lines)
+
+
+class UsageError(GeospecError):
+    """Bad input that is not a spec: a profiles file, a run directory, an option (exit status 2)."""
+
+    exit_code = 2
+
+
+class PluginError(GeospecError):
+    """A plugin is missing, broken or misbehaving."""
+
+    exit_code = 2

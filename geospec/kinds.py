@@ -1,0 +1,138 @@
+"""The five kinds of plugin and the contract each one fulfils.
+
+Nothing here imports torch: these classes are only the shapes that the core (validation,
+registries) and the pipeline (measure, solve, train) rely on. Concrete plugins live in
+``geospec_plugins`` or in third-party packages and do their heavy imports inside their methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from geospec.plugin import Plugin
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Geometry(Plugin):
+    """How distances between token states are measured.
+
+    ``prepare`` maps a cloud (n x d tensor) to what the distances need (for example unit vectors
+    scaled into the Poincaré ball); ``pairwise`` gives the n x n distance matrix of a prepared cloud;
+    ``paired`` the n distances between corresponding rows of two prepared clouds.
+    """
+
+    plugin_kind: ClassVar[str] = "geometry"
+    #: Whether a global rescaling of both clouds changes the distances (True for ``raw``).
+    scale_sensitive: ClassVar[bool] = False
+
+    def prepare(self, cloud: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def pairwise(self, points: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def paired(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Statistic(Plugin):
+    """A work statistic: how much an FFN moved cloud ``x`` (before) to cloud ``y`` (after).
+
+    ``__call__(geometry, x, y)`` receives raw clouds (n x d, same n, same token order) and returns
+    a non-negative float. It must be vectorised (no Python loops over tokens).
+    """
+
+    plugin_kind: ClassVar[str] = "statistic"
+
+    def __call__(self, geometry: Geometry, x: torch.Tensor, y: torch.Tensor) -> float:
+        raise NotImplementedError
+
+
+class Smoother(Plugin):
+    """Maps a work profile (one float per layer) to a smoothed profile of the same length."""
+
+    plugin_kind: ClassVar[str] = "smoother"
+
+    def __call__(self, profile: Sequence[float]) -> list[float]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class WidthProblem:
+    """What a solver is asked: integer widths for ``work`` summing exactly to ``budget``.
+
+    ``lower``/``upper`` bound each width; every width is a multiple of ``multiple``.
+    ``exponents`` (a_l) and ``sensitivities`` (lambda_l) are per-layer, or None for the defaults.
+    """
+
+    work: tuple[float, ...]
+    budget: int
+    multiple: int
+    lower: int
+    upper: int
+    exponents: tuple[float, ...] | None = None
+    sensitivities: tuple[float, ...] | None = None
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.work)
+
+
+class Solver(Plugin):
+    """Turns a work profile into integer widths with an exact budget (see :class:`WidthProblem`)."""
+
+    plugin_kind: ClassVar[str] = "solver"
+
+    def solve(self, problem: WidthProblem) -> list[int]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """What a schedule needs to know about the target model."""
+
+    n_layers: int
+    d_model: int
+    ffn_width: int
+    """The uniform FFN width; every schedule keeps ``n_layers * ffn_width`` exactly."""
+    multiple_of: int
+    activation: str = "gelu"
+
+    @property
+    def budget(self) -> int:
+        return self.n_layers * self.ffn_width
+
+
+class Schedule(Plugin):
+    """Produces one integer FFN width per layer whose sum is exactly ``dims.budget``.
+
+    ``profiles`` maps profile names ("topology/hyperbolic") to per-layer work measured on the
+    reference model; schedules that need none ignore it.
+    """
+
+    plugin_kind: ClassVar[str] = "schedule"
+
+    def required_profiles(self) -> list[str]:
+        """Names of the measured profiles this schedule reads (checked against ``measure``)."""
+        return []
+
+    def check(self, dims: ModelDims) -> list[str]:
+        """Problems with these params for this model (for example a width list of wrong length)."""
+        return []
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        raise NotImplementedError
+
+
+#: Kind name -> base class, in the order they are listed everywhere.
+KINDS: dict[str, type[Plugin]] = {
+    "geometry": Geometry,
+    "statistic": Statistic,
+    "smoother": Smoother,
+    "solver": Solver,
+    "schedule": Schedule,
+}

@@ -1,0 +1,100 @@
+"""One registry per plugin kind: name -> plugin class, remembering which package provided it."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+from geospec.errors import PluginError
+from geospec.plugin import Plugin, kind_of
+
+
+@dataclass(frozen=True)
+class Provider:
+    """Who provided a plugin: the plugin's registered name and its distribution's version."""
+
+    name: str
+    version: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.version}" if self.version else self.name
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    cls: type[Plugin]
+    provider: Provider
+
+
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """A plugin that failed to load; kinds it might have provided are unknown."""
+
+    name: str
+    version: str | None
+    error: str
+
+
+@dataclass
+class Registry:
+    """Plugins of one kind (``geometry``, ``statistic``, ...), by name."""
+
+    kind: str
+    base: type[Plugin]
+    entries: dict[str, Entry] = field(default_factory=dict)
+    broken: list[BrokenPlugin] = field(default_factory=list)
+
+    def register(self, cls: type[Plugin], provider: Provider) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise PluginError(
+                f"plugin {provider} registered {cls!r} as a {self.kind}, "
+                f"but it is not a subclass of {self.base.__module__}.{self.base.__name__}"
+            )
+        try:
+            name = kind_of(cls)
+        except TypeError as error:
+            raise PluginError(f"plugin {provider}: {error}") from None
+        existing = self.entries.get(name)
+        if existing is not None:
+            raise PluginError(
+                f"{self.kind} {name!r} is registered twice: by {existing.provider} "
+                f"({existing.cls.__module__}.{existing.cls.__name__}) and by {provider} "
+                f"({cls.__module__}.{cls.__name__}); uninstall or block one of them "
+                "(GEOSPEC_BLOCK_PLUGINS)"
+            )
+        self.entries[name] = Entry(name, cls, provider)
+
+    def unregister_provider(self, provider_name: str) -> None:
+        for name in [n for n, e in self.entries.items() if e.provider.name == provider_name]:
+            del self.entries[name]
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def get(self, name: str) -> Entry:
+        entry = self.entries.get(name)
+        if entry is None:
+            raise PluginError(self.unknown_message(name))
+        return entry
+
+    def unknown_message(self, name: str) -> str:
+        """Explain an unknown name: what is available, the closest match, broken plugins."""
+        if not self.entries:
+            message = f"unknown {self.kind} {name!r}: no {self.kind} plugins are registered"
+        else:
+            available = ", ".join(repr(n) for n in self.entries)
+            message = f"unknown {self.kind} {name!r}; available: {available}"
+            close = difflib.get_close_matches(name, list(self.entries), n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        for plugin in self.broken:
+            version = f" {plugin.version}" if plugin.version else ""
+            message += (
+                f"; note: plugin {plugin.name}{version} failed to load and may provide it "
+                f"({plugin.error})"
+            )
+        return message

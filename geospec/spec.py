@@ -1,0 +1,367 @@
+"""The spec: what a researcher writes in TOML, as pydantic models.
+
+Plugin tables (``geometry``, ``statistic``, ``schedule``, ...) are validated through the registries
+in effect (:mod:`geospec.plugin_ref`). Checks that span sections live in :func:`cross_check`;
+reading a file and turning errors into messages lives in :mod:`geospec.specfile`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from geospec.kinds import ModelDims
+from geospec.model_size import Shape
+from geospec.plugin_ref import GeometryRef, ScheduleRef, StatisticRef
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, frozen=True, allow_inf_nan=False
+    )
+
+
+class ModelSpec(Section):
+    """The target architecture: a GPT-style pre-norm decoder."""
+
+    n_layers: int = Field(ge=1, le=512)
+    """Number of transformer blocks."""
+    d_model: int = Field(ge=8, le=65536)
+    """Width of the residual stream."""
+    n_heads: int = Field(ge=1, le=1024)
+    """Attention heads; must divide d_model."""
+    ffn_width: int = Field(ge=1, le=1_048_576)
+    """The uniform FFN hidden width. Every arm keeps n_layers * ffn_width exactly (the budget)."""
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    """FFN activation: gelu (2 matrices) or swiglu (3 matrices)."""
+    seq_len: int = Field(ge=2, le=1_048_576)
+    """Context length in tokens."""
+    vocab_size: int | None = Field(None, ge=2, le=4_194_304)
+    """Vocabulary size; omit to take it from the tokenizer."""
+    multiple_of: int = Field(64, ge=1, le=65536)
+    """Every FFN width is rounded to a multiple of this."""
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    positions: Literal["learned", "rope"] = "learned"
+    """Learned absolute position embeddings (GPT-2) or rotary embeddings."""
+    rope_theta: float = Field(10000.0, gt=0)
+    tie_embeddings: bool = True
+    """Share the token embedding with the output projection."""
+    bias: bool = True
+    """Biases in linear layers and LayerNorm."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class BPETokenizer(Section):
+    """A byte-level BPE trained with `tokenizers` on the training split (cached in the run dir)."""
+
+    kind: Literal["bpe"] = "bpe"
+    vocab_size: int = Field(4096, ge=260, le=1_048_576)
+    min_frequency: int = Field(2, ge=1)
+
+
+class GPT2Tokenizer(Section):
+    """GPT-2's BPE from local files (vocab.json + merges.txt); the package ships a copy."""
+
+    kind: Literal["gpt2"] = "gpt2"
+    path: str | None = None
+    """Directory holding vocab.json and merges.txt; omit for the bundled copy."""
+
+
+class PretrainedTokenizer(Section):
+    """A tokenizer directory loadable by transformers' AutoTokenizer (local files only)."""
+
+    kind: Literal["pretrained"] = "pretrained"
+    path: str
+
+
+Tokenizer = Annotated[
+    BPETokenizer | GPT2Tokenizer | PretrainedTokenizer, Field(discriminator="kind")
+]
+
+
+class DataSpec(Section):
+    """Where text comes from and how it becomes tokens."""
+
+    source: str | None = None
+    """'bundled:austen' (the default), 'bundled:shakespeare', or a Hugging Face hub dataset name."""
+    files: list[str] | None = None
+    """Local .txt/.jsonl/.parquet files (relative to the spec file); replaces source."""
+    hub_config: str | None = None
+    hub_split: str = "train"
+    text_field: str = "text"
+    streaming: bool = False
+    max_documents: int | None = Field(None, ge=1)
+    """Use only the first N documents (useful with huge hub datasets)."""
+    val_fraction: float = Field(0.05, gt=0.0, lt=0.5)
+    """Fraction of documents held out for validation (deterministic by split_seed)."""
+    split_seed: int = Field(0, ge=0)
+    tokenizer: Tokenizer = Field(default_factory=BPETokenizer)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if self.files is not None and self.source is not None:
+            raise ValueError("give either source or files, not both")
+        if self.files is not None and not self.files:
+            raise ValueError("files is empty: list at least one file, or remove it")
+        return self
+
+    @property
+    def corpus(self) -> str | None:
+        """The dataset source in effect (None when local files are used)."""
+        if self.files is not None:
+            return None
+        return self.source or "bundled:austen"
+
+
+class ReferenceSpec(Section):
+    """The uniform model that is probed: trained here, or a pretrained checkpoint."""
+
+    checkpoint: str | None = None
+    """A local Hugging Face model directory or .gguf file; omit to train the spec's model."""
+    train_steps: int | None = Field(None, ge=1, le=100_000_000)
+    """Steps to train the reference (default: train.steps)."""
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ReferenceSpec:
+        if self.checkpoint is not None and self.train_steps is not None:
+            raise ValueError("give either checkpoint or train_steps, not both")
+        return self
+
+
+class ProbeSpec(Section):
+    """Which token states are captured from the reference model."""
+
+    tokens: int = Field(1024, ge=4, le=1_000_000)
+    """Number of token states per cloud."""
+    sequences: int | None = Field(None, ge=1)
+    """Validation sequences to sample tokens from (default: as many as needed)."""
+    site: Literal["residual", "ffn"] = "residual"
+    """residual: the stream before/after the FFN sub-layer; ffn: normalised FFN input and output."""
+    skip_first: int = Field(0, ge=0)
+    """Skip the first positions of each sequence (attention-sink tokens)."""
+    seed: int = Field(0, ge=0)
+    batch_size: int = Field(8, ge=1, le=65536)
+
+
+class MeasureSpec(Section):
+    """One work profile: a geometry x statistic pair."""
+
+    geometry: GeometryRef
+    statistic: StatisticRef
+    name: str | None = None
+    """Profile name (default 'statistic/geometry', for example 'topology/hyperbolic')."""
+
+    @property
+    def profile(self) -> str:
+        return self.name or f"{self.statistic.kind}/{self.geometry.kind}"
+
+
+class ArmSpec(Section):
+    """One trained schedule of the experiment."""
+
+    name: Name
+    schedule: ScheduleRef
+
+
+class TrainSpec(Section):
+    """How every arm (and, by default, the reference) is trained."""
+
+    steps: int | None = Field(None, ge=1, le=100_000_000)
+    """Optimizer steps; or give tokens."""
+    tokens: int | None = Field(None, ge=1, le=10**15)
+    """Training tokens per run; steps = ceil(tokens / (batch_size * seq_len))."""
+    batch_size: int = Field(32, ge=1, le=1_048_576)
+    """Global batch in sequences (independent of the number of processes)."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Sequences per forward pass per process; the rest is gradient accumulation."""
+    lr: float = Field(6e-4, gt=0.0, le=10.0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    """Final learning rate of the cosine decay, as a fraction of lr."""
+    warmup: int = Field(0, ge=0)
+    """Linear warmup steps."""
+    weight_decay: float = Field(0.1, ge=0.0, le=10.0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0.0)
+    grad_clip: float = Field(1.0, ge=0.0)
+    """Gradient-norm clipping (0 disables)."""
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=1000)
+    device: str = "auto"
+    """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', 'mps'."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto: bf16 autocast on CUDA, fp32 elsewhere."""
+    compile: bool = False
+    """torch.compile the model."""
+    eval_interval: int = Field(0, ge=0)
+    """Evaluate every N steps (0: only at the end)."""
+    eval_tokens: int | None = Field(None, ge=1)
+    """Validation tokens used per evaluation (default: the whole validation split)."""
+    checkpoint_interval: int = Field(100, ge=1)
+    log_interval: int = Field(10, ge=1)
+    distributed: Literal["ddp", "fsdp2"] = "ddp"
+    """Data parallelism under torchrun."""
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op threads on CPU (default: torch's)."""
+
+    @model_validator(mode="after")
+    def _steps_or_tokens(self) -> TrainSpec:
+        if (self.steps is None) == (self.tokens is None):
+            raise ValueError("give exactly one of steps or tokens")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be unique")
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not a multiple of micro_batch_size "
+                f"{self.micro_batch_size}"
+            )
+        return self
+
+
+class ReportSpec(Section):
+    baseline: str = "uniform"
+    """The arm every other arm is compared with (paired by seed)."""
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    bootstrap: int = Field(10000, ge=0, le=10_000_000)
+    """Bootstrap resamples for the paired difference (used with 5 or more seeds; 0 disables)."""
+    plots: bool = True
+
+
+def _all_means_none(value: object) -> object:
+    if value == "all":
+        return None
+    if isinstance(value, str):
+        raise ValueError(f'must be "all" or a list of [[measure]] tables, not {value!r}')
+    return value
+
+
+class Spec(Section):
+    """A whole experiment."""
+
+    name: Name
+    out: str | None = None
+    """Run directory (default runs/<name>), relative to the current directory."""
+    model: ModelSpec
+    data: DataSpec = Field(default_factory=DataSpec)
+    reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
+    probe: ProbeSpec = Field(default_factory=ProbeSpec)
+    measure: Annotated[list[MeasureSpec] | None, BeforeValidator(_all_means_none)] = None
+    """A list of geometry x statistic tables, or "all" (the default): every registered pair."""
+    arms: list[ArmSpec] = Field(min_length=1, max_length=1000)
+    train: TrainSpec
+    report: ReportSpec = Field(default_factory=ReportSpec)
+
+    @property
+    def run_dir(self) -> str:
+        return self.out or f"runs/{self.name}"
+
+
+def measures(spec: Spec) -> list[MeasureSpec]:
+    """The measure entries in effect: ``"all"`` expands to every registered pair with defaults."""
+    if spec.measure is not None:
+        return list(spec.measure)
+    from geospec.plugins import get_registries
+
+    registries = get_registries()
+    return [
+        MeasureSpec(geometry=geometry, statistic=statistic)
+        for statistic in registries["statistic"].names()
+        for geometry in registries["geometry"].names()
+    ]
+
+
+def model_dims(spec: Spec) -> ModelDims:
+    m = spec.model
+    return ModelDims(m.n_layers, m.d_model, m.ffn_width, m.multiple_of, m.activation)
+
+
+def cross_check(spec: Spec) -> list[tuple[str, str]]:
+    """Problems that span sections, as (dotted path, message) pairs; empty when the spec is sound."""
+    from geospec.plugins import get_registries
+
+    problems: list[tuple[str, str]] = []
+    m = spec.model
+    if m.d_model % m.n_heads:
+        problems.append(
+            ("model.n_heads", f"{m.n_heads} does not divide d_model {m.d_model}; "
+             f"choose a divisor such as {_nearest_divisor(m.d_model, m.n_heads)}")
+        )
+    elif m.positions == "rope" and (m.d_model // m.n_heads) % 2:
+        problems.append(("model.n_heads", "rope needs an even head dimension (d_model / n_heads)"))
+    if m.ffn_width % m.multiple_of:
+        problems.append(
+            ("model.ffn_width", f"{m.ffn_width} is not a multiple of model.multiple_of "
+             f"{m.multiple_of}, so the uniform arm cannot be rounded; use "
+             f"{max(m.multiple_of, round(m.ffn_width / m.multiple_of) * m.multiple_of)} "
+             "or change multiple_of")
+        )
+    tok = spec.data.tokenizer
+    if m.vocab_size is not None and isinstance(tok, BPETokenizer) and tok.vocab_size > m.vocab_size:
+        problems.append(
+            ("model.vocab_size", f"{m.vocab_size} is smaller than data.tokenizer.vocab_size "
+             f"{tok.vocab_size}; remove model.vocab_size to take it from the tokenizer")
+        )
+    seen: dict[str, int] = {}
+    for i, arm in enumerate(spec.arms):
+        if arm.name in seen:
+            problems.append(
+                (f"arms[{i}].name", f"duplicate arm name {arm.name!r} (also arms[{seen[arm.name]}])")
+            )
+        seen.setdefault(arm.name, i)
+    profile_names: dict[str, int] = {}
+    for i, entry in enumerate(measures(spec)):
+        if entry.profile in profile_names:
+            problems.append(
+                (f"measure[{i}]", f"profile {entry.profile!r} is measured twice; give one a name")
+            )
+        profile_names.setdefault(entry.profile, i)
+    registries = get_registries()
+    dims = model_dims(spec)
+    for i, arm in enumerate(spec.arms):
+        schedule = registries.create("schedule", arm.schedule)
+        for profile in schedule.required_profiles():
+            if profile not in profile_names:
+                available = ", ".join(repr(p) for p in profile_names) or "none"
+                problems.append(
+                    (f"arms[{i}].schedule.profile", f"{profile!r} is not measured; measured "
+                     f"profiles: {available}. Add it to [[measure]] or use measure = \"all\"")
+                )
+        problems += [(f"arms[{i}].schedule", message) for message in schedule.check(dims)]
+    if len(spec.arms) > 1 and spec.report.baseline not in seen:
+        problems.append(
+            ("report.baseline", f"no arm is named {spec.report.baseline!r}; add that arm "
+             "(schedule = { kind = \"uniform\" }) or set report.baseline to one of "
+             + ", ".join(repr(a.name) for a in spec.arms))
+        )
+    return problems
+
+
+def _nearest_divisor(n: int, near: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - near), d))
+
+
+GPT2_VOCAB_SIZE = 50257
+
+
+def declared_vocab_size(spec: Spec) -> int | None:
+    """The vocabulary size known without loading the tokenizer (None for a pretrained directory)."""
+    if spec.model.vocab_size is not None:
+        return spec.model.vocab_size
+    tokenizer = spec.data.tokenizer
+    if isinstance(tokenizer, BPETokenizer):
+        return tokenizer.vocab_size
+    if isinstance(tokenizer, GPT2Tokenizer):
+        return GPT2_VOCAB_SIZE
+    return None
+
+
+def model_shape(spec: Spec, vocab_size: int) -> Shape:
+    m = spec.model
+    return Shape(
+        n_layers=m.n_layers, d_model=m.d_model, n_heads=m.n_heads, vocab_size=vocab_size,
+        seq_len=m.seq_len, activation=m.activation, norm=m.norm, positions=m.positions,
+        bias=m.bias, tie_embeddings=m.tie_embeddings,
+    )
