@@ -4,6 +4,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from geospec.hookspecs import hookimpl  # noqa: E402
+from geospec.hookspecs import hookimpl
 
 __all__ = ["__version__", "hookimpl"]

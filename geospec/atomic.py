@@ -33,12 +33,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
+def atomic_open(
+    path: str | Path, mode: str = "w", encoding: str | None = "utf-8"
+) -> Iterator[IO[Any]]:
     """Open a temporary file for writing that replaces ``path`` only when the block succeeds."""
-    with atomic_path(path) as tmp:
-        kwargs = {} if "b" in mode else {"encoding": encoding}
-        with open(tmp, mode, **kwargs) as handle:
-            yield handle
+    with atomic_path(path) as tmp, open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
+        yield f
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

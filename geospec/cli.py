@@ -11,7 +11,6 @@ import importlib
 import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -177,4 +176,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

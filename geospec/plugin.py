@@ -28,12 +28,12 @@ class PluginParams(BaseModel):
 
 
 class Plugin:
-    """Base of every plugin class. ``Params`` is its parameter model; ``params`` the validated values."""
+    """Base of every plugin class: ``Params`` is its parameter model, ``params`` the values."""
 
     Params: ClassVar[type[PluginParams]]
 
     def __init__(self, params: PluginParams | None = None) -> None:
-        self.params = params if params is not None else self.Params()
+        self.params = params if params is not None else self.Params.model_validate({})
 
     @classmethod
     def kind_name(cls) -> str:
@@ -46,7 +46,7 @@ class Plugin:
 
 
 def kind_of(cls: Any) -> str:
-    """Read the kind name a plugin class declares, or raise ``TypeError`` explaining what is missing."""
+    """Read the kind name a plugin class declares, or raise ``TypeError`` saying what is missing."""
     params = getattr(cls, "Params", None)
     if not (isinstance(params, type) and issubclass(params, BaseModel)):
         raise TypeError(f"{cls!r} has no pydantic Params model")

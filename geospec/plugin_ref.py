@@ -2,7 +2,8 @@
 
 ``geometry: PluginRef["geometry"]`` accepts ``{ kind = "hyperbolic", radius = 0.9 }`` (or the bare
 string ``"hyperbolic"``), looks ``kind`` up in the geometry registry in effect and validates the
-rest with that plugin's ``Params``. Plugins may use these fields too (a schedule holding a smoother).
+rest with that plugin's ``Params``. Plugins may use these fields too (a schedule holding a
+smoother).
 The JSON schema lists the registered plugins' parameter models as a discriminated union.
 """
 
@@ -41,13 +42,14 @@ class PluginTable:
         if not isinstance(value, dict):
             raise PydanticCustomError(
                 "plugin_table",
-                f"must be a {self.kind} table such as {{ kind = \"...\" }}, "
+                f'must be a {self.kind} table such as {{ kind = "..." }}, '
                 f"not {type(value).__name__}",
             )
         kind = value.get("kind")
         if not isinstance(kind, str):
             raise PydanticCustomError(
-                "plugin_kind_missing", f"a {self.kind} table needs a 'kind' key naming the {self.kind}"
+                "plugin_kind_missing",
+                f"a {self.kind} table needs a 'kind' key naming the {self.kind}",
             )
         registry = get_registries()[self.kind]
         if kind not in registry:
@@ -65,7 +67,7 @@ class PluginTable:
             return {"type": "object", "description": f"no {self.kind} plugins are registered"}
         if len(classes) == 1:
             return handler(TypeAdapter(classes[0]).core_schema)
-        union = Annotated[Union[tuple(classes)], Field(discriminator="kind")]  # noqa: UP007
+        union = Annotated[Union[tuple(classes)], Field(discriminator="kind")]  # type: ignore[valid-type]  # noqa: UP007
         return handler(TypeAdapter(union).core_schema)
 
 

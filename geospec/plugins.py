@@ -179,11 +179,17 @@ def _collect(pm: pluggy.PluginManager, loader: _Loader) -> Registries:
     for hook_name, kind in REGISTER_HOOKS.items():
         registry = registries[kind]
         hook = getattr(pm.hook, hook_name)
-        # pluggy calls implementations last-registered first; register in load order instead.
-        for impl in reversed(hook.get_hookimpls()):
+        # get_hookimpls() lists implementations in load order (pluggy's own calls run LIFO);
+        # registering in load order means the builtins claim their names first.
+        for impl in hook.get_hookimpls():
             provider = loader.providers[impl.plugin_name]
 
-            def register(cls: type[Plugin], provider: Provider = provider) -> None:
+            def register(
+                cls: type[Plugin],
+                provider: Provider = provider,
+                registry: Registry = registry,
+                kind: str = kind,
+            ) -> None:
                 registry.register(cls, provider)
                 kinds_by_provider[provider][kind].append(cls.kind_name())
 
@@ -191,7 +197,9 @@ def _collect(pm: pluggy.PluginManager, loader: _Loader) -> Registries:
                 impl.function(register=register)
             except Exception as error:
                 errors.append(
-                    BrokenPlugin(provider.name, provider.version, f"{hook_name}: {_describe(error)}")
+                    BrokenPlugin(
+                        provider.name, provider.version, f"{hook_name}: {_describe(error)}"
+                    )
                 )
     for registry in registries.values():
         registry.broken = errors

@@ -266,7 +266,7 @@ def measures(spec: Spec) -> list[MeasureSpec]:
 
     registries = get_registries()
     return [
-        MeasureSpec(geometry=geometry, statistic=statistic)
+        MeasureSpec.model_validate({"geometry": geometry, "statistic": statistic})
         for statistic in registries["statistic"].names()
         for geometry in registries["geometry"].names()
     ]
@@ -278,36 +278,48 @@ def model_dims(spec: Spec) -> ModelDims:
 
 
 def cross_check(spec: Spec) -> list[tuple[str, str]]:
-    """Problems that span sections, as (dotted path, message) pairs; empty when the spec is sound."""
+    """Problems that span sections, as (dotted path, message) pairs; empty when sound."""
     from geospec.plugins import get_registries
 
     problems: list[tuple[str, str]] = []
     m = spec.model
     if m.d_model % m.n_heads:
         problems.append(
-            ("model.n_heads", f"{m.n_heads} does not divide d_model {m.d_model}; "
-             f"choose a divisor such as {_nearest_divisor(m.d_model, m.n_heads)}")
+            (
+                "model.n_heads",
+                f"{m.n_heads} does not divide d_model {m.d_model}; "
+                f"choose a divisor such as {_nearest_divisor(m.d_model, m.n_heads)}",
+            )
         )
     elif m.positions == "rope" and (m.d_model // m.n_heads) % 2:
         problems.append(("model.n_heads", "rope needs an even head dimension (d_model / n_heads)"))
     if m.ffn_width % m.multiple_of:
         problems.append(
-            ("model.ffn_width", f"{m.ffn_width} is not a multiple of model.multiple_of "
-             f"{m.multiple_of}, so the uniform arm cannot be rounded; use "
-             f"{max(m.multiple_of, round(m.ffn_width / m.multiple_of) * m.multiple_of)} "
-             "or change multiple_of")
+            (
+                "model.ffn_width",
+                f"{m.ffn_width} is not a multiple of model.multiple_of "
+                f"{m.multiple_of}, so the uniform arm cannot be rounded; use "
+                f"{max(m.multiple_of, round(m.ffn_width / m.multiple_of) * m.multiple_of)} "
+                "or change multiple_of",
+            )
         )
     tok = spec.data.tokenizer
     if m.vocab_size is not None and isinstance(tok, BPETokenizer) and tok.vocab_size > m.vocab_size:
         problems.append(
-            ("model.vocab_size", f"{m.vocab_size} is smaller than data.tokenizer.vocab_size "
-             f"{tok.vocab_size}; remove model.vocab_size to take it from the tokenizer")
+            (
+                "model.vocab_size",
+                f"{m.vocab_size} is smaller than data.tokenizer.vocab_size "
+                f"{tok.vocab_size}; remove model.vocab_size to take it from the tokenizer",
+            )
         )
     seen: dict[str, int] = {}
     for i, arm in enumerate(spec.arms):
         if arm.name in seen:
             problems.append(
-                (f"arms[{i}].name", f"duplicate arm name {arm.name!r} (also arms[{seen[arm.name]}])")
+                (
+                    f"arms[{i}].name",
+                    f"duplicate arm name {arm.name!r} (also arms[{seen[arm.name]}])",
+                )
             )
         seen.setdefault(arm.name, i)
     profile_names: dict[str, int] = {}
@@ -325,15 +337,21 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
             if profile not in profile_names:
                 available = ", ".join(repr(p) for p in profile_names) or "none"
                 problems.append(
-                    (f"arms[{i}].schedule.profile", f"{profile!r} is not measured; measured "
-                     f"profiles: {available}. Add it to [[measure]] or use measure = \"all\"")
+                    (
+                        f"arms[{i}].schedule.profile",
+                        f"{profile!r} is not measured; measured "
+                        f'profiles: {available}. Add it to [[measure]] or use measure = "all"',
+                    )
                 )
         problems += [(f"arms[{i}].schedule", message) for message in schedule.check(dims)]
     if len(spec.arms) > 1 and spec.report.baseline not in seen:
         problems.append(
-            ("report.baseline", f"no arm is named {spec.report.baseline!r}; add that arm "
-             "(schedule = { kind = \"uniform\" }) or set report.baseline to one of "
-             + ", ".join(repr(a.name) for a in spec.arms))
+            (
+                "report.baseline",
+                f"no arm is named {spec.report.baseline!r}; add that arm "
+                '(schedule = { kind = "uniform" }) or set report.baseline to one of '
+                + ", ".join(repr(a.name) for a in spec.arms),
+            )
         )
     return problems
 
@@ -361,7 +379,14 @@ def declared_vocab_size(spec: Spec) -> int | None:
 def model_shape(spec: Spec, vocab_size: int) -> Shape:
     m = spec.model
     return Shape(
-        n_layers=m.n_layers, d_model=m.d_model, n_heads=m.n_heads, vocab_size=vocab_size,
-        seq_len=m.seq_len, activation=m.activation, norm=m.norm, positions=m.positions,
-        bias=m.bias, tie_embeddings=m.tie_embeddings,
+        n_layers=m.n_layers,
+        d_model=m.d_model,
+        n_heads=m.n_heads,
+        vocab_size=vocab_size,
+        seq_len=m.seq_len,
+        activation=m.activation,
+        norm=m.norm,
+        positions=m.positions,
+        bias=m.bias,
+        tie_embeddings=m.tie_embeddings,
     )

@@ -61,7 +61,9 @@ def load_spec(path: str | Path) -> Spec:
 
 def validate_spec(data: dict[str, Any], source: str = "<spec>") -> Spec:
     if not data:
-        raise SpecError(source, ["is empty; a spec needs at least name, [model], [[arms]] and [train]"])
+        raise SpecError(
+            source, ["is empty; a spec needs at least name, [model], [[arms]] and [train]"]
+        )
     try:
         spec = Spec.model_validate(data)
     except ValidationError as error:
@@ -104,7 +106,8 @@ def _walk(loc: tuple[Any, ...], data: Any) -> tuple[str, type[BaseModel] | None]
     """Turn a pydantic location into the dotted path a user sees in the TOML file.
 
     Also returns the model class that holds the last key (for "did you mean"). Discriminator tags
-    that pydantic inserts into locations of tagged unions (``tokenizer.bpe.vocab_size``) are dropped.
+    that pydantic inserts into locations of tagged unions (``tokenizer.bpe.vocab_size``) are
+    dropped.
     """
     path = ""
     cls: type[BaseModel] | None = Spec
@@ -137,7 +140,11 @@ def _model_of_field(field: FieldInfo, value: Any) -> type[BaseModel] | None:
     for meta in field.metadata:
         if isinstance(meta, PluginTable):
             registry = get_registries()[meta.kind]
-            return registry.get(kind).cls.Params if kind in registry else None
+            return (
+                registry.get(kind).cls.Params
+                if isinstance(kind, str) and kind in registry
+                else None
+            )
     candidates: list[type[BaseModel]] = []
 
     def collect(tp: Any) -> None:

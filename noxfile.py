@@ -1,0 +1,65 @@
+"""Test matrix. `nox -s tests lint` before you stop; `nox -l` lists the sessions."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+
+# torch 2.13.0 is the CPU build that lies on this machine's disk; any torch >= 2.4 works.
+TORCH = "torch==2.13.0"
+# What the torch-free core imports (validate, plugins, schema): kept in step with pyproject.toml.
+CORE_DEPENDENCIES = ["pydantic>=2.7", "pluggy>=1.5", "click>=8.1", "rich>=13", "tomlkit>=0.12"]
+CORE_TESTS = ["tests/test_spec_errors.py", "tests/test_plugins.py", "tests/test_cli_core.py"]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The default suite (slow tests excluded) on Python 3.11, as CI runs it."""
+    session.install(TORCH, "-e", ".[test]")
+    session.run("python", "-m", "pytest", *session.posargs, env=OFFLINE)
+
+
+@nox.session(python="3.11")
+def slow(session: nox.Session) -> None:
+    """Only the tests marked slow (multi-process training, large measurements)."""
+    session.install(TORCH, "-e", ".[test]")
+    session.run("python", "-m", "pytest", "-m", "slow", *session.posargs, env=OFFLINE)
+
+
+@nox.session(python=["3.10", "3.11", "3.12", "3.13"])
+def core(session: nox.Session) -> None:
+    """geospec WITHOUT torch: spec, registries and the validate/plugins/schema CLI."""
+    session.install(*CORE_DEPENDENCIES, "pytest>=8", "jsonschema>=4")
+    session.install("--no-deps", "-e", ".")
+    session.run(
+        "python",
+        "-c",
+        "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is not None)",
+    )
+    session.run("python", "-m", "pytest", *CORE_TESTS, *session.posargs, env=OFFLINE)
+
+
+@nox.session(python="3.11")
+def plugins(session: nox.Session) -> None:
+    """Install a real third-party plugin package and a deliberately broken one; check discovery."""
+    session.install(*CORE_DEPENDENCIES)
+    session.install("--no-deps", "-e", ".")
+    session.install("--no-deps", "./examples/geospec-cka", "./examples/geospec-broken")
+    with session.chdir(session.create_tmp()):
+        session.run("python", f"{session.invoked_from}/examples/check_plugins.py")
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    session.install(TORCH, "-e", ".[test,dev]")
+    session.run("mypy")

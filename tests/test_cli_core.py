@@ -1,0 +1,89 @@
+"""The torch-free CLI: validate, plugins, schema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import tomlkit
+from click.testing import CliRunner
+
+from geospec import __version__
+from geospec.cli import cli
+from geospec.testing import minimal_spec
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_version_and_help() -> None:
+    runner = CliRunner()
+    assert __version__ in runner.invoke(cli, ["--version"]).output
+    result = runner.invoke(cli, ["--help"])
+    assert result.exit_code == 0
+    for command in ("validate", "plugins", "schema"):
+        assert command in result.output
+
+
+def test_validate_prints_budget(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(tomlkit.dumps(minimal_spec()))
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "4 x 64 = 256" in result.output  # n_layers x uniform width: the budget
+
+
+def test_plugins_table_lists_builtins() -> None:
+    result = CliRunner().invoke(cli, ["plugins"])
+    assert result.exit_code == 0
+    assert "cosine" in result.output and "geospec" in result.output
+
+
+def test_schema_describes_plugin_params_and_accepts_specs() -> None:
+    result = CliRunner().invoke(cli, ["schema"])
+    assert result.exit_code == 0
+    schema = json.loads(result.output)
+    text = json.dumps(schema)
+    assert '"cosine"' in text and "Width of the first layer" in text
+    jsonschema.validate(minimal_spec(), schema)
+    bad = minimal_spec(arms=[{"name": "uniform", "schedule": {"kind": "cosine", "start": -1}}])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+@pytest.mark.parametrize("spec", sorted((ROOT / "specs").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_specs_validate(spec: Path) -> None:
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 0, result.output
+
+
+def test_validate_does_not_import_torch(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(tomlkit.dumps(minimal_spec()))
+    code = (
+        "import sys; from geospec.cli import main\n"
+        "sys.argv = ['geospec', 'validate', sys.argv[1]]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "assert 'numpy' not in sys.modules, 'numpy was imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+
+
+def test_python_dash_m_entry() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "geospec", "--version"], capture_output=True, text=True, check=True
+    )
+    assert __version__ in result.stdout
+
+
+def test_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = [b.split("```", 1)[0].strip() for b in readme.split("```bash\n")[1:3]]
+    run_command, test_command = blocks
+    assert run_command.endswith("geospec run specs/tiny.toml")
+    assert (ROOT / "specs" / "tiny.toml").exists()
+    assert test_command in (ROOT / ".ci" / "run").read_text()
