@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import glob
+import os
+
 import nox
+
+# pyenv keeps further interpreters under ~/.pyenv/versions without putting them on PATH; let nox
+# find them by name (python3.10, python3.12, ...) for the core matrix.
+for _bin in sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin"))):
+    os.environ["PATH"] += os.pathsep + _bin
 
 nox.options.sessions = ["tests", "lint"]
 nox.options.reuse_existing_virtualenvs = True
