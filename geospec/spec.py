@@ -143,8 +143,11 @@ class ProbeSpec(Section):
     """residual: the stream before/after the FFN sub-layer; ffn: normalised FFN input and output."""
     skip_first: int = Field(0, ge=0)
     """Skip the first positions of each sequence (attention-sink tokens)."""
+    skip_special: bool = True
+    """Never sample special tokens (such as the end-of-text separator)."""
     seed: int = Field(0, ge=0)
     batch_size: int = Field(8, ge=1, le=65536)
+    """Sequences per forward pass while probing."""
 
 
 class MeasureSpec(Section):
@@ -344,6 +347,15 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                     )
                 )
         problems += [(f"arms[{i}].schedule", message) for message in schedule.check(dims)]
+    if spec.reference.checkpoint is not None and not isinstance(tok, PretrainedTokenizer):
+        problems.append(
+            (
+                "data.tokenizer",
+                "a pretrained reference.checkpoint reads tokens of its own "
+                f'tokenizer; set tokenizer = {{ kind = "pretrained", path = '
+                f'"{spec.reference.checkpoint}" }}',
+            )
+        )
     if len(spec.arms) > 1 and spec.report.baseline not in seen:
         problems.append(
             (

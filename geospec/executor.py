@@ -1,0 +1,451 @@
+"""The pipeline: validate -> reference -> probe -> measure -> solve -> train -> report.
+
+Each stage reads only its own spec section and the previous stages' artifacts and writes its
+artifacts into the run directory (atomically). A stage records a key (a hash of its spec section
+and its inputs' keys) in ``stages.json``; when the key is unchanged and the artifacts exist the
+stage is skipped, so ``geospec run`` on a finished run does nothing, and changing one arm retrains
+only that arm. Training resumes from its last checkpoint, so a run killed at any moment and started
+again ends with the same results.
+
+Under ``torchrun`` every arm-seed run is trained with DDP across all processes (one run at a time,
+all GPUs on it); the other stages run on rank 0 while the others wait.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from geospec import __version__
+from geospec.atomic import atomic_write_json, atomic_write_text
+from geospec.errors import GeospecError, UsageError
+from geospec.spec import Spec, measures
+
+STAGES = ("reference", "probe", "measure", "solve", "train", "report")
+STAGES_FILE = "stages.json"
+
+
+def digest(*parts: Any) -> str:
+    """A stable hash of JSON-serialisable parts (spec sections, upstream keys)."""
+    text = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def section(model: Any) -> Any:
+    return model.model_dump(mode="json") if hasattr(model, "model_dump") else model
+
+
+@dataclass
+class Context:
+    """What every stage can see: the spec, the run directory and how to talk to the user."""
+
+    spec: Spec
+    spec_path: Path
+    run_dir: Path
+    console: Console
+    rank: int = 0
+    world_size: int = 1
+    force: set[str] = field(default_factory=set)
+    keys: dict[str, str] = field(default_factory=dict)
+    ran: list[str] = field(default_factory=list)
+    widths: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def say(self, message: str) -> None:
+        if self.is_main:
+            self.console.print(message, highlight=False)
+
+    def stored_keys(self) -> dict[str, str]:
+        path = self.run_dir / STAGES_FILE
+        if not path.exists():
+            return {}
+        try:
+            stored: dict[str, str] = json.loads(path.read_text())
+            return stored
+        except json.JSONDecodeError:
+            return {}  # a damaged bookkeeping file only costs recomputation
+
+    def is_current(self, stage: str, key: str, *artifacts: Path) -> bool:
+        if stage in self.force:
+            return False
+        return self.stored_keys().get(stage) == key and all(p.exists() for p in artifacts)
+
+    def finish(self, stage: str, key: str) -> None:
+        if self.is_main:
+            keys = self.stored_keys()
+            keys[stage] = key
+            atomic_write_json(self.run_dir / STAGES_FILE, keys)
+
+
+# ---------------------------------------------------------------------------------------------
+# data and models
+
+
+def data_key(spec: Spec) -> str:
+    return digest("data", section(spec.data))
+
+
+def token_data(ctx: Context) -> Any:
+    """Tokens of the spec's data, prepared once per data section (cached under data/<key>)."""
+    from geospec.data import prepare_data
+
+    cache = ctx.run_dir / "data" / data_key(ctx.spec)
+    return prepare_data(ctx.spec.data, cache, spec_dir=ctx.spec_path.parent)
+
+
+def reference_key(spec: Spec) -> str:
+    ref = spec.reference
+    if ref.checkpoint is not None:
+        path = Path(ref.checkpoint)
+        stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _files(path)]
+        return digest("reference-checkpoint", str(path.resolve()), stamp)
+    return digest(
+        "reference",
+        section(spec.model),
+        data_key(spec),
+        section(spec.reference),
+        section(spec.train.model_copy(update={"seeds": [ref.seed]})),
+    )
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+
+
+# ---------------------------------------------------------------------------------------------
+# stages
+
+
+def stage_reference(ctx: Context) -> None:
+    spec = ctx.spec
+    key = reference_key(spec)
+    ctx.keys["reference"] = key
+    if spec.reference.checkpoint is not None:
+        checkpoint = Path(spec.reference.checkpoint)
+        if not checkpoint.exists():
+            raise UsageError(
+                f"reference.checkpoint: {checkpoint} does not exist; give a local Hugging Face "
+                "model directory or .gguf file"
+            )
+        ctx.say(f"[green]✓[/] reference: pretrained checkpoint {checkpoint}")
+        ctx.finish("reference", key)
+        return
+    out = ctx.run_dir / "reference"
+    if ctx.is_current("reference", key, out / "result.json"):
+        ctx.say("[dim]✓ reference: up to date (skipped)[/]")
+        return
+    if ctx.stored_keys().get("reference") != key:
+        _clear(ctx, out)
+    ctx.ran.append("reference")
+    data = token_data(ctx)
+    widths = [spec.model.ffn_width] * spec.model.n_layers
+    ctx.say(f"[bold]reference[/]: training the uniform model ({_steps(spec)} steps)")
+    _train(ctx, data, widths, out, seed=spec.reference.seed, steps=spec.reference.train_steps)
+    ctx.finish("reference", key)
+
+
+def _steps(spec: Spec) -> str:
+    if spec.reference.train_steps:
+        return str(spec.reference.train_steps)
+    return str(spec.train.steps) if spec.train.steps else f"{spec.train.tokens:,} tokens of"
+
+
+def _train(
+    ctx: Context, data: Any, widths: list[int], out: Path, seed: int, steps: int | None = None
+) -> Any:
+    from geospec.model import config_from_spec
+    from geospec.train import train_model
+
+    config = config_from_spec(ctx.spec.model, widths, data.vocab_size)
+    return train_model(
+        ctx.spec.train, config, data, out, seed=seed, steps=steps, progress=ctx.is_main
+    )
+
+
+def _clear(ctx: Context, directory: Path) -> None:
+    """Remove artifacts made under an older configuration (they would be resumed wrongly)."""
+    if ctx.is_main and directory.exists():
+        ctx.say(f"[yellow]![/] {directory.relative_to(ctx.run_dir)}: inputs changed, starting over")
+        shutil.rmtree(directory)
+    _barrier(ctx)
+
+
+def stage_probe(ctx: Context) -> None:
+    spec = ctx.spec
+    key = digest("probe", section(spec.probe), ctx.keys["reference"])
+    ctx.keys["probe"] = key
+    clouds_dir = ctx.run_dir / "clouds"
+    if ctx.is_current("probe", key, clouds_dir / "meta.json"):
+        ctx.say("[dim]✓ probe: up to date (skipped)[/]")
+        return
+    ctx.ran.append("probe")
+    if not ctx.is_main:
+        return
+    from geospec.clouds import run_probe
+
+    run_probe(ctx, clouds_dir)
+    ctx.finish("probe", key)
+
+
+def stage_measure(ctx: Context) -> None:
+    entries = measures(ctx.spec)
+    keys = {e.profile: digest("measure", section(e), ctx.keys["probe"]) for e in entries}
+    key = digest("measure", keys)
+    ctx.keys["measure"] = key
+    path = ctx.run_dir / "profiles.json"
+    if ctx.is_current("measure", key, path):
+        ctx.say("[dim]✓ measure: up to date (skipped)[/]")
+        return
+    ctx.ran.append("measure")
+    if not ctx.is_main:
+        return
+    # Profiles measured before on the same clouds with the same settings are kept.
+    previous = json.loads(path.read_text()) if path.exists() else {}
+    kept = {
+        name: values
+        for name, values in previous.get("profiles", {}).items()
+        if previous.get("keys", {}).get(name) == keys.get(name) and "measure" not in ctx.force
+    }
+    todo = [e for e in entries if e.profile not in kept]
+    if todo:
+        from geospec.clouds import load_clouds
+        from geospec.measure import measure_profiles
+
+        clouds = load_clouds(ctx.run_dir / "clouds")
+        ctx.say(f"[bold]measure[/]: {len(todo)} profiles x {len(clouds)} layers")
+        measured = measure_profiles(clouds, todo, progress=True)
+        kept.update(measured)
+    profiles = {e.profile: kept[e.profile] for e in entries}
+    atomic_write_json(path, {"profiles": profiles, "keys": keys})
+    ctx.finish("measure", key)
+
+
+def stage_solve(ctx: Context) -> None:
+    from geospec.widths import compute_widths, write_widths
+
+    spec = ctx.spec
+    path = ctx.run_dir / "profiles.json"
+    profiles = json.loads(path.read_text())["profiles"] if path.exists() else {}
+    result = compute_widths(spec, profiles)
+    if result.pending:
+        raise GeospecError(f"solve: profiles missing for arms {sorted(result.pending)}")
+    key = digest("solve", result.to_json())
+    ctx.keys["solve"] = key
+    ctx.keys.update({f"widths:{arm}": digest(w) for arm, w in result.widths.items()})
+    ctx.widths = result.widths
+    if ctx.is_current("solve", key, ctx.run_dir / "widths.json"):
+        ctx.say("[dim]✓ solve: up to date (skipped)[/]")
+        return
+    ctx.ran.append("solve")
+    if ctx.is_main:
+        write_widths(ctx.run_dir, result)
+        _print_widths(ctx, result.widths)
+    ctx.finish("solve", key)
+
+
+def _print_widths(ctx: Context, widths: dict[str, list[int]]) -> None:
+    for arm, values in widths.items():
+        ctx.say(f"  {arm:<24} {' '.join(str(w) for w in values)}")
+
+
+def arm_run_key(spec: Spec, arm_widths: list[int], seed: int) -> str:
+    train = section(spec.train)
+    train.pop("seeds")
+    return digest("train", section(spec.model), data_key(spec), train, arm_widths, seed)
+
+
+def stage_train(ctx: Context) -> None:
+    from geospec.report import RESULT_FILE, arm_seed_dir
+
+    spec = ctx.spec
+    widths = ctx.widths
+    todo = []
+    for arm in spec.arms:
+        for seed in spec.train.seeds:
+            out = arm_seed_dir(ctx.run_dir, arm.name, seed)
+            key = arm_run_key(spec, widths[arm.name], seed)
+            key_file = out / "run_key.json"
+            stored = json.loads(key_file.read_text()).get("key") if key_file.exists() else None
+            if stored == key and (out / RESULT_FILE).exists() and "train" not in ctx.force:
+                continue
+            todo.append((arm.name, seed, out, key, stored))
+    ctx.keys["train"] = digest(
+        "train", [arm_run_key(spec, widths[a.name], s) for a in spec.arms for s in spec.train.seeds]
+    )
+    if not todo:
+        ctx.say("[dim]✓ train: every arm and seed is trained (skipped)[/]")
+        return
+    ctx.ran.append("train")
+    data = token_data(ctx)
+    for index, (arm, seed, out, key, stored) in enumerate(todo, start=1):
+        if (stored is not None and stored != key) or "train" in ctx.force:
+            _clear(ctx, out)
+        if ctx.is_main:
+            atomic_write_json(out / "run_key.json", {"key": key, "widths": widths[arm]})
+        ctx.say(f"[bold]train[/] [{index}/{len(todo)}]: arm {arm}, seed {seed}")
+        _train(ctx, data, widths[arm], out, seed=seed)
+    ctx.finish("train", ctx.keys["train"])
+
+
+def stage_report(ctx: Context) -> None:
+    from geospec.report import print_table, write_report
+
+    if not ctx.is_main:
+        return
+    spec = ctx.spec
+    key = digest(
+        "report",
+        ctx.keys.get("train"),
+        ctx.keys.get("measure"),
+        section(spec.report),
+        [a.name for a in spec.arms],
+    )
+    if ctx.is_current("report", key, ctx.run_dir / "results.json") and not ctx.ran:
+        ctx.say("[dim]✓ report: up to date (skipped)[/]")
+        results = json.loads((ctx.run_dir / "results.json").read_text())
+    else:
+        ctx.ran.append("report")
+        results = write_report(ctx.run_dir, plots=spec.report.plots)
+        ctx.finish("report", key)
+    print_table(results)
+    ctx.say(f"report: {ctx.run_dir / 'report.md'}")
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[Context], None]] = {
+    "reference": stage_reference,
+    "probe": stage_probe,
+    "measure": stage_measure,
+    "solve": stage_solve,
+    "train": stage_train,
+    "report": stage_report,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# the run
+
+
+def write_run_metadata(ctx: Context) -> None:
+    """The resolved spec, plugin versions and environment, recorded with every run."""
+    from geospec.plugins import get_registries
+
+    spec = ctx.spec
+    resolved = spec.model_dump(mode="json", exclude_none=True)
+    resolved["measure"] = [section(e) for e in measures(spec)]
+    import tomlkit
+
+    atomic_write_text(ctx.run_dir / "spec.resolved.toml", tomlkit.dumps(resolved))
+    atomic_write_json(ctx.run_dir / "plugins.json", get_registries().describe())
+    atomic_write_json(ctx.run_dir / "env.json", environment())
+    atomic_write_json(
+        ctx.run_dir / "run.json",
+        {
+            "name": spec.name,
+            "spec": str(ctx.spec_path),
+            "baseline": spec.report.baseline,
+            "confidence": spec.report.confidence,
+            "bootstrap": spec.report.bootstrap,
+            "arms": [{"name": a.name, "schedule": section(a.schedule)} for a in spec.arms],
+            "seeds": list(spec.train.seeds),
+            "geospec": __version__,
+        },
+    )
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.is_available(),
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "cpu_count": os.cpu_count(),
+        "geospec": __version__,
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+    }
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).parent,
+        )
+        info["git_sha"] = sha.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        info["git_sha"] = None
+    return info
+
+
+def _barrier(ctx: Context) -> None:
+    if ctx.world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+@contextmanager
+def _process_group() -> Iterator[tuple[int, int]]:
+    from geospec.distributed import process_group
+
+    with process_group() as (rank, world_size):
+        yield rank, world_size
+
+
+def run_pipeline(
+    spec: Spec,
+    spec_path: Path,
+    from_stage: str | None = None,
+    until_stage: str | None = None,
+    console: Console | None = None,
+    run_dir: Path | None = None,
+) -> list[str]:
+    """Run the stages in order; returns the stages that did work (empty: already up to date)."""
+    for name, value in (("--from", from_stage), ("--until", until_stage)):
+        if value is not None and value not in STAGES:
+            raise UsageError(f"{name} {value}: unknown stage; stages are {', '.join(STAGES)}")
+    first = STAGES.index(from_stage) if from_stage else 0
+    last = STAGES.index(until_stage) if until_stage else len(STAGES) - 1
+    if first > last:
+        raise UsageError(f"--from {from_stage} comes after --until {until_stage}")
+    with _process_group() as (rank, world_size):
+        ctx = Context(
+            spec,
+            spec_path,
+            run_dir or Path(spec.run_dir),
+            console or Console(),
+            rank=rank,
+            world_size=world_size,
+            force=set(STAGES[first:]) if from_stage else set(),
+        )
+        if ctx.is_main:
+            ctx.run_dir.mkdir(parents=True, exist_ok=True)
+            write_run_metadata(ctx)
+        _barrier(ctx)
+        # Stages before --from still run, but only to recompute their keys (they are up to date
+        # or are brought up to date: a later stage never runs on stale inputs).
+        for stage in STAGES[: last + 1]:
+            STAGE_FUNCTIONS[stage](ctx)
+            _barrier(ctx)
+        if not ctx.ran:
+            ctx.say("[green]nothing to do:[/] every stage is up to date")
+        return ctx.ran

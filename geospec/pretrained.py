@@ -1,0 +1,39 @@
+"""Loading a pretrained Hugging Face causal LM from local files (a directory or a GGUF file)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from geospec.errors import UsageError
+
+
+def load_pretrained(path: str | Path, device: str = "cpu") -> Any:
+    """A causal LM in float32 and eval mode, from a local directory or a ``.gguf`` file.
+
+    Nothing is downloaded (``local_files_only``). GGUF files are de-quantised by transformers
+    (which needs the ``gguf`` package).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    kwargs: dict[str, Any] = {"local_files_only": True, "dtype": torch.float32}
+    try:
+        if path.suffix == ".gguf":
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, **kwargs
+            )
+        else:
+            model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    except (OSError, ValueError, ImportError) as error:
+        raise UsageError(
+            f"reference.checkpoint: cannot load {path} as a causal LM: {error}".strip()
+        ) from None
+    return model.to(device).eval()
+
+
+def hidden_width(model: Any) -> int:
+    """The residual-stream width, read from the input embedding."""
+    embedding = model.get_input_embeddings()
+    return int(embedding.embedding_dim)
