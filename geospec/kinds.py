@@ -21,7 +21,8 @@ class Geometry(Plugin):
     """How distances between token states are measured.
 
     ``prepare`` maps a cloud (n x d tensor) to what the distances need (for example unit vectors
-    scaled into the Poincaré ball); ``pairwise`` gives the n x n distance matrix of a prepared cloud;
+    scaled into the Poincaré ball); ``pairwise`` gives the n x n distance matrix of a prepared
+    cloud;
     ``paired`` the n distances between corresponding rows of two prepared clouds.
     """
 
@@ -65,8 +66,13 @@ class Smoother(Plugin):
 class WidthProblem:
     """What a solver is asked: integer widths for ``work`` summing exactly to ``budget``.
 
-    ``lower``/``upper`` bound each width; every width is a multiple of ``multiple``.
-    ``exponents`` (a_l) and ``sensitivities`` (lambda_l) are per-layer, or None for the defaults.
+    ``work`` holds one non-negative work value per layer (the smoothed, resampled profile).
+    ``lower``/``upper`` are the hard limits on each width set by the caller (schedules pass one
+    rounding multiple and the whole budget); a solver may narrow them further with its own
+    parameters (``power_law`` and ``proportional`` take ``min_ratio``/``max_ratio`` of the uniform
+    width), but never widen them. Every width is a multiple of ``multiple``.
+    ``exponents`` (a_l) and ``sensitivities`` (lambda_l) are per-layer, or None for the defaults
+    (the solver's shared exponent, and lambda_l = 1).
     """
 
     work: tuple[float, ...]
@@ -81,6 +87,11 @@ class WidthProblem:
     def n_layers(self) -> int:
         return len(self.work)
 
+    @property
+    def uniform_width(self) -> float:
+        """The width every layer would get under the uniform schedule (``budget / n_layers``)."""
+        return self.budget / len(self.work)
+
 
 class Solver(Plugin):
     """Turns a work profile into integer widths with an exact budget (see :class:`WidthProblem`)."""
@@ -89,6 +100,11 @@ class Solver(Plugin):
 
     def solve(self, problem: WidthProblem) -> list[int]:
         raise NotImplementedError
+
+    def check(self, dims: ModelDims) -> list[str]:
+        """Problems with these params for this model (for example bounds that cannot meet the
+        budget); schedules holding a solver report them from :meth:`Schedule.check`."""
+        return []
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,24 @@ class ModelDims:
     @property
     def budget(self) -> int:
         return self.n_layers * self.ffn_width
+
+    def width_problem(
+        self,
+        work: Sequence[float],
+        exponents: Sequence[float] | None = None,
+        sensitivities: Sequence[float] | None = None,
+    ) -> WidthProblem:
+        """The solver problem for this model: the exact budget, the model's rounding multiple and
+        the hard limits every width has (at least one multiple, at most the whole budget)."""
+        return WidthProblem(
+            work=tuple(float(w) for w in work),
+            budget=self.budget,
+            multiple=self.multiple_of,
+            lower=self.multiple_of,
+            upper=self.budget,
+            exponents=None if exponents is None else tuple(float(a) for a in exponents),
+            sensitivities=None if sensitivities is None else tuple(float(s) for s in sensitivities),
+        )
 
 
 class Schedule(Plugin):

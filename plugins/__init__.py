@@ -6,5 +6,7 @@ ripser, geoopt) are imported only inside the code that computes.
 """
 
 BUILTIN_MODULES = [
+    "geospec_plugins.smoothers",
+    "geospec_plugins.solvers",
     "geospec_plugins.schedules",
 ]

@@ -1,18 +1,28 @@
-"""Width schedules: uniform and the TLM cosine taper."""
+"""Width schedules: uniform, the TLM tapers (cosine, linear, sigmoid), the geometry-derived
+schedule with its controls (anti, permuted) and an explicit list (manual).
+
+Every schedule returns integer widths, multiples of ``dims.multiple_of``, summing exactly to
+``dims.budget`` (so every arm has the uniform model's FFN parameter count). Schedules that hold a
+smoother or a solver create it through the registries, so third-party ones work the same way.
+"""
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from geospec import hookimpl
+from geospec.errors import SpecError, UsageError
 from geospec.hookspecs import Register
-from geospec.kinds import ModelDims, Schedule
+from geospec.kinds import ModelDims, Schedule, Smoother, Solver
 from geospec.plugin import PluginParams
+from geospec.plugin_ref import SmootherRef, SolverRef
 from geospec.rounding import round_to_budget
+from geospec.widths import check_profile, resample_profile
 
 
 class Uniform(Schedule):
@@ -25,23 +35,26 @@ class Uniform(Schedule):
         return [dims.ffn_width] * dims.n_layers
 
 
-class Cosine(Schedule):
-    """The cosine taper of Tapered Language Models (Bayat et al. 2026).
+class TaperParams(PluginParams):
+    start: float = Field(1.5, gt=0, le=100)
+    """Width of the first layer as a multiple of the uniform width."""
+    end: float = Field(0.5, gt=0, le=100)
+    """Width of the last layer as a multiple of the uniform width."""
 
-    w_l = w_end + (w_start - w_end) * (1 + cos(pi * l / (L - 1))) / 2 for l = 0..L-1, with
-    w_start = start * w_uniform and w_end = end * w_uniform. When start + end = 2 the mean is
-    exactly w_uniform before rounding; otherwise the profile is rescaled to the budget. Widths are
-    then rounded to the model's multiple with the sum kept exactly on budget.
+
+class Taper(Schedule):
+    """A fixed taper from ``start`` to ``end`` times the uniform width (Tapered Language Models).
+
+    w_l = w_end + (w_start - w_end) * shape(l / (L - 1)) for l = 0..L-1, where ``shape`` falls
+    from 1 at the first layer to 0 at the last. The profile is rescaled so its mean is the uniform
+    width (a no-op when the shape is symmetric and start + end = 2), then rounded to the model's
+    multiple with the sum kept exactly on budget.
     """
 
-    class Params(PluginParams):
-        kind: Literal["cosine"] = "cosine"
-        start: float = Field(1.5, gt=0, le=100)
-        """Width of the first layer as a multiple of the uniform width."""
-        end: float = Field(0.5, gt=0, le=100)
-        """Width of the last layer as a multiple of the uniform width."""
+    params: TaperParams
 
-    params: Params
+    def shape(self, depth: float) -> float:
+        raise NotImplementedError
 
     def continuous(self, n_layers: int, uniform_width: float) -> list[float]:
         """The taper before rounding (rescaled so the mean is the uniform width)."""
@@ -50,7 +63,7 @@ class Cosine(Schedule):
             return [uniform_width]
         w_start, w_end = p.start * uniform_width, p.end * uniform_width
         raw = [
-            w_end + (w_start - w_end) * (1 + math.cos(math.pi * layer / (n_layers - 1))) / 2
+            w_end + (w_start - w_end) * self.shape(layer / (n_layers - 1))
             for layer in range(n_layers)
         ]
         scale = n_layers * uniform_width / sum(raw)
@@ -61,7 +74,230 @@ class Cosine(Schedule):
         return round_to_budget(values, dims.budget, dims.multiple_of)
 
 
+class Cosine(Taper):
+    """The cosine taper of Tapered Language Models (Bayat et al. 2026).
+
+    w_l = w_end + (w_start - w_end) * (1 + cos(pi * l / (L - 1))) / 2 for l = 0..L-1, with
+    w_start = start * w_uniform and w_end = end * w_uniform. When start + end = 2 the mean is
+    exactly w_uniform before rounding; otherwise the profile is rescaled to the budget. Widths are
+    then rounded to the model's multiple with the sum kept exactly on budget.
+    """
+
+    class Params(TaperParams):
+        kind: Literal["cosine"] = "cosine"
+
+    def shape(self, depth: float) -> float:
+        return (1 + math.cos(math.pi * depth)) / 2
+
+
+class Linear(Taper):
+    """A linear taper: w_l = w_start + (w_end - w_start) * l / (L - 1), rescaled to the budget."""
+
+    class Params(TaperParams):
+        kind: Literal["linear"] = "linear"
+
+    def shape(self, depth: float) -> float:
+        return 1.0 - depth
+
+
+class Sigmoid(Taper):
+    """A sigmoid taper centred at mid-depth: a plateau near ``start``, a drop, a plateau near
+    ``end``. shape(t) = (s(k (1/2 - t)) - s(-k/2)) / (s(k/2) - s(-k/2)) with s the logistic
+    function and k the steepness, so it runs exactly from 1 to 0; rescaled to the budget."""
+
+    class Params(TaperParams):
+        kind: Literal["sigmoid"] = "sigmoid"
+        steepness: float = Field(10.0, gt=0, le=1000)
+        """How sharp the drop is: about 4 is nearly linear, 30 nearly a step."""
+
+    params: Params
+
+    def shape(self, depth: float) -> float:
+        k = self.params.steepness
+        top, bottom = _logistic(k / 2), _logistic(-k / 2)
+        return (_logistic(k * (0.5 - depth)) - bottom) / (top - bottom)
+
+
+def _logistic(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+ProfileName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class ProfileParams(PluginParams):
+    profile: ProfileName
+    """The measured work profile, named 'statistic/geometry' (for example 'topology/hyperbolic')."""
+    smoother: SmootherRef = Field({"kind": "none"}, validate_default=True)
+    """How the profile is smoothed before it is resampled and solved (a smoother table)."""
+    solver: SolverRef = Field({"kind": "power_law"}, validate_default=True)
+    """How work becomes widths with the exact budget (a solver table, with its bounds)."""
+    sensitivity: ProfileName | None = None
+    """A measured profile used as the per-layer loss sensitivity lambda_l (default: all 1)."""
+    intrinsic_dimension: ProfileName | None = None
+    """A measured profile of intrinsic dimensions d_l; the exponents become a_l = 2 / d_l."""
+
+
+class Geometric(Schedule):
+    """Widths from a measured work profile: smooth, resample to the target depth, solve.
+
+    The profile is validated (non-empty, finite, non-negative, not all zero), smoothed at the
+    reference model's depth, resampled to the target depth by linear interpolation over normalised
+    depth (first layer to first, last to last), and handed to the solver with the exact budget.
+    """
+
+    class Params(ProfileParams):
+        kind: Literal["geometric"] = "geometric"
+
+    params: ProfileParams
+
+    def required_profiles(self) -> list[str]:
+        p = self.params
+        names = [p.profile, p.sensitivity, p.intrinsic_dimension]
+        return list(dict.fromkeys(name for name in names if name is not None))
+
+    def check(self, dims: ModelDims) -> list[str]:
+        return self.solver().check(dims)
+
+    def smoother(self) -> Smoother:
+        return _create("smoother", self.params.smoother)
+
+    def solver(self) -> Solver:
+        return _create("solver", self.params.solver)
+
+    def work(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[float]:
+        """The per-layer work the solver receives (validated, smoothed, resampled)."""
+        name = self.params.profile
+        raw = check_profile(name, _lookup(profiles, name))
+        smoother = self.smoother()
+        smoothed = smoother(raw)
+        if len(smoothed) != len(raw):
+            raise UsageError(
+                f"smoother {smoother.kind_name()!r} returned {len(smoothed)} values for the "
+                f"{len(raw)} of profile {name!r}"
+            )
+        label = f"{name} after {smoother.kind_name()} smoothing"
+        return resample_profile(check_profile(label, smoothed), dims.n_layers)
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        p = self.params
+        exponents = sensitivities = None
+        if p.intrinsic_dimension is not None:
+            d_int = check_profile(
+                p.intrinsic_dimension, _lookup(profiles, p.intrinsic_dimension), positive=True
+            )
+            exponents = [2.0 / d for d in resample_profile(d_int, dims.n_layers)]
+        if p.sensitivity is not None:
+            lam = check_profile(p.sensitivity, _lookup(profiles, p.sensitivity))
+            sensitivities = resample_profile(lam, dims.n_layers)
+        problem = dims.width_problem(self.work(dims, profiles), exponents, sensitivities)
+        return self.solver().solve(problem)
+
+
+class Anti(Geometric):
+    """The paper's control: the same pipeline and solver on the inverted profile.
+
+    Inverted means reflected about its mid-range, W'_l = max(W) + min(W) - W_l, applied to the
+    smoothed, resampled profile: the layer with the most work gets the least, the range of work is
+    unchanged, and a profile that is linear in depth becomes its mirror image (so the widths come
+    out in reverse layer order). A constant profile stays constant (uniform widths).
+    """
+
+    class Params(ProfileParams):
+        kind: Literal["anti"] = "anti"
+
+    def work(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[float]:
+        work = super().work(dims, profiles)
+        top, bottom = max(work), min(work)
+        return [top + bottom - w for w in work]
+
+
+class Permuted(Geometric):
+    """The cleaner control: the geometric schedule's widths in a seeded random layer order.
+
+    Same widths (the same multiset), shuffled by ``random.Random(seed)``; for two or more layers
+    the identity order is redrawn, so the control always moves something.
+    """
+
+    class Params(ProfileParams):
+        kind: Literal["permuted"] = "permuted"
+        seed: int = Field(0, ge=0)
+        """Seed of the permutation."""
+
+    params: Params
+
+    def permutation(self, n_layers: int) -> list[int]:
+        order = list(range(n_layers))
+        rng = random.Random(self.params.seed)
+        while True:
+            rng.shuffle(order)
+            if n_layers < 2 or order != sorted(order):
+                return order
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        geometric = super().widths(dims, profiles)
+        return [geometric[i] for i in self.permutation(dims.n_layers)]
+
+
+class Manual(Schedule):
+    """An explicit list of widths, one per layer (multiples of the model's multiple, on budget)."""
+
+    class Params(PluginParams):
+        kind: Literal["manual"] = "manual"
+        widths: list[Annotated[int, Field(ge=1)]] = Field(min_length=1, max_length=4096)
+        """The FFN width of every layer, first to last."""
+
+    params: Params
+
+    def check(self, dims: ModelDims) -> list[str]:
+        widths = self.params.widths
+        problems = []
+        if len(widths) != dims.n_layers:
+            problems.append(
+                f"widths has {len(widths)} entries; the model has {dims.n_layers} layers"
+            )
+        total = sum(widths)
+        if total != dims.budget:
+            fix = "remove" if total > dims.budget else "add"
+            problems.append(
+                f"widths sum to {total}, but the budget is {dims.budget} (n_layers x ffn_width = "
+                f"{dims.n_layers} x {dims.ffn_width}); {fix} {abs(total - dims.budget)}"
+            )
+        odd = [f"layer {i}: {w}" for i, w in enumerate(widths) if w % dims.multiple_of]
+        if odd:
+            problems.append(
+                f"widths must be multiples of model.multiple_of {dims.multiple_of}; not: "
+                + ", ".join(odd)
+            )
+        return problems
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        problems = self.check(dims)
+        if problems:
+            raise SpecError("manual schedule", problems)
+        return list(self.params.widths)
+
+
+def _lookup(profiles: Mapping[str, Sequence[float]], name: str) -> Sequence[float]:
+    if name not in profiles:
+        available = ", ".join(repr(p) for p in profiles) or "none"
+        raise UsageError(f"profile {name!r} is not available (available: {available})")
+    return profiles[name]
+
+
+def _create(kind: str, params: PluginParams) -> Any:
+    from geospec.plugins import get_registries
+
+    return get_registries().create(kind, params)
+
+
 @hookimpl
 def geospec_register_schedules(register: Register) -> None:
     register(Uniform)
     register(Cosine)
+    register(Linear)
+    register(Sigmoid)
+    register(Geometric)
+    register(Anti)
+    register(Permuted)
+    register(Manual)

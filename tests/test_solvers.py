@@ -1,0 +1,219 @@
+"""The exact-budget solvers and largest-remainder rounding, against properties and scipy."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from geospec_plugins.solvers import PowerLaw, Proportional
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import minimize
+
+from geospec.errors import GeospecError
+from geospec.kinds import ModelDims, WidthProblem
+from geospec.rounding import InfeasibleBudget, round_to_budget
+
+
+@st.composite
+def problems(draw: st.DrawFn, exponents: bool = False) -> tuple[ModelDims, list[float], dict]:
+    """A model (depth, multiple, uniform width as a whole number of multiples), a random
+    non-negative work profile with some positive value, and ratio bounds around 1."""
+    n = draw(st.integers(1, 24))
+    multiple = draw(st.sampled_from([1, 8, 16, 64]))
+    units = draw(st.integers(1, 40))
+    dims = ModelDims(n_layers=n, d_model=64, ffn_width=units * multiple, multiple_of=multiple)
+    work = draw(st.lists(st.floats(0, 100, allow_subnormal=False), min_size=n, max_size=n))
+    if not any(work):
+        work[draw(st.integers(0, n - 1))] = 1.0
+    bounds = {
+        "min_ratio": draw(st.floats(0.05, 1.0)),
+        "max_ratio": draw(st.floats(1.0, 4.0)),
+    }
+    return dims, work, bounds
+
+
+def assert_valid(widths: list[int], dims: ModelDims, bounds: dict) -> None:
+    u = dims.ffn_width
+    assert len(widths) == dims.n_layers
+    assert sum(widths) == dims.budget
+    assert all(w % dims.multiple_of == 0 and w >= dims.multiple_of for w in widths)
+    assert all(
+        bounds["min_ratio"] * u - 1e-6 <= w <= bounds["max_ratio"] * u + 1e-6 for w in widths
+    )
+
+
+def assert_monotone(work: list[float], widths: list[int]) -> None:
+    for i, wi in enumerate(work):
+        for j, wj in enumerate(work):
+            if wi > wj:
+                assert widths[i] >= widths[j], (i, j, work, widths)
+
+
+@settings(max_examples=150, deadline=None)
+@given(problems(), st.floats(0.1, 4.0), st.floats(0.0, 3.0))
+def test_exact_budget_bounds_and_order(case: tuple, a: float, beta: float) -> None:
+    dims, work, bounds = case
+    for solver in (
+        PowerLaw(PowerLaw.Params(a=a, **bounds)),
+        Proportional(Proportional.Params(beta=beta, **bounds)),
+    ):
+        widths = solver.solve(dims.width_problem(work))
+        assert_valid(widths, dims, bounds)
+        assert_monotone(work, widths)
+
+
+@settings(max_examples=100, deadline=None)
+@given(problems(), st.floats(0.01, 1000.0), st.floats(0.1, 4.0))
+def test_equal_work_gives_uniform(case: tuple, level: float, a: float) -> None:
+    dims, _, bounds = case
+    work = [level] * dims.n_layers
+    for solver in (
+        PowerLaw(PowerLaw.Params(a=a, **bounds)),
+        Proportional(Proportional.Params(**bounds)),
+    ):
+        assert solver.solve(dims.width_problem(work)) == [dims.ffn_width] * dims.n_layers
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_per_layer_exponents_keep_the_contract(case: tuple) -> None:
+    dims, work, bounds = case
+    rng = random.Random(len(work))
+    exponents = [rng.uniform(0.3, 3.0) for _ in work]
+    widths = PowerLaw(PowerLaw.Params(**bounds)).solve(dims.width_problem(work, exponents))
+    assert_valid(widths, dims, bounds)
+
+
+def test_closed_form_when_no_bound_binds() -> None:
+    # KKT with a shared exponent and no active bound: w_l = B * W_l^(1/(a+1)) / sum W^(1/(a+1)).
+    work = [3.0, 2.5, 2.0, 1.6, 1.3, 1.0]
+    a = 1.5
+    dims = ModelDims(6, 64, 1024, 64)
+    solver = PowerLaw(PowerLaw.Params(a=a, min_ratio=0.1, max_ratio=5.0))
+    got = solver.continuous(dims.width_problem(work))
+    weights = [w ** (1 / (a + 1)) for w in work]
+    expected = [dims.budget * k / sum(weights) for k in weights]
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_sensitivities_multiply_work() -> None:
+    dims = ModelDims(4, 64, 1024, 64)
+    solver = PowerLaw(PowerLaw.Params(min_ratio=0.1, max_ratio=5.0))
+    with_lambda = solver.continuous(dims.width_problem([1, 1, 1, 1], sensitivities=[4, 3, 2, 1]))
+    as_work = solver.continuous(dims.width_problem([4, 3, 2, 1]))
+    assert with_lambda == pytest.approx(as_work, rel=1e-12)
+
+
+def _scipy_optimum(costs: np.ndarray, exponents: np.ndarray, n: int, lo: float, hi: float) -> float:
+    """The surrogate minimised by a generic optimiser, in units of the uniform width."""
+
+    def objective(x: np.ndarray) -> float:
+        return float(np.sum(costs * x ** (-exponents)))
+
+    def gradient(x: np.ndarray) -> np.ndarray:
+        return -exponents * costs * x ** (-exponents - 1)
+
+    result = minimize(
+        objective,
+        np.ones(n),
+        jac=gradient,
+        method="SLSQP",
+        bounds=[(lo, hi)] * n,
+        constraints=[{"type": "eq", "fun": lambda x: np.sum(x) - n, "jac": lambda x: np.ones(n)}],
+        options={"ftol": 1e-12, "maxiter": 2000},
+    )
+    assert result.success, result.message
+    return float(result.fun)
+
+
+@pytest.mark.parametrize("binding", [False, True])
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_matches_a_generic_constrained_optimiser(binding: bool, per_layer: bool) -> None:
+    rng = np.random.default_rng(1234 + 2 * binding + per_layer)
+    uniform = 1000
+    checked = 0
+    while checked < 12:
+        n = int(rng.integers(3, 16))
+        if binding:  # a wide spread of work against tight bounds: some layers hit them
+            work = rng.lognormal(0.0, 1.5, n)
+            min_ratio, max_ratio = 0.6, 1.5
+        else:
+            work = rng.uniform(1.0, 1.6, n)
+            min_ratio, max_ratio = 0.25, 2.0
+        exponents = rng.uniform(0.5, 2.5, n) if per_layer else np.full(n, 1.0)
+        dims = ModelDims(n, 64, uniform, 1)
+        problem = dims.width_problem(list(work), exponents=list(exponents) if per_layer else None)
+        solver = PowerLaw(PowerLaw.Params(a=1.0, min_ratio=min_ratio, max_ratio=max_ratio))
+        ours = np.array(solver.continuous(problem)) / uniform
+        assert abs(ours.sum() - n) < 1e-9
+        at_bound = np.isclose(ours, min_ratio, atol=1e-9) | np.isclose(ours, max_ratio, atol=1e-9)
+        if at_bound.any() != binding:
+            continue  # the draw did not produce the case this test is about
+        assert np.all(ours >= min_ratio - 1e-12) and np.all(ours <= max_ratio + 1e-12)
+        theirs = _scipy_optimum(work, exponents, n, min_ratio, max_ratio)
+        mine = float(np.sum(work * ours ** (-exponents)))
+        assert abs(mine - theirs) <= 1e-6 * theirs
+        checked += 1
+
+
+def test_zero_work_layers_get_the_lower_bound_or_the_remainder() -> None:
+    dims = ModelDims(4, 64, 1000, 1)
+    solver = PowerLaw(PowerLaw.Params(min_ratio=0.5, max_ratio=2.0))
+    assert solver.continuous(dims.width_problem([0, 1, 1, 0])) == pytest.approx(
+        [500, 1500, 1500, 500]
+    )
+    # One working layer saturates at 2x; the zero-work layers share the remaining 2000 equally.
+    assert solver.continuous(dims.width_problem([0, 5, 0, 0])) == pytest.approx(
+        [2000 / 3, 2000, 2000 / 3, 2000 / 3]
+    )
+
+
+def test_infeasible_bounds_state_the_feasible_range() -> None:
+    # Uniform width 96 in multiples of 64: each layer must take 64 or 128, ratios 2/3 and 4/3.
+    dims = ModelDims(4, 64, 96, 64)
+    solver = PowerLaw(PowerLaw.Params(min_ratio=0.9, max_ratio=2.0))
+    with pytest.raises(InfeasibleBudget) as raised:
+        solver.solve(dims.width_problem([1, 2, 3, 4]))
+    message = str(raised.value)
+    assert "min_ratio <= 0.666667" in message and "max_ratio >= 1.33333" in message
+    assert isinstance(raised.value, GeospecError) and raised.value.exit_code == 2
+    assert solver.check(dims) == [f"solver power_law: {message}"]
+    loose = PowerLaw(PowerLaw.Params(min_ratio=0.6, max_ratio=1.4))
+    assert loose.check(dims) == []
+    assert sorted(loose.solve(dims.width_problem([1, 2, 3, 4]))) == [64, 64, 128, 128]
+
+
+def test_bad_work_is_rejected() -> None:
+    solver = PowerLaw()
+    for work in ([0.0, 0.0], [1.0, -1.0], [1.0, math.nan]):
+        with pytest.raises(ValueError):
+            solver.solve(WidthProblem(tuple(work), 128, 64, 64, 128))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(1.0, 50.0), min_size=1, max_size=30),
+    st.sampled_from([1, 4, 64]),
+    st.integers(0, 10_000),
+)
+def test_round_to_budget_is_exact_and_moves_each_value_less_than_a_multiple(
+    shares: list[float], multiple: int, seed: int
+) -> None:
+    units = len(shares) * 10 + seed % 7
+    budget = units * multiple
+    values = [s * budget / sum(shares) for s in shares]
+    rounded = round_to_budget(values, budget, multiple, lower=0)
+    assert sum(rounded) == budget
+    assert all(w % multiple == 0 for w in rounded)
+    assert all(abs(w - v) < multiple + 1e-9 for w, v in zip(rounded, values, strict=True))
+    assert_monotone(values, rounded)
+
+
+def test_round_to_budget_rejects_an_impossible_budget() -> None:
+    with pytest.raises(InfeasibleBudget, match=r"feasible sums are 256\.\.512"):
+        round_to_budget([100.0, 100.0], 640, 64, lower=128, upper=256)
+    with pytest.raises(ValueError, match="finite"):
+        round_to_budget([math.inf, 1.0], 128, 64)

@@ -1,0 +1,276 @@
+"""``geospec widths`` and the library behind it: every arm's widths, equal FFN budgets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from click.testing import CliRunner
+
+from geospec import hookimpl
+from geospec.cli import cli
+from geospec.errors import SpecError, UsageError
+from geospec.hookspecs import Register
+from geospec.kinds import Geometry, Statistic
+from geospec.plugin import PluginParams
+from geospec.plugins import build_registries, use_registries
+from geospec.registry import Provider
+from geospec.specfile import load_spec
+from geospec.widths import compute_widths, read_profiles
+
+PROFILE = "testwork/testflat"
+
+
+class FlatGeometry(Geometry):
+    """A geometry name for specs to measure; these tests read profiles from files, never measure."""
+
+    class Params(PluginParams):
+        kind: Literal["testflat"] = "testflat"
+
+
+class WorkStatistic(Statistic):
+    class Params(PluginParams):
+        kind: Literal["testwork"] = "testwork"
+
+
+class MeasuresForTests:
+    @hookimpl
+    def geospec_register_geometries(self, register: Register) -> None:
+        register(FlatGeometry)
+
+    @hookimpl
+    def geospec_register_statistics(self, register: Register) -> None:
+        register(WorkStatistic)
+
+
+@pytest.fixture(autouse=True)
+def registries() -> Iterator[None]:
+    """The builtins plus a measurable profile named 'testwork/testflat'."""
+    extra = [(MeasuresForTests(), Provider("geospec-widths-tests", "0"))]
+    with use_registries(build_registries(entry_points=False, extra=extra)):
+        yield
+
+
+ARMS = """
+[[arms]]
+name = "uniform"
+schedule = { kind = "uniform" }
+
+[[arms]]
+name = "cosine"
+schedule = { kind = "cosine" }
+
+[[arms]]
+name = "manual"
+schedule = { kind = "manual", widths = [768, 640, 512, 512, 384, 256] }
+
+[[arms]]
+name = "geo"
+schedule = { kind = "geometric", profile = "testwork/testflat",
+             smoother = { kind = "gaussian", sigma = 1.0 },
+             solver = { kind = "power_law", min_ratio = 0.25, max_ratio = 2.0 } }
+
+[[arms]]
+name = "anti"
+schedule = { kind = "anti", profile = "testwork/testflat" }
+
+[[arms]]
+name = "shuffled"
+schedule = { kind = "permuted", profile = "testwork/testflat", seed = 3 }
+"""
+
+
+def write_spec(
+    tmp_path: Path,
+    activation: str = "gelu",
+    arms: str = ARMS,
+    extra: str = "",
+    ffn_width: int = 512,
+    tokenizer: str = '{ kind = "bpe", vocab_size = 512 }',
+) -> Path:
+    spec = f"""
+name = "widths-test"
+out = "{tmp_path / "run"}"
+{extra}
+[model]
+n_layers = 6
+d_model = 64
+n_heads = 4
+ffn_width = {ffn_width}
+activation = "{activation}"
+seq_len = 32
+multiple_of = 64
+
+[data]
+tokenizer = {tokenizer}
+
+[[measure]]
+geometry = "testflat"
+statistic = "testwork"
+{arms}
+[train]
+steps = 10
+"""
+    path = tmp_path / "spec.toml"
+    path.write_text(spec)
+    return path
+
+
+def write_profiles(tmp_path: Path, data: Any, name: str = "profiles.json") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+FRONT_LOADED = [9.0, 6.0, 4.0, 3.0, 2.0, 1.5]
+
+
+def run(*args: str) -> Any:
+    return CliRunner().invoke(cli, ["widths", *map(str, args)])
+
+
+def uniform_ffn_params(activation: str, n_layers: int = 6, d: int = 64, width: int = 512) -> int:
+    # gelu: up (d x w + w) and down (w x d + d); swiglu: gate and up (2 x (d x w + w)), down.
+    matrices, hidden_biases = (3, 2) if activation == "swiglu" else (2, 1)
+    return n_layers * (matrices * d * width + hidden_biases * width + d)
+
+
+def test_json_without_profiles_lists_geometric_arms_as_pending(tmp_path: Path) -> None:
+    result = run(write_spec(tmp_path), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert set(data) == {"arms", "pending"}
+    assert list(data["arms"]) == ["uniform", "cosine", "manual"]
+    assert data["pending"] == ["geo", "anti", "shuffled"]
+    for arm in data["arms"].values():
+        assert set(arm) == {"widths", "ffn_params"}
+        assert arm["ffn_params"] == uniform_ffn_params("gelu")
+    assert data["arms"]["manual"]["widths"] == [768, 640, 512, 512, 384, 256]
+    assert json.loads((tmp_path / "run" / "widths.json").read_text()) == data
+
+
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_with_profiles_every_arm_has_the_uniform_ffn_parameter_count(
+    tmp_path: Path, activation: str
+) -> None:
+    profiles = write_profiles(tmp_path, {"profiles": {PROFILE: FRONT_LOADED}, "layers": 6})
+    result = run(write_spec(tmp_path, activation), "--profiles", profiles, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["pending"] == []
+    assert list(data["arms"]) == ["uniform", "cosine", "manual", "geo", "anti", "shuffled"]
+    for arm in data["arms"].values():
+        assert sum(arm["widths"]) == 6 * 512 and all(w % 64 == 0 for w in arm["widths"])
+        assert arm["ffn_params"] == uniform_ffn_params(activation)
+    geo, anti = data["arms"]["geo"]["widths"], data["arms"]["anti"]["widths"]
+    assert geo == sorted(geo, reverse=True) and anti == sorted(anti) and geo != anti
+    assert sorted(data["arms"]["shuffled"]["widths"]) == sorted(
+        compute_widths(load_spec(tmp_path / "spec.toml"), {PROFILE: FRONT_LOADED}).widths[
+            "shuffled"
+        ]
+    )
+    assert json.loads((tmp_path / "run" / "widths.json").read_text()) == data
+
+
+def test_table_has_a_column_per_arm_and_a_totals_row(tmp_path: Path) -> None:
+    result = run(write_spec(tmp_path))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for text in ("uniform", "cosine", "manual", "total", "512 · 66,112", "3,072 · 396,672"):
+        assert text in out
+    assert "pending:" in out and "'testwork/testflat'" in out and "widths.json" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("{not json", "profiles.json:1:2: invalid JSON"),
+        ('{"layers": [1]}', "without a 'profiles' key"),
+        ('{"profiles": [1, 2]}', "'profiles' holding a list"),
+        ('{"profiles": {"testwork/testflat": [1, -1, 1, 1, 1, 1]}}', "layer 1 is -1.0"),
+        ('{"profiles": {"testwork/testflat": [1, NaN, 1, 1, 1, 1]}}', "layer 1 is nan"),
+        ('{"profiles": {"testwork/testflat": "1 2 3"}}', "must be a list of numbers"),
+        (
+            '{"profiles": {"testwork/testflat": [1, 2, 3]}}',
+            "profiles.json: arm 'geo': profile 'testwork/testflat' has 3 values but the reference "
+            "model has 6 layers",
+        ),
+        ('{"profiles": {"testwork/testflat": [0, 0, 0, 0, 0, 0]}}', "all 6 values are zero"),
+    ],
+)
+def test_bad_profiles_exit_2_naming_the_problem(
+    tmp_path: Path, content: str, fragment: str
+) -> None:
+    profiles = write_profiles(tmp_path, content)
+    result = run(write_spec(tmp_path), "--profiles", profiles)
+    assert result.exit_code == 2
+    assert fragment in result.output
+    assert "Traceback" not in result.output
+
+
+def test_missing_profiles_file(tmp_path: Path) -> None:
+    result = run(write_spec(tmp_path), "--profiles", tmp_path / "nope.json")
+    assert result.exit_code == 2 and "nope.json: no such profiles file" in result.output
+
+
+def test_a_pretrained_reference_of_another_depth_is_resampled(tmp_path: Path) -> None:
+    pretrained = write_spec(
+        tmp_path,
+        extra='[reference]\ncheckpoint = "some/model-dir"\n',
+        tokenizer='{ kind = "pretrained", path = "some/model-dir" }',
+    )
+    spec = load_spec(pretrained)
+    result = compute_widths(spec, {PROFILE: [8.0, 4.0, 2.0, 1.0]})  # a 4-layer reference
+    geo = result.widths["geo"]
+    assert len(geo) == 6 and sum(geo) == 6 * 512 and geo == sorted(geo, reverse=True)
+    with pytest.raises(UsageError, match="arm 'geo': profile 'testwork/testflat' is empty"):
+        compute_widths(spec, {PROFILE: []})
+
+
+def test_read_profiles_keeps_all_zero_profiles_for_arms_that_do_not_use_them(
+    tmp_path: Path,
+) -> None:
+    path = write_profiles(tmp_path, {"profiles": {"a/b": [0, 0], PROFILE: FRONT_LOADED}})
+    assert read_profiles(path) == {"a/b": [0.0, 0.0], PROFILE: FRONT_LOADED}
+
+
+def test_spec_validation_reaches_into_nested_tables(tmp_path: Path) -> None:
+    bad_sigma = ARMS.replace("sigma = 1.0", "sigma = -1.0")
+    with pytest.raises(SpecError, match=r"arms\[3\]\.schedule\.smoother\.sigma"):
+        load_spec(write_spec(tmp_path, arms=bad_sigma))
+    # A uniform width of 8.5 multiples: each layer must take 8 or 9, so min_ratio <= 8 / 8.5.
+    tight = ARMS.replace("min_ratio = 0.25", "min_ratio = 0.99")
+    with pytest.raises(SpecError) as raised:
+        load_spec(write_spec(tmp_path, arms=tight, ffn_width=544))
+    message = str(raised.value)
+    assert "arms[2].schedule: widths sum to 3072, but the budget is 3264" in message
+    assert "arms[3].schedule: solver power_law: min_ratio 0.99" in message
+    assert "min_ratio <= 0.941176 and max_ratio >= 1.05882" in message
+    missing = ARMS.replace('profile = "testwork/testflat" }', 'profile = "gw/raw" }', 1)
+    with pytest.raises(SpecError, match=r"arms\[4\]\.schedule\.profile: 'gw/raw' is not measured"):
+        load_spec(write_spec(tmp_path, arms=missing))
+
+
+def test_widths_does_not_import_torch(tmp_path: Path) -> None:
+    arms = ARMS.split('[[arms]]\nname = "geo"')[0]
+    spec = write_spec(tmp_path, arms=arms.replace("[[measure]]", "")).read_text()
+    spec = spec.replace('[[measure]]\ngeometry = "testflat"\nstatistic = "testwork"\n', "")
+    spec = spec.replace('name = "widths-test"', 'name = "widths-test"\nmeasure = []')
+    path = tmp_path / "light.toml"
+    path.write_text(spec)
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "geospec", "widths", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
+    assert "json" in imported  # the import log was captured
+    assert not {name for name in imported if name.split(".")[0] == "torch"}
+    assert json.loads(done.stdout)["pending"] == []
