@@ -22,7 +22,7 @@ from typing import Any
 from geospec.atomic import atomic_write_json
 from geospec.errors import GeospecError, PluginError, UsageError
 from geospec.model_size import total_ffn_params
-from geospec.spec import Spec, model_dims
+from geospec.spec import ModelSpec, Spec, model_dims
 
 WIDTHS_FILE = "widths.json"
 PROFILES_KEY = "profiles"
@@ -101,7 +101,9 @@ def compute_widths(
     return WidthsResult(widths, params, pending)
 
 
-def _check_schedule_output(arm: str, kind: str, widths: list[int], budget: int, m: Any) -> None:
+def _check_schedule_output(
+    arm: str, kind: str, widths: list[int], budget: int, m: ModelSpec
+) -> None:
     """A schedule plugin (possibly third-party) must honour its contract; say which one did not."""
     problems = []
     if len(widths) != m.n_layers:
