@@ -1,0 +1,74 @@
+"""Which token windows each training step and each evaluation reads.
+
+The packed training tokens are cut into non-overlapping windows of ``seq_len + 1`` tokens (inputs
+and next-token targets; consecutive windows share one boundary token). Training reads the windows
+in a seeded permutation per epoch, so the sequence with global index i depends only on the seed
+and i: every arm with the same seed sees the same data in the same order, a resumed run continues
+exactly where it stopped, and the global batch is the same whatever the number of processes.
+Evaluation reads the first windows of the validation tokens, identical for every run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from geospec.errors import UsageError
+
+
+def window_count(n_tokens: int, seq_len: int) -> int:
+    return max(0, (n_tokens - 1) // seq_len)
+
+
+class TrainOrder:
+    """Global sequence index -> training window: a seeded permutation of all windows per epoch."""
+
+    def __init__(self, n_tokens: int, seq_len: int, seed: int) -> None:
+        self.n_windows = window_count(n_tokens, seq_len)
+        if self.n_windows == 0:
+            raise UsageError(
+                f"the training split has {n_tokens} tokens, fewer than model.seq_len + 1 = "
+                f"{seq_len + 1}; use more data or a shorter seq_len"
+            )
+        self.seed = seed
+        self._epoch = -1
+        self._permutation = np.empty(0, dtype=np.int64)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._permutation = rng.permutation(self.n_windows)
+            self._epoch = epoch
+        return self._permutation
+
+    def windows(self, start: int, count: int) -> np.ndarray:
+        """Windows read by global sequence indices ``start .. start + count - 1``."""
+        out = np.empty(count, dtype=np.int64)
+        done = 0
+        while done < count:
+            epoch, offset = divmod(start + done, self.n_windows)
+            take = min(count - done, self.n_windows - offset)
+            out[done : done + take] = self._epoch_order(epoch)[offset : offset + take]
+            done += take
+        return out
+
+
+def window_tensors(
+    tokens: np.ndarray, windows: np.ndarray, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets (each windows x seq_len, int64) of the given windows."""
+    index = windows[:, None] * seq_len + np.arange(seq_len + 1)
+    chunk = torch.from_numpy(np.asarray(tokens[index], dtype=np.int64))
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def validation_windows(n_tokens: int, seq_len: int, eval_tokens: int | None) -> np.ndarray:
+    """The first windows of the validation split covering ``eval_tokens`` (default: all)."""
+    available = window_count(n_tokens, seq_len)
+    if available == 0:
+        raise UsageError(
+            f"the validation split has {n_tokens} tokens, fewer than model.seq_len + 1 = "
+            f"{seq_len + 1}; raise data.val_fraction or use more data"
+        )
+    wanted = available if eval_tokens is None else max(1, eval_tokens // seq_len)
+    return np.arange(min(available, wanted), dtype=np.int64)

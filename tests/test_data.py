@@ -1,0 +1,256 @@
+"""Data: corpora through datasets, tokenizers, deterministic split, packing, batches."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from geospec.batches import TrainOrder, validation_windows, window_tensors
+from geospec.corpus import Corpus
+from geospec.data import prepare_data, split_fractions, token_dtype
+from geospec.errors import UsageError
+from geospec.spec import DataSpec
+from geospec.tokenizer import EOT, gpt2_tokenizer
+
+pytestmark = pytest.mark.torch
+
+SHARED_GPT2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2-tokenizer"
+WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
+
+
+def _documents(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [
+        " ".join(rng.choice(WORDS, size=int(rng.integers(5, 40)))) + f" doc{i}." for i in range(n)
+    ]
+
+
+def _jsonl(path: Path, docs: list[str], field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    return path
+
+
+# -- tokenizers ---------------------------------------------------------------------------------
+
+
+def test_gpt2_known_encoding() -> None:
+    tokenizer = gpt2_tokenizer()
+    assert tokenizer.encode("Hello world").ids == [15496, 995]
+    assert tokenizer.token_to_id(EOT) == 50256
+    assert tokenizer.get_vocab_size() == 50257
+
+
+def test_gpt2_matches_transformers_on_real_text() -> None:
+    from transformers import GPT2Tokenizer
+
+    batches = Corpus(DataSpec(source="bundled:shakespeare", max_documents=3)).batches()
+    text = "".join(next(batches))
+    directory = Path(__file__).resolve().parents[1] / "geospec" / "data" / "gpt2"
+    vocab = json.loads((directory / "vocab.json").read_text())
+    merges = [
+        tuple(line.split())
+        for line in (directory / "merges.txt").read_text().splitlines()[1:]
+        if line
+    ]
+    reference = GPT2Tokenizer(vocab=vocab, merges=merges)
+    assert gpt2_tokenizer().encode(text).ids == reference.encode(text)
+
+
+@pytest.mark.skipif(not SHARED_GPT2.is_dir(), reason="../shared/data/gpt2-tokenizer not present")
+def test_gpt2_ids_are_the_r50k_ranks() -> None:
+    """tiktoken's r50k_base ranks (an independent file) decode our ids back to the text."""
+    ranks = {}
+    for line in (SHARED_GPT2 / "r50k_base.tiktoken").read_text().splitlines():
+        token, rank = line.split()
+        ranks[int(rank)] = base64.b64decode(token)
+    text = "It is a truth universally acknowledged — naïve café, 1234 tokens!\n\n\tEnd."
+    ids = gpt2_tokenizer().encode(text).ids
+    assert b"".join(ranks[i] for i in ids) == text.encode("utf-8")
+
+
+def test_trained_bpe_round_trips(tmp_path: Path) -> None:
+    docs = _documents(300)
+    data = DataSpec(
+        files=[str(_jsonl(tmp_path / "d.jsonl", docs))],
+        tokenizer={"kind": "bpe", "vocab_size": 300, "min_frequency": 1},
+    )
+    prepared = prepare_data(data, tmp_path / "cache")
+    tokenizer = prepared.tokenizer()
+    assert prepared.vocab_size == tokenizer.get_vocab_size() <= 300
+    assert prepared.eot_id == tokenizer.token_to_id(EOT) == 0
+    sample = "gamma délta — ωμέγα 42\n"  # bytes never seen in training still round-trip
+    assert tokenizer.decode(tokenizer.encode(sample).ids) == sample
+
+
+def test_pretrained_tokenizer_directory_with_a_large_vocabulary(tmp_path: Path) -> None:
+    """A transformers tokenizer directory; > 65536 ids are stored as uint32."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[UNK]": 0, "</s>": 1} | {f"w{i}": i + 2 for i in range(70_000)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]"
+    ).save_pretrained(tmp_path / "tok")
+    rng = np.random.default_rng(1)
+    docs = [" ".join(f"w{j}" for j in rng.integers(0, 70_000, 20)) for _ in range(40)]
+    data = DataSpec(
+        files=[str(_jsonl(tmp_path / "d.jsonl", docs))],
+        val_fraction=0.2,
+        tokenizer={"kind": "pretrained", "path": "tok"},
+    )
+    prepared = prepare_data(data, tmp_path / "cache", spec_dir=tmp_path)
+    assert prepared.train.dtype == np.uint32 and prepared.eot_id == 1
+    assert prepared.vocab_size == 70_002
+    everything = np.concatenate([prepared.train, prepared.val])
+    assert everything.max() > 65535
+    expected = sum(len(d.split()) + 1 for d in docs)
+    assert len(everything) == expected
+
+
+def test_token_dtype() -> None:
+    assert token_dtype(50257) == np.uint16
+    assert token_dtype(65536) == np.uint16
+    assert token_dtype(65537) == np.uint32
+
+
+# -- split and packing --------------------------------------------------------------------------
+
+
+def test_split_is_seeded_and_has_the_requested_fraction() -> None:
+    indices = np.arange(200_000)
+    a = split_fractions(indices, seed=3)
+    assert np.array_equal(a, split_fractions(indices, seed=3))
+    assert not np.array_equal(a, split_fractions(indices, seed=4))
+    # independent of how documents are batched
+    assert np.array_equal(a[1000:1500], split_fractions(indices[1000:1500], seed=3))
+    fraction = float(np.mean(a < 0.05))
+    assert abs(fraction - 0.05) < 5 * np.sqrt(0.05 * 0.95 / len(indices))
+    assert a.min() >= 0.0 and a.max() < 1.0
+
+
+def test_packing_puts_eot_after_every_document(tmp_path: Path) -> None:
+    docs = _documents(200)
+    data = DataSpec(
+        files=[str(_jsonl(tmp_path / "d.jsonl", docs))],
+        val_fraction=0.25,
+        split_seed=7,
+        tokenizer={"kind": "gpt2"},
+    )
+    prepared = prepare_data(data, tmp_path / "cache")
+    assert prepared.train.dtype == np.uint16
+    tokenizer = gpt2_tokenizer()
+    is_val = split_fractions(np.arange(len(docs)), 7) < 0.25
+    for split, tokens in (("val", prepared.val), ("train", prepared.train)):
+        chosen = [d for d, v in zip(docs, is_val, strict=True) if v == (split == "val")]
+        expected = [t for d in chosen for t in [*tokenizer.encode(d).ids, 50256]]
+        assert tokens.tolist() == expected
+        assert int(np.sum(tokens == 50256)) == len(chosen) == prepared.meta["documents"][split]
+
+
+def test_prepared_data_is_cached_and_keyed_by_content(tmp_path: Path) -> None:
+    source = _jsonl(tmp_path / "d.jsonl", _documents(100))
+    data = DataSpec(files=[str(source)], val_fraction=0.2, tokenizer={"kind": "gpt2"})
+    first = prepare_data(data, tmp_path / "cache")
+    stamp = os.stat(first.directory / "train.bin").st_mtime_ns
+    again = prepare_data(data, tmp_path / "cache")
+    assert again.directory == first.directory
+    assert os.stat(again.directory / "train.bin").st_mtime_ns == stamp
+    # a rebuild elsewhere gives byte-identical tokens (validation tokens equal for every run)
+    elsewhere = prepare_data(data, tmp_path / "other")
+    assert elsewhere.key == first.key
+    assert (elsewhere.directory / "val.bin").read_bytes() == (
+        first.directory / "val.bin"
+    ).read_bytes()
+    reseeded = prepare_data(data.model_copy(update={"split_seed": 1}), tmp_path / "cache")
+    assert reseeded.key != first.key and not np.array_equal(reseeded.val, first.val)
+    _jsonl(source, _documents(100, seed=5))  # changed file content: new key, new tokens
+    assert prepare_data(data, tmp_path / "cache").key != first.key
+    leftovers = [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir() and p.name[0] == "."]
+    assert leftovers == []
+
+
+def test_empty_validation_split_is_a_clear_error(tmp_path: Path) -> None:
+    data = DataSpec(
+        files=[str(_jsonl(tmp_path / "d.jsonl", _documents(3)))],
+        val_fraction=0.01,
+        tokenizer={"kind": "gpt2"},
+    )
+    with pytest.raises(UsageError, match="val split is empty"):
+        prepare_data(data, tmp_path / "cache")
+
+
+# -- corpora ------------------------------------------------------------------------------------
+
+
+def test_bundled_corpora_split_into_chapters_and_scenes() -> None:
+    chapters = [d for batch in Corpus(DataSpec(source="bundled:austen")).batches() for d in batch]
+    assert 250 <= len(chapters) <= 300
+    assert sum(d.lstrip().upper().startswith("CHAPTER") for d in chapters) >= len(chapters) - 6
+    scenes = [d for b in Corpus(DataSpec(source="bundled:shakespeare")).batches() for d in b]
+    assert len(scenes) >= 700
+    assert sum(d.startswith("### SCENE") for d in scenes) >= len(scenes) - 45
+
+
+def test_local_text_jsonl_and_parquet_files(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.txt").write_text("first paragraph\nstill first\n\nsecond paragraph\n\n\n")
+    _jsonl(tmp_path / "b.jsonl", ["from json", ""], field="body")
+    pq.write_table(pa.table({"body": ["from parquet"]}), tmp_path / "c.parquet")
+    texts = Corpus(DataSpec(files=["a.txt"]), spec_dir=tmp_path)
+    assert [d.strip() for b in texts.batches() for d in b] == [
+        "first paragraph\nstill first",
+        "second paragraph",
+    ]
+    rows = Corpus(DataSpec(files=["b.jsonl", "c.parquet"], text_field="body"), spec_dir=tmp_path)
+    assert [d for b in rows.batches() for d in b] == ["from json", "from parquet"]
+    limited = Corpus(
+        DataSpec(files=["a.txt", "b.jsonl"], text_field="body", max_documents=1), spec_dir=tmp_path
+    )
+    assert len([d for b in limited.batches() for d in b]) == 1
+
+
+def test_bad_files_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"data.files\[0\].*not found"):
+        Corpus(DataSpec(files=["missing.txt"]), spec_dir=tmp_path)
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(UsageError, match="unsupported extension"):
+        Corpus(DataSpec(files=["x.csv"]), spec_dir=tmp_path)
+    _jsonl(tmp_path / "d.jsonl", ["x"], field="body")
+    with pytest.raises(UsageError, match=r"no column 'text'.*body"):
+        list(Corpus(DataSpec(files=["d.jsonl"]), spec_dir=tmp_path).batches())
+    with pytest.raises(UsageError, match="unknown bundled corpus"):
+        Corpus(DataSpec(source="bundled:milton"))
+
+
+# -- batches ------------------------------------------------------------------------------------
+
+
+def test_train_order_is_a_permutation_per_epoch_from_the_seed_only() -> None:
+    order = TrainOrder(n_tokens=1001, seq_len=10, seed=5)  # 100 windows
+    epochs = order.windows(0, 300)
+    for e in range(3):
+        assert sorted(epochs[100 * e : 100 * (e + 1)].tolist()) == list(range(100))
+    assert not np.array_equal(epochs[:100], epochs[100:200])
+    pieces = np.concatenate([TrainOrder(1001, 10, 5).windows(s, 7) for s in range(0, 294, 7)])
+    assert np.array_equal(pieces, epochs[:294])
+    assert not np.array_equal(TrainOrder(1001, 10, 6).windows(0, 100), epochs[:100])
+
+
+def test_windows_give_next_token_targets() -> None:
+    tokens = np.arange(1000, dtype=np.uint16)
+    x, y = window_tensors(tokens, np.array([0, 3]), seq_len=8)
+    assert x.tolist() == [list(range(0, 8)), list(range(24, 32))]
+    assert y.tolist() == [list(range(1, 9)), list(range(25, 33))]
+    assert validation_windows(1000, 8, None).tolist() == list(range(124))
+    assert validation_windows(1000, 8, 40).tolist() == list(range(5))
+    with pytest.raises(UsageError, match="validation split has 5 tokens"):
+        validation_windows(5, 8, None)
