@@ -1,0 +1,142 @@
+"""Data parallelism under ``torchrun``: process group, model wrapping, collectives.
+
+Outside torchrun (no ``WORLD_SIZE`` in the environment, or 1) everything here is a no-op, so the
+training code is the same for one process and for many. The process group uses NCCL when CUDA is
+available and gloo otherwise (CPU tests run 2 processes with gloo).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """This process's place among the torchrun processes (rank 0 of 1 without torchrun)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def context() -> DistContext:
+    """Rank and world size from torchrun's environment variables."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext()
+    return DistContext(
+        rank=int(os.environ.get("RANK", "0")),
+        world_size=world,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+    )
+
+
+def init_distributed() -> DistContext:
+    """Join the process group when launched by torchrun (idempotent)."""
+    ctx = context()
+    if ctx.enabled and not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(ctx.local_rank)
+            dist.init_process_group("nccl", device_id=torch.device("cuda", ctx.local_rank))
+        else:
+            dist.init_process_group("gloo")
+    return ctx
+
+
+@contextlib.contextmanager
+def process_group() -> Iterator[tuple[int, int]]:
+    """``(rank, world_size)`` with the process group joined; left again on exit if joined here."""
+    owned = not dist.is_initialized()
+    ctx = init_distributed()
+    try:
+        yield ctx.rank, ctx.world_size
+    finally:
+        if owned and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    if ctx.enabled:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def gather_objects(value: Any, ctx: DistContext) -> list[Any]:
+    """``value`` from every rank, in rank order (pickled between our own processes only)."""
+    if not ctx.enabled:
+        return [value]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def broadcast_object(value: Any, ctx: DistContext) -> Any:
+    """Rank 0's ``value`` on every rank."""
+    if not ctx.enabled:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def wrap_model(
+    model: nn.Module, ctx: DistContext, mode: str, bf16: bool, device: torch.device
+) -> nn.Module:
+    """DDP, or FSDP2 (``fully_shard`` per block, then the root); unchanged for one process.
+
+    FSDP2 shards ``model`` in place (its parameters become DTensors) and returns it; DDP returns a
+    wrapper around it. Either way ``model`` itself stays the module to checkpoint and evaluate.
+    """
+    if not ctx.enabled:
+        return model
+    if mode == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16 if bf16 else None, reduce_dtype=torch.float32
+        )
+        for block in getattr(model, "blocks", []):
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [device.index] if device.type == "cuda" else None
+    # buffers (rotary tables) are constants: no need to broadcast them every forward
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce on micro-batches before the last one of a step."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel) and not enabled:
+        with model.no_sync():
+            yield
+        return
+    setter = getattr(model, "set_requires_gradient_sync", None)  # FSDP2
+    if setter is not None:
+        setter(enabled)
+    yield

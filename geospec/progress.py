@@ -1,0 +1,89 @@
+"""Training progress on stderr: a live bar on a terminal, one log line per interval otherwise."""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+class TrainProgress:
+    """Steps done, training loss, tokens/s and ETA; silent when not ``enabled``."""
+
+    def __init__(self, total: int, enabled: bool = True, start: int = 0) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self.live = enabled and self.console.is_terminal
+        self.start_step = start
+        self.started = time.perf_counter()
+        self._bar: Progress | None = None
+        self._task = TaskID(0)
+
+    def __enter__(self) -> TrainProgress:
+        if self.live:
+            self._bar = Progress(
+                TextColumn("training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(
+                "train", total=self.total, completed=self.start_step, info=""
+            )
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def advance(self, step: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step)
+
+    def report(self, step: int, loss: float, tokens_per_s: float) -> None:
+        """Called once per log interval."""
+        if not self.enabled:
+            return
+        info = f"loss {loss:.4f}  {tokens_per_s:,.0f} tok/s"
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, info=info)
+            return
+        done = step - self.start_step
+        elapsed = time.perf_counter() - self.started
+        eta = elapsed / done * (self.total - step) if done else 0.0
+        self.console.print(
+            f"step {step}/{self.total}  {info}  eta {format_duration(eta)}", highlight=False
+        )
+
+    def note(self, message: str) -> None:
+        if self.enabled:
+            self.console.print(message, highlight=False)
