@@ -31,7 +31,7 @@ def reference_model(ctx: Context) -> tuple[Any, int, Any]:
 
         model = load_pretrained(checkpoint, device=str(device))
         return model, hidden_width(model), None
-    from geospec.train import load_model
+    from geospec.checkpoint import load_model
 
     model = load_model(ctx.run_dir / "reference").to(device).eval()
     return model, model.config.d_model, None

@@ -294,13 +294,13 @@ def stage_train(ctx: Context) -> None:
         return
     ctx.ran.append("train")
     data = token_data(ctx)
-    for index, (arm, seed, out, key, stored) in enumerate(todo, start=1):
+    for index, (arm_name, seed, out, key, stored) in enumerate(todo, start=1):
         if (stored is not None and stored != key) or "train" in ctx.force:
             _clear(ctx, out)
         if ctx.is_main:
-            atomic_write_json(out / "run_key.json", {"key": key, "widths": widths[arm]})
-        ctx.say(f"[bold]train[/] [{index}/{len(todo)}]: arm {arm}, seed {seed}")
-        _train(ctx, data, widths[arm], out, seed=seed)
+            atomic_write_json(out / "run_key.json", {"key": key, "widths": widths[arm_name]})
+        ctx.say(f"[bold]train[/] [{index}/{len(todo)}]: arm {arm_name}, seed {seed}")
+        _train(ctx, data, widths[arm_name], out, seed=seed)
     ctx.finish("train", ctx.keys["train"])
 
 

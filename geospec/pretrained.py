@@ -30,7 +30,7 @@ def load_pretrained(path: str | Path, device: str = "cpu") -> Any:
         raise UsageError(
             f"reference.checkpoint: cannot load {path} as a causal LM: {error}".strip()
         ) from None
-    return model.to(device).eval()
+    return model.to(device).eval()  # type: ignore[arg-type]
 
 
 def hidden_width(model: Any) -> int:

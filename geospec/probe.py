@@ -256,7 +256,11 @@ def probe_clouds(
             if len(rows) == 0:
                 continue
             index = (rows.to(device), cols.to(device))
-            with _capture(sites, site, lambda t, index=index: t[index]) as (xs, ys):
+
+            def select(t: torch.Tensor, index: tuple[torch.Tensor, ...] = index) -> torch.Tensor:
+                return t[index]
+
+            with _capture(sites, site, select) as (xs, ys):
                 run(model, windows[start:stop])
             for i in range(len(sites)):
                 xs_all[i] += xs[i]
