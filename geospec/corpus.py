@@ -7,7 +7,8 @@
   ``.parquet`` (one document per row, from ``data.text_field``); gzip/bz2/xz/zstd compressed files
   are read transparently by datasets.
 - anything else in ``source`` is a Hugging Face hub dataset name (``hub_config``, ``hub_split``,
-  ``streaming``); it needs network access unless it is already in the datasets cache.
+  ``hub_revision``, ``streaming``); it needs network access unless it is already in the datasets
+  cache.
 
 Empty documents are dropped; ``max_documents`` keeps the first N of the rest.
 """
@@ -148,12 +149,16 @@ class Corpus:
         d = self.data
         try:
             dataset = datasets.load_dataset(
-                d.corpus, d.hub_config, split=d.hub_split, streaming=d.streaming
+                d.corpus,
+                d.hub_config,
+                split=d.hub_split,
+                streaming=d.streaming,
+                revision=d.hub_revision,
             )
         except Exception as error:  # datasets raises many types; all mean "cannot load this"
             raise UsageError(
-                f"data.source: cannot load hub dataset {d.corpus!r} "
-                f"(config {d.hub_config!r}, split {d.hub_split!r}): {error}. Offline, use a "
+                f"data.source: cannot load hub dataset {d.corpus!r} (config {d.hub_config!r}, "
+                f"split {d.hub_split!r}, revision {d.hub_revision!r}): {error}. Offline, use a "
                 "bundled corpus or local files"
             ) from None
         _check_field(list(dataset.column_names or []), d.text_field, repr(d.corpus))

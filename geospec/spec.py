@@ -91,6 +91,9 @@ class DataSpec(Section):
     """Local .txt/.jsonl/.parquet files (relative to the spec file); replaces source."""
     hub_config: str | None = None
     hub_split: str = "train"
+    hub_revision: str | None = None
+    """Hub revision (branch, tag or commit) to pin the dataset's content; for datasets that still
+    ship a loading script, 'refs/convert/parquet' reads the hub's parquet export."""
     text_field: str = "text"
     streaming: bool = False
     max_documents: int | None = Field(None, ge=1)
