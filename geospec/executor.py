@@ -347,11 +347,11 @@ def write_run_metadata(ctx: Context) -> None:
     from geospec.plugins import get_registries
 
     spec = ctx.spec
-    resolved = spec.model_dump(mode="json", exclude_none=True)
+    resolved = spec.model_dump(mode="json")
     resolved["measure"] = [section(e) for e in measures(spec)]
     import tomlkit
 
-    atomic_write_text(ctx.run_dir / "spec.resolved.toml", tomlkit.dumps(resolved))
+    atomic_write_text(ctx.run_dir / "spec.resolved.toml", tomlkit.dumps(_without_none(resolved)))
     atomic_write_json(ctx.run_dir / "plugins.json", get_registries().describe())
     atomic_write_json(ctx.run_dir / "env.json", environment())
     atomic_write_json(
@@ -367,6 +367,15 @@ def write_run_metadata(ctx: Context) -> None:
             "geospec": __version__,
         },
     )
+
+
+def _without_none(value: Any) -> Any:
+    """TOML has no null: leave unset options out (they resolve to their defaults again)."""
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
 
 
 def environment() -> dict[str, Any]:

@@ -1,0 +1,193 @@
+"""`geospec run` end to end on a small spec: artifacts, equal budgets, report, resume, kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomlkit
+from click.testing import CliRunner
+
+from geospec.cli import cli
+
+pytestmark = pytest.mark.torch
+
+SPEC = """
+name = "pipeline-test"
+
+[model]
+n_layers = 4
+d_model = 32
+n_heads = 2
+ffn_width = 64
+seq_len = 32
+multiple_of = 8
+
+[data]
+source = "bundled:austen"
+tokenizer = { kind = "bpe", vocab_size = 400 }
+max_documents = 400
+
+[reference]
+train_steps = 30
+
+[probe]
+tokens = 48
+seed = 3
+
+[[measure]]
+geometry = { kind = "spherical" }
+statistic = { kind = "shift" }
+
+[[measure]]
+geometry = { kind = "hyperbolic" }
+statistic = { kind = "gw", coupling = "identity" }
+
+[[arms]]
+name = "uniform"
+schedule = { kind = "uniform" }
+
+[[arms]]
+name = "cosine"
+schedule = { kind = "cosine", start = 1.5, end = 0.5 }
+
+[[arms]]
+name = "shift-spherical"
+schedule = { kind = "geometric", profile = "shift/spherical" }
+
+[[arms]]
+name = "anti"
+schedule = { kind = "anti", profile = "gw/hyperbolic" }
+
+[train]
+steps = 40
+batch_size = 8
+lr = 3e-3
+warmup = 5
+seeds = [0, 1]
+eval_interval = 20
+eval_tokens = 4096
+checkpoint_interval = 5
+threads = 1
+"""
+
+
+def write_spec(directory: Path, text: str = SPEC, **train: object) -> Path:
+    document = tomlkit.parse(text)
+    document["out"] = str(directory / "run")
+    for key, value in train.items():
+        document["train"][key] = value  # type: ignore[index]
+    path = directory / "spec.toml"
+    path.write_text(tomlkit.dumps(document))
+    return path
+
+
+def run(spec: Path, *args: str) -> str:
+    result = CliRunner().invoke(cli, ["run", str(spec), *args])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("pipeline")
+    spec = write_spec(directory)
+    run(spec)
+    return directory
+
+
+def test_every_artifact_is_written(finished: Path) -> None:
+    run_dir = finished / "run"
+    for name in (
+        "spec.resolved.toml",
+        "plugins.json",
+        "env.json",
+        "profiles.json",
+        "widths.json",
+        "report.md",
+        "results.json",
+        "plots/profiles.png",
+        "plots/widths.png",
+        "plots/val_loss.png",
+        "reference/model.safetensors",
+        "clouds/meta.json",
+    ):
+        assert (run_dir / name).exists(), name
+    assert len(list((run_dir / "clouds").glob("layer-*.safetensors"))) == 4
+    profiles = json.loads((run_dir / "profiles.json").read_text())["profiles"]
+    assert set(profiles) == {"shift/spherical", "gw/hyperbolic"}
+    assert all(len(v) == 4 and all(x >= 0 for x in v) for v in profiles.values())
+    for arm in ("uniform", "cosine", "shift-spherical", "anti"):
+        for seed in (0, 1):
+            out = run_dir / "arms" / arm / f"seed-{seed}"
+            for name in ("model.safetensors", "metrics.jsonl", "trainer_state.pt", "result.json"):
+                assert (out / name).exists(), out / name
+
+
+def test_equal_budgets_and_report_numbers_match_per_seed_results(finished: Path) -> None:
+    run_dir = finished / "run"
+    results = json.loads((run_dir / "results.json").read_text())
+    widths = json.loads((run_dir / "widths.json").read_text())["arms"]
+    assert results["equal_params"]
+    assert len({arm["params"] for arm in results["arms"].values()}) == 1
+    for name, arm in results["arms"].items():
+        assert sum(arm["widths"]) == 4 * 64 and arm["widths"] == widths[name]["widths"]
+        for seed, loss in arm["val_loss"]["seeds"].items():
+            per_seed = json.loads(
+                (run_dir / "arms" / name / f"seed-{seed}" / "result.json").read_text()
+            )
+            assert loss == per_seed["final_val_loss"]
+        if name != "uniform":
+            base = results["arms"]["uniform"]["val_loss"]["seeds"]
+            diffs = [arm["val_loss"]["seeds"][s] - base[s] for s in ("0", "1")]
+            assert arm["vs_uniform"]["mean"] == pytest.approx(sum(diffs) / 2)
+            assert arm["vs_uniform"]["improved"] == sum(d < 0 for d in diffs)
+    # the anti control inverts the profile: where one schedule is widest the other is narrowest
+    assert results["arms"]["anti"]["widths"] != results["arms"]["uniform"]["widths"]
+
+
+def test_second_run_does_nothing_and_one_changed_arm_retrains_alone(finished: Path) -> None:
+    spec = finished / "spec.toml"
+    assert "nothing to do" in run(spec)
+    stamps = {p: p.stat().st_mtime_ns for p in (finished / "run" / "arms").rglob("result.json")}
+    spec.write_text(spec.read_text().replace("start = 1.5, end = 0.5", "start = 1.25, end = 0.75"))
+    output = run(spec)
+    assert "arm cosine, seed 0" in output and "arm cosine, seed 1" in output
+    assert "arm uniform" not in output and "reference: training" not in output
+    changed = {p for p, t in stamps.items() if p.stat().st_mtime_ns != t}
+    assert changed == {p for p in stamps if p.parts[-3] == "cosine"}
+
+
+def _losses(run_dir: Path) -> dict[str, dict[str, float]]:
+    results = json.loads((run_dir / "results.json").read_text())
+    return {name: arm["val_loss"]["seeds"] for name, arm in results["arms"].items()}
+
+
+def test_killed_run_resumes_to_the_same_results(finished: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "geospec", "run", str(spec)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    target = tmp_path / "run" / "arms" / "uniform" / "seed-1" / "trainer_state.pt"
+    deadline = time.monotonic() + 300
+    while not target.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)  # no chance to clean up: mid-step, mid-write
+    process.wait()
+    assert not (tmp_path / "run" / "results.json").exists()
+    run(spec)
+    reference = _losses(finished / "run")
+    resumed = _losses(tmp_path / "run")
+    for arm in ("uniform", "shift-spherical", "anti"):
+        for seed in ("0", "1"):
+            assert resumed[arm][seed] == pytest.approx(reference[arm][seed], abs=1e-6)
