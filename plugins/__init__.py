@@ -6,6 +6,8 @@ ripser, geoopt) are imported only inside the code that computes.
 """
 
 BUILTIN_MODULES = [
+    "geospec_plugins.geometries",
+    "geospec_plugins.statistics",
     "geospec_plugins.smoothers",
     "geospec_plugins.solvers",
     "geospec_plugins.schedules",
