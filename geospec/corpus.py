@@ -71,6 +71,11 @@ class Corpus:
 
     def __init__(self, data: DataSpec, spec_dir: Path | None = None) -> None:
         self.data = data
+        corpus = data.corpus or ""
+        #: the bundled corpus's name, or None for local files and hub datasets
+        self.bundled = (
+            corpus.removeprefix(BUNDLED_PREFIX) if corpus.startswith(BUNDLED_PREFIX) else None
+        )
         self.files: list[Path] = []
         if data.files is not None:
             base = spec_dir or Path.cwd()
@@ -82,17 +87,8 @@ class Corpus:
                     )
                 _builder(path)
                 self.files.append(path)
-        elif (data.corpus or "").startswith(BUNDLED_PREFIX):
-            self.files.append(bundled_path((data.corpus or "").removeprefix(BUNDLED_PREFIX)))
-
-    @property
-    def bundled(self) -> str | None:
-        corpus = self.data.corpus
-        return (
-            corpus.removeprefix(BUNDLED_PREFIX)
-            if corpus and corpus.startswith(BUNDLED_PREFIX)
-            else None
-        )
+        elif self.bundled is not None:
+            self.files.append(bundled_path(self.bundled))
 
     def digests(self) -> list[str]:
         """Content digests of the local (or bundled) files; empty for a hub dataset."""
