@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from geospec.errors import GeospecError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,27 @@ def broadcast_object(value: Any, ctx: DistContext) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def on_main(compute: Callable[[], T], ctx: DistContext) -> T:
+    """``compute()`` on rank 0 only (it may read files only rank 0 has), its value on every rank.
+
+    A :class:`GeospecError` raised on rank 0 is raised on every rank, so no process is left
+    waiting in a collective for one that failed.
+    """
+    outcome: tuple[bool, Any] = (True, None)
+    if ctx.is_main:
+        try:
+            outcome = (True, compute())
+        except GeospecError as error:
+            if not ctx.enabled:
+                raise
+            outcome = (False, error)
+    ok, value = broadcast_object(outcome, ctx)
+    if not ok:
+        raise value
+    result: T = value
+    return result
 
 
 def wrap_model(

@@ -320,7 +320,9 @@ class _Run:
     # -- set-up ----------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        done = finished_result(self.out_dir, self.fingerprint)
+        done = distributed.on_main(
+            lambda: finished_result(self.out_dir, self.fingerprint), self.ctx
+        )
         if done is not None:
             return done
         if self.train.threads is not None and self.device.type == "cpu":
@@ -363,14 +365,19 @@ class _Run:
         return self._loop()
 
     def _resume(self) -> None:
-        found = read_checkpoint(self.out_dir) if self.ctx.is_main else None
-        header = None
-        if found is not None:
-            _, state = found
+        found: tuple[Path, dict[str, Any]] | None = None
+
+        def header() -> dict[str, Any] | None:  # on rank 0, which alone may see the files
+            nonlocal found
+            found = read_checkpoint(self.out_dir)
+            if found is None:
+                return None
+            state = found[1]
             _check_same_run(self.out_dir, json.loads(state["fingerprint"]), self.fingerprint)
-            header = {k: state[k] for k in ("step", "train_seconds", "wall_seconds", "last_val")}
-        header = distributed.broadcast_object(header, self.ctx)
-        if header is None:
+            return {k: state[k] for k in ("step", "train_seconds", "wall_seconds", "last_val")}
+
+        stored = distributed.on_main(header, self.ctx)
+        if stored is None:
             return
         weights: dict[str, torch.Tensor] = {}
         optim: dict[str, Any] = {}
@@ -383,10 +390,10 @@ class _Run:
         rng = distributed.broadcast_object(rng, self.ctx)
         if len(rng) == self.ctx.world_size:
             _set_rng_state(rng[self.ctx.rank], self.device)
-        self.step = int(header["step"])
-        self.train_seconds = float(header["train_seconds"])
-        self.wall_seconds = float(header["wall_seconds"])
-        last = header["last_val"]
+        self.step = int(stored["step"])
+        self.train_seconds = float(stored["train_seconds"])
+        self.wall_seconds = float(stored["wall_seconds"])
+        last = stored["last_val"]
         self.last_val = (int(last[0]), float(last[1])) if last else None
 
     # -- the loop --------------------------------------------------------------------------------
