@@ -104,8 +104,8 @@ def token_data(ctx: Context) -> Any:
     """Tokens of the spec's data, prepared once per data section (cached under data/<key>)."""
     from geospec.data import prepare_data
 
-    cache = ctx.run_dir / "data" / data_key(ctx.spec)
-    return prepare_data(ctx.spec.data, cache, spec_dir=ctx.spec_path.parent)
+    # prepare_data keys its own sub-folder by the data section and the source files' contents
+    return prepare_data(ctx.spec.data, ctx.run_dir / "data", spec_dir=ctx.spec_path.parent)
 
 
 def reference_key(spec: Spec) -> str:
@@ -168,15 +168,48 @@ def _steps(spec: Spec) -> str:
 
 
 def _train(
-    ctx: Context, data: Any, widths: list[int], out: Path, seed: int, steps: int | None = None
+    ctx: Context,
+    data: Any,
+    widths: list[int],
+    out: Path,
+    seed: int,
+    steps: int | None = None,
+    reuse_reference: bool = False,
 ) -> Any:
     from geospec.model import config_from_spec
     from geospec.train import train_model
 
     config = config_from_spec(ctx.spec.model, widths, data.vocab_size)
+    if reuse_reference and ctx.is_main:
+        _reuse_reference(ctx, config, data, out, seed)
     return train_model(
         ctx.spec.train, config, data, out, seed=seed, steps=steps, progress=ctx.is_main
     )
+
+
+def _reuse_reference(ctx: Context, config: Any, data: Any, out: Path, seed: int) -> None:
+    """The reference is often exactly the uniform arm's run for its seed: copy it, don't retrain.
+
+    The copy is made only when the trainer's own fingerprint (model config, data, seed, steps,
+    batch and optimizer settings) is identical, so the result is the same as retraining.
+    """
+    from geospec.train import fingerprint, total_steps
+
+    source = ctx.run_dir / "reference"
+    result = source / "result.json"
+    if not result.exists() or (out / "result.json").exists():
+        return
+    wanted = fingerprint(
+        ctx.spec.train, config, data, seed, total_steps(ctx.spec.train, config.seq_len)
+    )
+    if json.loads(result.read_text()).get("fingerprint") != wanted:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.name != "result.json":
+            shutil.copy2(path, out / path.name)
+    shutil.copy2(result, out / "result.json")  # last: marks the copy complete
+    ctx.say(f"  identical to the reference run: reused {source.relative_to(ctx.run_dir)}")
 
 
 def _clear(ctx: Context, directory: Path) -> None:
@@ -300,7 +333,7 @@ def stage_train(ctx: Context) -> None:
         if ctx.is_main:
             atomic_write_json(out / "run_key.json", {"key": key, "widths": widths[arm_name]})
         ctx.say(f"[bold]train[/] [{index}/{len(todo)}]: arm {arm_name}, seed {seed}")
-        _train(ctx, data, widths[arm_name], out, seed=seed)
+        _train(ctx, data, widths[arm_name], out, seed=seed, reuse_reference=True)
     ctx.finish("train", ctx.keys["train"])
 
 
