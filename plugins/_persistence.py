@@ -30,14 +30,11 @@ import itertools
 import numpy as np
 import torch
 
-#: The cut starts at this quantile of the pairwise distances (where degree-1 bars have died in
-#: the clouds tried) and grows by ``GROWTH`` while bars are still alive at the cut.
-START_QUANTILE = 0.05
-GROWTH = 1.5
-#: Above this fraction of the enclosing radius the full computation is about as fast.
-FULL_FRACTION = 0.8
-#: Successive bands of edge lengths tested for witnesses grow by this ratio.
-BAND_RATIO = 1.6
+#: The cut starts at this fraction of the edges (shortest first): degree-1 bars had died there
+#: in the clouds tried. While bars are still alive at the cut, the fraction doubles.
+START_FRACTION = 0.05
+#: Beyond this share of the edges below the enclosing radius the full computation is as fast.
+FULL_SHARE = 0.5
 #: Pairs left after the band tests are checked one by one, this many at a time.
 CHUNK = 4096
 
@@ -51,15 +48,37 @@ def rips_diagram(distances: np.ndarray, degree: int) -> np.ndarray:
     d32 = np.ascontiguousarray(distances, dtype=np.float32)
     if degree != 1 or len(d32) < 8:
         return _ripser(d32, degree, np.inf)
+    # Cuts are chosen by rank (a fraction of the edges), so that a geometry whose distances
+    # are an increasing function of another's (hyperbolic of spherical) gets the same cuts.
+    lengths = np.sort(d32[np.triu_indices(len(d32), 1)])
     enclosing = float(d32.max(axis=1).min())
-    start = float(np.quantile(d32[np.triu_indices(len(d32), 1)], START_QUANTILE))
-    threshold = certified_threshold(d32, start, enclosing)
-    while threshold < FULL_FRACTION * enclosing:
+    below_enclosing = int(np.searchsorted(lengths, enclosing, side="right"))
+    levels = band_levels(lengths, below_enclosing)
+    threshold = certified_threshold(d32, levels)
+    share = START_FRACTION
+    while np.searchsorted(lengths, threshold, side="right") < FULL_SHARE * below_enclosing:
         bars = _ripser(d32, degree, threshold)
         if not np.isinf(bars[:, 1]).any():
             return bars
-        threshold *= GROWTH
+        share *= 2
+        threshold = max(threshold, float(lengths[int(share * (len(lengths) - 1))]))
     return _ripser(d32, degree, np.inf)
+
+
+def band_levels(lengths: np.ndarray, below_enclosing: int) -> list[float]:
+    """Edge lengths at fractions START/2, START, 2 START, ... of the edges, to the enclosing
+    radius: the cut starts at the second; band i, lengths in (level i, level i+1], is tested for
+    witnesses within level i."""
+    fraction = START_FRACTION / 2
+    levels: list[float] = []
+    while True:
+        index = min(int(fraction * (len(lengths) - 1)), below_enclosing - 1)
+        level = float(lengths[index])
+        if not levels or level > levels[-1]:
+            levels.append(level)
+        if index >= below_enclosing - 1:
+            return levels
+        fraction *= 2
 
 
 def _ripser(d32: np.ndarray, degree: int, threshold: float) -> np.ndarray:
@@ -71,16 +90,17 @@ def _ripser(d32: np.ndarray, degree: int, threshold: float) -> np.ndarray:
     return np.asarray(result["dgms"][degree], dtype=np.float64).reshape(-1, 2)
 
 
-def certified_threshold(d32: np.ndarray, start: float, enclosing: float) -> float:
-    """A cut t >= ``start`` such that no edge of length >= t can start a degree-1 bar.
+def certified_threshold(d32: np.ndarray, levels: list[float]) -> float:
+    """A cut t >= ``levels[1]`` such that no edge of length >= t can start a degree-1 bar.
 
-    Edges in the cut are those of length <= t; the returned value is above the longest
-    uncertified edge, so that edge is inside whichever way the cut treats ties.
+    ``levels`` are increasing edge lengths, the last one the enclosing radius. Edges in the cut
+    are those of length <= t; the returned value is above the longest uncertified edge, so
+    that edge is inside whichever way the cut treats ties.
     """
     d = torch.from_numpy(d32)
-    pending = torch.triu((d >= start) & (d <= enclosing), diagonal=1)
+    start = levels[min(1, len(levels) - 1)]
+    pending = torch.triu((d >= start) & (d <= levels[-1]), diagonal=1)
     pending &= ~_strict_nearest_neighbour_edges(d)
-    levels = _band_levels(start, enclosing)
     for low, high in itertools.pairwise(levels):
         band = pending & (d > low) & (d <= high)
         if not band.any():
@@ -92,14 +112,6 @@ def certified_threshold(d32: np.ndarray, start: float, enclosing: float) -> floa
     if longest is None:
         return start
     return float(np.nextafter(np.float32(max(longest, start)), np.float32(np.inf)))
-
-
-def _band_levels(start: float, enclosing: float) -> list[float]:
-    """Levels l_0 < start <= l_1 < ... with l_last >= enclosing; band i is (l_i, l_i+1]."""
-    levels = [start / BAND_RATIO]
-    while levels[-1] < enclosing:
-        levels.append(levels[-1] * BAND_RATIO)
-    return levels
 
 
 def _strict_nearest_neighbour_edges(d: torch.Tensor) -> torch.Tensor:

@@ -76,28 +76,13 @@ class GromovWasserstein(Statistic):
         return min(identity, self.optimal(cx, cy))
 
     def optimal(self, cx: np.ndarray, cy: np.ndarray) -> float:
-        """GW from the identity coupling, by POT's conditional gradient (exact line search)."""
-        import numpy as np
-        import ot
+        """GW from the identity coupling: POT's conditional gradient (see ``_gromov``)."""
+        from geospec_plugins._gromov import Solver, gw_from_identity
 
-        n = len(cx)
-        weights = np.full(n, 1.0 / n)
-        _, log = ot.gromov.gromov_wasserstein(
-            cx,
-            cy,
-            weights,
-            weights,
-            loss_fun="square_loss",
-            symmetric=True,
-            log=True,
-            G0=np.eye(n) / n,
-            max_iter=self.params.max_iter,
-            tol_rel=self.params.tol_rel,
-            tol_abs=self.params.tol_abs,
-            numItermaxEmd=self.params.max_iter_emd,
-        )
+        p = self.params
+        solver = Solver(p.max_iter, p.tol_rel, p.tol_abs, p.max_iter_emd)
         # The objective is a sum of squares; rounding can leave -1e-18 where it is zero.
-        return max(0.0, float(log["gw_dist"]))
+        return max(0.0, gw_from_identity(cx, cy, solver))
 
     def _normalized(self, distances: np.ndarray) -> np.ndarray:
         how = self.params.normalize

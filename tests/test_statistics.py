@@ -10,7 +10,7 @@ import pytest
 import ripser
 import torch
 from geospec_plugins._matching import diagram_distance
-from geospec_plugins._persistence import certified_threshold, rips_diagram
+from geospec_plugins._persistence import band_levels, certified_threshold, rips_diagram
 from geospec_plugins.geometries import Hyperbolic, Raw, Spherical
 from geospec_plugins.statistics import GromovWasserstein, Shift, Topology
 from gudhi.wasserstein import wasserstein_distance
@@ -121,24 +121,28 @@ def test_degree_one_diagrams_equal_the_full_ripser_computation(
     np.testing.assert_allclose(sorted_rows(got), sorted_rows(expected), rtol=1e-6)
 
 
+def cut_levels(distances: np.ndarray) -> tuple[np.ndarray, list[float], float]:
+    d32 = distances.astype(np.float32)
+    lengths = np.sort(d32[np.triu_indices(len(d32), 1)])
+    enclosing = float(d32.max(axis=1).min())
+    levels = band_levels(lengths, int(np.searchsorted(lengths, enclosing, side="right")))
+    return d32, levels, enclosing
+
+
 def test_the_shortcut_is_taken_and_does_not_miss_a_loop_born_late() -> None:
     distances = Raw().pairwise(torch.from_numpy(CLOUDS["ring-around-cluster"])).numpy()
-    d32 = distances.astype(np.float32)
-    enclosing = float(d32.max(axis=1).min())
-    start = float(np.quantile(d32[np.triu_indices(len(d32), 1)], 0.05))
-    threshold = certified_threshold(d32, start, enclosing)
+    d32, levels, enclosing = cut_levels(distances)
+    threshold = certified_threshold(d32, levels)
     ring_edge = 10 * math.sin(math.pi / 24)
     # The cluster alone would allow a cut far below the ring's edges; the ring's edges have
     # no witness, so the cut must include them.
-    assert start < ring_edge < threshold < enclosing
+    assert levels[1] < ring_edge < threshold < enclosing
     bars = rips_diagram(distances, 1)
     assert np.any(np.isclose(bars[:, 0], ring_edge, rtol=1e-5))
     # On a plain cloud the certified cut is well below the enclosing radius.
     plain = Spherical().pairwise(Spherical().prepare(torch.from_numpy(CLOUDS["low-rank"])))
-    d32 = plain.numpy().astype(np.float32)
-    enclosing = float(d32.max(axis=1).min())
-    start = float(np.quantile(d32[np.triu_indices(len(d32), 1)], 0.05))
-    assert certified_threshold(d32, start, enclosing) < 0.5 * enclosing
+    d32, levels, enclosing = cut_levels(plain.numpy())
+    assert certified_threshold(d32, levels) < 0.5 * enclosing
 
 
 @pytest.mark.parametrize("degree", [0, 2])
@@ -183,6 +187,24 @@ def test_gw_matches_pot_from_the_identity_and_never_exceeds_the_identity(
     assert optimal == pytest.approx(float(expected), abs=1e-6)
     identity = GromovWasserstein(GromovWasserstein.Params(coupling="identity"))(geometry, x, y)
     assert optimal <= identity
+
+
+@pytest.mark.parametrize("seed", [2, 5, 10])
+def test_gw_matches_pot_over_several_iterations(seed: int) -> None:
+    """Strong updates in the raw geometry leave the identity: the solver iterates."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(100, 5, generator=g, dtype=torch.float64)
+    x = x @ torch.randn(5, 20, generator=g, dtype=torch.float64)
+    mlp = torch.randn(20, 30, generator=g, dtype=torch.float64)
+    y = x + (0.2 + seed * 0.3) * torch.relu(x @ mlp) @ mlp.T / 5
+    cx = Raw().pairwise(x).numpy()
+    cy = Raw().pairwise(y).numpy()
+    weights = np.full(100, 1 / 100)
+    expected, log = ot.gromov.gromov_wasserstein2(
+        cx, cy, weights, weights, "square_loss", G0=np.eye(100) / 100, log=True
+    )
+    assert len(log["loss"]) > 2  # more than one conditional-gradient step
+    assert GromovWasserstein()(Raw(), x, y) == pytest.approx(float(expected), rel=1e-9)
 
 
 def test_gw_identity_equals_the_brute_force_objective() -> None:
