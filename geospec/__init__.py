@@ -2,8 +2,26 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
 from geospec.hookspecs import hookimpl
 
-__all__ = ["__version__", "hookimpl"]
+if TYPE_CHECKING:
+    from geospec.measure import measure_profiles, measure_work
+
+__all__ = ["__version__", "hookimpl", "measure_profiles", "measure_work"]
+
+# Public functions of engine modules, imported on first use so that `import geospec` (and
+# `geospec validate`) stays free of torch.
+_LAZY = {"measure_work": "geospec.measure", "measure_profiles": "geospec.measure"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'geospec' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -55,13 +55,13 @@ def rips_diagram(distances: np.ndarray, degree: int) -> np.ndarray:
     below_enclosing = int(np.searchsorted(lengths, enclosing, side="right"))
     levels = band_levels(lengths, below_enclosing)
     threshold = certified_threshold(d32, levels)
-    share = START_FRACTION
-    while np.searchsorted(lengths, threshold, side="right") < FULL_SHARE * below_enclosing:
+    inside = int(np.searchsorted(lengths, threshold, side="right"))
+    while inside < FULL_SHARE * below_enclosing:
         bars = _ripser(d32, degree, threshold)
         if not np.isinf(bars[:, 1]).any():
             return bars
-        share *= 2
-        threshold = max(threshold, float(lengths[int(share * (len(lengths) - 1))]))
+        inside = min(2 * inside, len(lengths))  # twice the edges
+        threshold = max(threshold, float(lengths[inside - 1]))
     return _ripser(d32, degree, np.inf)
 
 
