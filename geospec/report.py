@@ -267,8 +267,10 @@ def write_plots(
 
     profiles = results["profiles"]
     if profiles:
-        statistics = sorted({p.split("/")[0] for p in profiles})
-        geometries = sorted({p.split("/")[-1] for p in profiles})
+        statistics = _ordered({p.split("/")[0] for p in profiles}, ("shift", "gw", "topology"))
+        geometries = _ordered(
+            {p.split("/")[-1] for p in profiles}, ("raw", "spherical", "hyperbolic")
+        )
         fig, axes = plt.subplots(
             len(statistics),
             len(geometries),
@@ -318,6 +320,11 @@ def write_plots(
     return written
 
 
+def _ordered(names: set[str], known: tuple[str, ...]) -> list[str]:
+    """The paper's order for the builtin names, then any others alphabetically."""
+    return [n for n in known if n in names] + sorted(names - set(known))
+
+
 def print_table(results: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -328,6 +335,8 @@ def print_table(results: dict[str, Any]) -> None:
     for row in table_rows(results):
         table.add_row(*row)
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=140)  # logs and pipes: don't wrap the table at 80 columns
     console.print(table)
     if not results["equal_params"]:
         console.print("[bold red]warning:[/] arms do not have equal parameter counts")
