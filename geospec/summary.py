@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -46,8 +48,19 @@ def spec_summary(spec: Spec) -> Group:
     arms.add_column("arm")
     arms.add_column("schedule")
     for arm in spec.arms:
-        params = arm.schedule.model_dump(mode="json")
-        kind = params.pop("kind")
-        detail = ", ".join(f"{k}={v}" for k, v in params.items())
-        arms.add_row(arm.name, Text(f"{kind}({detail})" if detail else kind))
+        arms.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
     return Group(head, arms)
+
+
+def plugin_call(params: dict[str, Any]) -> str:
+    """A plugin table as ``kind(key=value, ...)``, nested tables alike, unset options left out."""
+    params = dict(params)
+    kind = params.pop("kind")
+    parts = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and "kind" in value:
+            value = plugin_call(value)
+        parts.append(f"{key}={value}")
+    return f"{kind}({', '.join(parts)})" if parts else str(kind)
