@@ -14,6 +14,8 @@ from geospec_plugins._persistence import band_levels, certified_threshold, rips_
 from geospec_plugins.geometries import Hyperbolic, Raw, Spherical
 from geospec_plugins.statistics import GromovWasserstein, Shift, Topology
 from gudhi.wasserstein import wasserstein_distance
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from geospec.kinds import Geometry, Statistic
@@ -119,6 +121,25 @@ def test_degree_one_diagrams_equal_the_full_ripser_computation(
     expected = full_ripser(distances, 1)
     assert got.shape == expected.shape
     np.testing.assert_allclose(sorted_rows(got), sorted_rows(expected), rtol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(8, 80).flatmap(
+        lambda n: st.lists(
+            st.tuples(st.integers(0, 12), st.integers(0, 12), st.integers(0, 2)),
+            min_size=n,
+            max_size=n,
+        )
+    )
+)
+def test_shortcut_equals_ripser_on_clouds_full_of_ties(points: list[tuple[int, ...]]) -> None:
+    """Integer points: many equal distances and duplicates, where tie-breaking could bite."""
+    distances = Raw().pairwise(torch.tensor(points, dtype=torch.float64)).numpy()
+    got = rips_diagram(distances, 1)
+    expected = full_ripser(distances, 1)
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(sorted_rows(got), sorted_rows(expected))
 
 
 def cut_levels(distances: np.ndarray) -> tuple[np.ndarray, list[float], float]:
