@@ -42,6 +42,8 @@ from geospec.plugin import PluginParams
 MIN_TOKENS = 4
 #: Below this many tokens a cloud is measured in milliseconds: worker processes cost more.
 PARALLEL_MIN_TOKENS = 256
+#: Default workers at most: each one imports torch (a few hundred MB) before it measures.
+MAX_DEFAULT_WORKERS = 16
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
@@ -118,10 +120,11 @@ def measure_profiles(
     statistic in every registered geometry.
 
     Layers x geometries run in parallel in ``workers`` processes (default: one per available
-    CPU core; 1 measures in this process). The statistics of one layer and geometry run in the
-    same process. Worker processes start with ``spawn``: a script that calls this at import
-    time must guard it with ``if __name__ == "__main__":``. ``progress`` shows a bar on a
-    terminal (default: when stderr is one); it stays quiet otherwise.
+    CPU core, at most 16; 1 measures in this process). The statistics of one layer and
+    geometry run in the same process and share its distance matrices. Worker processes start
+    with ``spawn``: a script that calls this at import time must guard it with
+    ``if __name__ == "__main__":``. ``progress`` shows a bar on a terminal (default: when
+    stderr is one); it stays quiet otherwise.
 
     Every cloud is checked before anything is measured; the first problem raises a
     :class:`CloudError` naming its layer.
@@ -377,7 +380,7 @@ def _worker_count(
         return min(workers, max(1, len(tasks)))
     if not clouds or max(len(x) for x, _ in clouds) < PARALLEL_MIN_TOKENS:
         return 1
-    return max(1, min(_available_cpus(), len(tasks)))
+    return max(1, min(_available_cpus(), len(tasks), MAX_DEFAULT_WORKERS))
 
 
 def _picklable(tasks: list[_Task]) -> bool:
