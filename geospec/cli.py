@@ -28,6 +28,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "train": "geospec.cli_train:train",
     "run": "geospec.cli_run:run",
     "report": "geospec.cli_run:report",
+    "diagnose": "geospec.cli_diagnose:diagnose",
 }
 
 

@@ -1,4 +1,4 @@
-"""The pipeline: validate -> reference -> probe -> measure -> solve -> train -> report.
+"""The pipeline: validate -> reference -> probe -> measure -> diagnose -> solve -> train -> report.
 
 Each stage reads only its own spec section and the previous stages' artifacts and writes its
 artifacts into the run directory (atomically). A stage records a key (a hash of its spec section
@@ -33,7 +33,7 @@ from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.errors import GeospecError, UsageError
 from geospec.spec import Spec, measures
 
-STAGES = ("reference", "probe", "measure", "solve", "train", "report")
+STAGES = ("reference", "probe", "measure", "diagnose", "solve", "train", "report")
 STAGES_FILE = "stages.json"
 
 
@@ -270,12 +270,54 @@ def stage_measure(ctx: Context) -> None:
     ctx.finish("measure", key)
 
 
+def stage_diagnose(ctx: Context) -> None:
+    """Diagnostics of the reference (geospec.diagnostics); only when [diagnose] is enabled.
+
+    The reference's measurements are keyed by the diagnose settings, the probe and the data; the
+    correlations with the work profiles also by the measure stage, so adding a profile only
+    recomputes correlations.
+    """
+    from geospec.diagnostics import DIAGNOSTICS_FILE, diagnose, read_diagnostics
+
+    spec = ctx.spec
+    path = ctx.run_dir / DIAGNOSTICS_FILE
+    if not spec.diagnose.enabled:
+        stale = read_diagnostics(ctx.run_dir) if ctx.is_main else None
+        if stale is not None and stale.get("keys", {}).get("probe") != ctx.keys["probe"]:
+            path.unlink()  # made from another reference or probe: it would be reported wrongly
+        return
+    settings = spec.diagnose.model_dump(mode="json", exclude={"enabled"})
+    compute_key = digest(
+        "diagnose", settings, ctx.keys["probe"], data_key(spec), spec.model.seq_len
+    )
+    key = digest("diagnose", compute_key, ctx.keys["measure"])
+    ctx.keys["diagnose"] = key
+    if ctx.is_current("diagnose", key, path):
+        ctx.say("[dim]✓ diagnose: up to date (skipped)[/]")
+        return
+    ctx.ran.append("diagnose")
+    if not ctx.is_main:
+        return
+    previous = None if "diagnose" in ctx.force else read_diagnostics(ctx.run_dir)
+    diagnostics = diagnose(ctx, compute_key, previous)
+    atomic_write_json(path, diagnostics)
+    if spec.report.plots:
+        from geospec.diagnostics_report import diagnostic_plots
+
+        diagnostic_plots(ctx.run_dir, diagnostics)
+    ctx.finish("diagnose", key)
+
+
 def stage_solve(ctx: Context) -> None:
     from geospec.widths import compute_widths, write_widths
 
     spec = ctx.spec
     path = ctx.run_dir / "profiles.json"
     profiles = json.loads(path.read_text())["profiles"] if path.exists() else {}
+    if spec.diagnose.enabled:
+        from geospec.diagnostics import diagnostic_profiles
+
+        profiles = {**profiles, **diagnostic_profiles(ctx.run_dir)}
     result = compute_widths(spec, profiles)
     if result.pending:
         raise GeospecError(f"solve: profiles missing for arms {sorted(result.pending)}")
@@ -308,6 +350,10 @@ def stage_train(ctx: Context) -> None:
     from geospec.report import RESULT_FILE, arm_seed_dir
 
     spec = ctx.spec
+    if spec.probe_only:
+        ctx.keys["train"] = digest("train", "probe-only")
+        ctx.say("[dim]- train: probe-only spec, no arm is trained[/]")
+        return
     widths = ctx.widths
     todo = []
     for arm in spec.arms:
@@ -349,6 +395,7 @@ def stage_report(ctx: Context) -> None:
         ctx.keys.get("measure"),
         section(spec.report),
         [a.name for a in spec.arms],
+        *([ctx.keys["diagnose"]] if "diagnose" in ctx.keys else []),
     )
     if ctx.is_current("report", key, ctx.run_dir / "results.json") and not ctx.ran:
         ctx.say("[dim]✓ report: up to date (skipped)[/]")
@@ -365,6 +412,7 @@ STAGE_FUNCTIONS: dict[str, Callable[[Context], None]] = {
     "reference": stage_reference,
     "probe": stage_probe,
     "measure": stage_measure,
+    "diagnose": stage_diagnose,
     "solve": stage_solve,
     "train": stage_train,
     "report": stage_report,

@@ -169,7 +169,16 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
     curves = results.pop("curves")
     atomic_write_json(run_dir / "results.json", results)
     images = write_plots(run_dir, results, curves) if plots else []
-    atomic_write_text(run_dir / "report.md", markdown(results, images))
+    text = markdown(results, images)
+    from geospec.diagnostics import read_diagnostics
+
+    diagnostics = read_diagnostics(run_dir)
+    if diagnostics is not None:  # the diagnose stage ran: add its tables and plots
+        from geospec.diagnostics_report import diagnostic_plots, diagnostics_markdown
+
+        extra = diagnostic_plots(run_dir, diagnostics) if plots else []
+        text += "\n" + diagnostics_markdown(diagnostics, extra)
+    atomic_write_text(run_dir / "report.md", text)
     return results
 
 

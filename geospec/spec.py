@@ -235,6 +235,39 @@ class ReportSpec(Section):
     plots: bool = True
 
 
+class DiagnoseSpec(Section):
+    """Diagnostics of the reference model (docs/diagnostics.md): residual norms, intrinsic
+    dimension, layer sensitivity and local additivity, also usable as solver inputs."""
+
+    enabled: bool = False
+    """Run the diagnose stage (between measure and solve); `geospec diagnose` runs it regardless."""
+    eps: float = Field(0.1, gt=0.0, lt=1.0)
+    """Layer sensitivity scales a layer's FFN sub-layer output by (1 - eps). 0.1 keeps the
+    perturbation local (the loss change is close to quadratic in eps) while staying well above
+    the rounding noise of the loss."""
+    windows: int = Field(16, ge=1, le=1_000_000)
+    """Validation windows of model.seq_len tokens the loss is measured on (the first ones)."""
+    batch_size: int = Field(4, ge=1, le=65536)
+    """Windows per forward pass while measuring the loss."""
+    pairs: int = Field(32, ge=0, le=1_000_000)
+    """Layer pairs sampled for local additivity (all pairs when there are fewer; 0 skips it)."""
+    seed: int = Field(0, ge=0)
+    """Seed of the pair sample."""
+    twonn_discard: float = Field(0.1, gt=0.0, lt=1.0)
+    """Fraction of the largest nearest-neighbour ratios TwoNN discards (the paper's 0.1)."""
+
+
+#: The per-layer profiles the diagnose stage adds for the solver (schedules may name them when
+#: [diagnose] is enabled): loss increase with the FFN scaled by (1 - eps) and removed (negative
+#: changes clipped to 0), TwoNN intrinsic dimension, mean residual-stream norm.
+DIAGNOSTIC_PROFILES = (
+    "sensitivity/scale",
+    "sensitivity/remove",
+    "intrinsic_dimension/twonn",
+    "residual_norm/mean",
+)
+
+
 def _all_means_none(value: object) -> object:
     if value == "all":
         return None
@@ -258,6 +291,10 @@ class Spec(Section):
     arms: list[ArmSpec] = Field(min_length=1, max_length=1000)
     train: TrainSpec
     report: ReportSpec = Field(default_factory=ReportSpec)
+    diagnose: DiagnoseSpec = Field(default_factory=DiagnoseSpec)
+    probe_only: bool = False
+    """Train no arm: `geospec run` probes, measures, diagnoses, solves and reports (for pretrained
+    checkpoints, whose own shape is not trained here)."""
 
     @property
     def run_dir(self) -> str:
@@ -335,12 +372,28 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 (f"measure[{i}]", f"profile {entry.profile!r} is measured twice; give one a name")
             )
         profile_names.setdefault(entry.profile, i)
+    if spec.diagnose.enabled:
+        problems += [
+            (f"measure[{i}].name", f"{name!r} is a diagnostic profile's name; choose another")
+            for name, i in profile_names.items()
+            if name in DIAGNOSTIC_PROFILES
+        ]
     registries = get_registries()
     dims = model_dims(spec)
     for i, arm in enumerate(spec.arms):
         schedule = registries.create("schedule", arm.schedule)
         for profile in schedule.required_profiles():
-            if profile not in profile_names:
+            if profile in DIAGNOSTIC_PROFILES and spec.diagnose.enabled:
+                continue
+            if profile in DIAGNOSTIC_PROFILES:
+                problems.append(
+                    (
+                        f"arms[{i}].schedule.{_field_naming(arm.schedule, profile)}",
+                        f"{profile!r} is computed by the diagnose stage; set "
+                        "[diagnose] enabled = true to use it",
+                    )
+                )
+            elif profile not in profile_names:
                 available = ", ".join(repr(p) for p in profile_names) or "none"
                 problems.append(
                     (
@@ -369,6 +422,12 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
             )
         )
     return problems
+
+
+def _field_naming(schedule: BaseModel, profile: str) -> str:
+    """The schedule parameter that names ``profile`` (for the error's dotted path)."""
+    params = schedule.model_dump()
+    return next((key for key, value in params.items() if value == profile), "profile")
 
 
 def _nearest_divisor(n: int, near: int) -> int:
