@@ -8,6 +8,7 @@ available and gloo otherwise (CPU tests run 2 processes with gloo).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -148,8 +149,15 @@ def wrap_model(
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" else None
-    # buffers (rotary tables) are constants: no need to broadcast them every forward
-    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+    # Buffers (rotary tables) are constants: no need to broadcast them every forward. torch 2.13
+    # renamed the switch (broadcast_buffers is deprecated); older releases know only the old name.
+    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    no_sync = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in parameters
+        else {"broadcast_buffers": False}
+    )
+    return DistributedDataParallel(model, device_ids=device_ids, **no_sync)
 
 
 @contextlib.contextmanager
