@@ -467,7 +467,8 @@ def test_rerun_is_skipped_and_a_new_profile_only_adds_correlations(diagnosed: Pa
 
 
 def test_diagnose_a_pretrained_checkpoint(tmp_path: Path) -> None:
-    """A Hugging Face checkpoint on disk (a tiny Llama and a word-level tokenizer)."""
+    """A Hugging Face checkpoint on disk (a tiny Llama and a word-level tokenizer), probed at
+    both sites: the residual norms agree (the ffn site probes the residual stream again)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     vocab = {"[UNK]": 0, "</s>": 1} | {f"w{i}": i + 2 for i in range(95)}
@@ -480,18 +481,23 @@ def test_diagnose_a_pretrained_checkpoint(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     lines = [json.dumps({"text": " ".join(f"w{j}" for j in rng.integers(0, 95, 60))})]
     (tmp_path / "docs.jsonl").write_text("\n".join(lines * 200))
-    spec = minimal_spec(
-        out=str(tmp_path / "run"),
-        data={"files": ["docs.jsonl"], "tokenizer": {"kind": "pretrained", "path": "model"}},
-        reference={"checkpoint": str(tmp_path / "model")},
-        probe={"tokens": 64},
-        measure=[{"geometry": "raw", "statistic": "shift"}],
-        diagnose={"windows": 4, "pairs": 2},
-        probe_only=True,
-    )
-    spec["data"]["tokenizer"]["path"] = str(tmp_path / "model")
-    (tmp_path / "spec.toml").write_text(tomlkit.dumps(spec))
-    invoke("diagnose", str(tmp_path / "spec.toml"))
-    diagnostics = json.loads((tmp_path / "run" / "diagnostics.json").read_text())
-    assert len(diagnostics["layers"]) == 3  # the checkpoint's depth, not model.n_layers
-    assert all(row["loss_remove"] != 0 for row in diagnostics["layers"])
+    layers = {}
+    for site in ("residual", "ffn"):
+        spec = minimal_spec(
+            out=str(tmp_path / site),
+            data={"files": ["docs.jsonl"], "tokenizer": {"kind": "pretrained", "path": ""}},
+            reference={"checkpoint": str(tmp_path / "model")},
+            probe={"tokens": 64, "site": site},
+            measure=[{"geometry": "raw", "statistic": "shift"}],
+            diagnose={"windows": 4, "pairs": 2},
+            probe_only=True,
+        )
+        spec["data"]["tokenizer"]["path"] = str(tmp_path / "model")
+        (tmp_path / "spec.toml").write_text(tomlkit.dumps(spec))
+        invoke("diagnose", str(tmp_path / "spec.toml"))
+        layers[site] = json.loads((tmp_path / site / "diagnostics.json").read_text())["layers"]
+    assert len(layers["residual"]) == 3  # the checkpoint's depth, not model.n_layers
+    assert all(row["loss_remove"] != 0 for row in layers["residual"])
+    for a, b in zip(layers["residual"], layers["ffn"], strict=True):
+        assert a["residual_norm"] == pytest.approx(b["residual_norm"], rel=1e-6)
+        assert a["loss_scale"] == b["loss_scale"]  # the loss does not depend on the probe site
