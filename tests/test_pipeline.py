@@ -191,3 +191,68 @@ def test_killed_run_resumes_to_the_same_results(finished: Path, tmp_path: Path) 
     for arm in ("uniform", "shift-spherical", "anti"):
         for seed in ("0", "1"):
             assert resumed[arm][seed] == pytest.approx(reference[arm][seed], abs=1e-6)
+
+
+SMALL = """
+name = "torchrun-test"
+measure = []
+
+[model]
+n_layers = 3
+d_model = 32
+n_heads = 2
+ffn_width = 64
+seq_len = 32
+multiple_of = 8
+
+[data]
+tokenizer = { kind = "bpe", vocab_size = 300 }
+max_documents = 200
+
+[probe]
+tokens = 32
+
+[[arms]]
+name = "uniform"
+schedule = { kind = "uniform" }
+
+[[arms]]
+name = "cosine"
+schedule = { kind = "cosine" }
+
+[train]
+steps = 12
+batch_size = 8
+seeds = [0, 1]
+eval_tokens = 2048
+"""
+
+
+def test_torchrun_two_processes_match_one(tmp_path: Path) -> None:
+    """Under torchrun every run is trained with DDP across processes; results equal one process."""
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one, two = write_spec(tmp_path / "one", SMALL), write_spec(tmp_path / "two", SMALL)
+    run(one)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "geospec",
+            "run",
+            str(two),
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    single, double = _losses(tmp_path / "one" / "run"), _losses(tmp_path / "two" / "run")
+    for arm in ("uniform", "cosine"):
+        for seed in ("0", "1"):
+            assert double[arm][seed] == pytest.approx(single[arm][seed], abs=1e-5)
