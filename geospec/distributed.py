@@ -152,7 +152,7 @@ def wrap_model(
     # Buffers (rotary tables) are constants: no need to broadcast them every forward. torch 2.13
     # renamed the switch (broadcast_buffers is deprecated); older releases know only the old name.
     parameters = inspect.signature(DistributedDataParallel.__init__).parameters
-    no_sync = (
+    no_sync: dict[str, Any] = (
         {"forward_sync_buffers": False}
         if "forward_sync_buffers" in parameters
         else {"broadcast_buffers": False}

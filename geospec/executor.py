@@ -85,6 +85,15 @@ class Context:
             return False
         return self.stored_keys().get(stage) == key and all(p.exists() for p in artifacts)
 
+    def needs(self, stage: str, key: str, *artifacts: Path) -> bool:
+        """Record the stage's key; say it is skipped and return False when it is up to date."""
+        self.keys[stage] = key
+        if self.is_current(stage, key, *artifacts):
+            self.say(f"[dim]✓ {stage}: up to date (skipped)[/]")
+            return False
+        self.ran.append(stage)
+        return True
+
     def finish(self, stage: str, key: str) -> None:
         if self.is_main:
             keys = self.stored_keys()
@@ -148,14 +157,11 @@ def stage_reference(ctx: Context) -> None:
         ctx.finish("reference", key)
         return
     out = ctx.run_dir / "reference"
-    if ctx.is_current("reference", key, out / "result.json"):
-        ctx.say("[dim]✓ reference: up to date (skipped)[/]")
+    if not ctx.needs("reference", key, out / "result.json"):
         return
-    if ctx.stored_keys().get("reference") != key:
-        _clear(ctx, out)
-    ctx.ran.append("reference")
-    data = token_data(ctx)
     widths = [spec.model.ffn_width] * spec.model.n_layers
+    _own_run_dir(ctx, out, key, widths, redo="reference" in ctx.force)
+    data = token_data(ctx)
     ctx.say(f"[bold]reference[/]: training the uniform model ({_steps(spec)} steps)")
     _train(ctx, data, widths, out, seed=spec.reference.seed, steps=spec.reference.train_steps)
     ctx.finish("reference", key)
@@ -206,30 +212,42 @@ def _reuse_reference(ctx: Context, config: Any, data: Any, out: Path, seed: int)
         return
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(source.iterdir()):
-        if path.is_file() and path.name != "result.json":
+        if path.is_file() and path.name not in ("result.json", RUN_KEY_FILE):
             shutil.copy2(path, out / path.name)
     shutil.copy2(result, out / "result.json")  # last: marks the copy complete
     ctx.say(f"  identical to the reference run: reused {source.relative_to(ctx.run_dir)}")
 
 
-def _clear(ctx: Context, directory: Path) -> None:
-    """Remove artifacts made under an older configuration (they would be resumed wrongly)."""
-    if ctx.is_main and directory.exists():
-        ctx.say(f"[yellow]![/] {directory.relative_to(ctx.run_dir)}: inputs changed, starting over")
-        shutil.rmtree(directory)
+RUN_KEY_FILE = "run_key.json"
+
+
+def stored_run_key(out: Path) -> str | None:
+    path = out / RUN_KEY_FILE
+    return json.loads(path.read_text()).get("key") if path.exists() else None
+
+
+def _own_run_dir(ctx: Context, out: Path, key: str, widths: list[int], redo: bool) -> None:
+    """Claim a training directory for the run ``key``.
+
+    A directory holding a run of another key (older inputs), or one to redo, is emptied first:
+    it would otherwise be resumed wrongly. A directory of the same key is kept, so an
+    interrupted run resumes from its last checkpoint.
+    """
+    if ctx.is_main:
+        stored = stored_run_key(out)
+        if out.exists() and (redo or (stored is not None and stored != key)):
+            ctx.say(f"[yellow]![/] {out.relative_to(ctx.run_dir)}: inputs changed, starting over")
+            shutil.rmtree(out)
+        atomic_write_json(out / RUN_KEY_FILE, {"key": key, "widths": widths})
     _barrier(ctx)
 
 
 def stage_probe(ctx: Context) -> None:
     spec = ctx.spec
-    key = digest("probe", section(spec.probe), ctx.keys["reference"])
-    ctx.keys["probe"] = key
+    # the data section matters too: a pretrained reference's key covers only its checkpoint files
+    key = digest("probe", section(spec.probe), ctx.keys["reference"], data_key(spec))
     clouds_dir = ctx.run_dir / "clouds"
-    if ctx.is_current("probe", key, clouds_dir / "meta.json"):
-        ctx.say("[dim]✓ probe: up to date (skipped)[/]")
-        return
-    ctx.ran.append("probe")
-    if not ctx.is_main:
+    if not ctx.needs("probe", key, clouds_dir / "meta.json") or not ctx.is_main:
         return
     from geospec.clouds import run_probe
 
@@ -241,13 +259,8 @@ def stage_measure(ctx: Context) -> None:
     entries = measures(ctx.spec)
     keys = {e.profile: digest("measure", section(e), ctx.keys["probe"]) for e in entries}
     key = digest("measure", keys)
-    ctx.keys["measure"] = key
     path = ctx.run_dir / "profiles.json"
-    if ctx.is_current("measure", key, path):
-        ctx.say("[dim]✓ measure: up to date (skipped)[/]")
-        return
-    ctx.ran.append("measure")
-    if not ctx.is_main:
+    if not ctx.needs("measure", key, path) or not ctx.is_main:
         return
     # Profiles measured before on the same clouds with the same settings are kept.
     previous = json.loads(path.read_text()) if path.exists() else {}
@@ -291,12 +304,7 @@ def stage_diagnose(ctx: Context) -> None:
         "diagnose", settings, ctx.keys["probe"], data_key(spec), spec.model.seq_len
     )
     key = digest("diagnose", compute_key, ctx.keys["measure"])
-    ctx.keys["diagnose"] = key
-    if ctx.is_current("diagnose", key, path):
-        ctx.say("[dim]✓ diagnose: up to date (skipped)[/]")
-        return
-    ctx.ran.append("diagnose")
-    if not ctx.is_main:
+    if not ctx.needs("diagnose", key, path) or not ctx.is_main:
         return
     previous = None if "diagnose" in ctx.force else read_diagnostics(ctx.run_dir)
     diagnostics = diagnose(ctx, compute_key, previous)
@@ -322,13 +330,9 @@ def stage_solve(ctx: Context) -> None:
     if result.pending:
         raise GeospecError(f"solve: profiles missing for arms {sorted(result.pending)}")
     key = digest("solve", result.to_json())
-    ctx.keys["solve"] = key
-    ctx.keys.update({f"widths:{arm}": digest(w) for arm, w in result.widths.items()})
     ctx.widths = result.widths
-    if ctx.is_current("solve", key, ctx.run_dir / "widths.json"):
-        ctx.say("[dim]✓ solve: up to date (skipped)[/]")
+    if not ctx.needs("solve", key, ctx.run_dir / "widths.json"):
         return
-    ctx.ran.append("solve")
     if ctx.is_main:
         write_widths(ctx.run_dir, result)
         _print_widths(ctx, result.widths)
@@ -360,11 +364,9 @@ def stage_train(ctx: Context) -> None:
         for seed in spec.train.seeds:
             out = arm_seed_dir(ctx.run_dir, arm.name, seed)
             key = arm_run_key(spec, widths[arm.name], seed)
-            key_file = out / "run_key.json"
-            stored = json.loads(key_file.read_text()).get("key") if key_file.exists() else None
-            if stored == key and (out / RESULT_FILE).exists() and "train" not in ctx.force:
-                continue
-            todo.append((arm.name, seed, out, key, stored))
+            done = stored_run_key(out) == key and (out / RESULT_FILE).exists()
+            if not done or "train" in ctx.force:
+                todo.append((arm.name, seed, out, key))
     ctx.keys["train"] = digest(
         "train", [arm_run_key(spec, widths[a.name], s) for a in spec.arms for s in spec.train.seeds]
     )
@@ -373,11 +375,8 @@ def stage_train(ctx: Context) -> None:
         return
     ctx.ran.append("train")
     data = token_data(ctx)
-    for index, (arm_name, seed, out, key, stored) in enumerate(todo, start=1):
-        if (stored is not None and stored != key) or "train" in ctx.force:
-            _clear(ctx, out)
-        if ctx.is_main:
-            atomic_write_json(out / "run_key.json", {"key": key, "widths": widths[arm_name]})
+    for index, (arm_name, seed, out, key) in enumerate(todo, start=1):
+        _own_run_dir(ctx, out, key, widths[arm_name], redo="train" in ctx.force)
         ctx.say(f"[bold]train[/] [{index}/{len(todo)}]: arm {arm_name}, seed {seed}")
         _train(ctx, data, widths[arm_name], out, seed=seed, reuse_reference=True)
     ctx.finish("train", ctx.keys["train"])
