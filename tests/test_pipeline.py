@@ -169,25 +169,36 @@ def _losses(run_dir: Path) -> dict[str, dict[str, float]]:
     return {name: arm["val_loss"]["seeds"] for name, arm in results["arms"].items()}
 
 
-def test_killed_run_resumes_to_the_same_results(finished: Path, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path)
+def _start(spec: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "geospec", "run", str(spec)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    target = tmp_path / "run" / "arms" / "uniform" / "seed-1" / "trainer_state.pt"
+
+
+def _kill_when(process: subprocess.Popen[bytes], path: Path) -> None:
     deadline = time.monotonic() + 300
-    while not target.exists() and process.poll() is None and time.monotonic() < deadline:
+    while not path.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)  # no chance to clean up: mid-step, mid-write
     process.wait()
-    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_killed_run_resumes_to_the_same_results(finished: Path, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    run_dir = tmp_path / "run"
+    # killed while training the reference, then while training an arm
+    _kill_when(_start(spec), run_dir / "reference" / "trainer_state.pt")
+    reference_dir = (run_dir / "reference").stat().st_ino
+    _kill_when(_start(spec), run_dir / "arms" / "uniform" / "seed-1" / "trainer_state.pt")
+    assert not (run_dir / "results.json").exists()
     run(spec)
+    assert (run_dir / "reference").stat().st_ino == reference_dir  # resumed, not started over
     reference = _losses(finished / "run")
-    resumed = _losses(tmp_path / "run")
+    resumed = _losses(run_dir)
     for arm in ("uniform", "shift-spherical", "anti"):
         for seed in ("0", "1"):
             assert resumed[arm][seed] == pytest.approx(reference[arm][seed], abs=1e-6)
