@@ -17,7 +17,7 @@ STAGE = click.Choice(STAGES)
 @click.option("--until", "until_stage", type=STAGE, help="Stop after this stage.")
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
 def run(spec_path: Path, from_stage: str | None, until_stage: str | None, out: Path | None) -> None:
-    """Run the pipeline of SPEC: reference, probe, measure, solve, train, report.
+    """Run the pipeline of SPEC: reference, probe, measure, diagnose, solve, train, report.
 
     Finished stages are skipped; an interrupted run resumes where it stopped.
     """

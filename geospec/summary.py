@@ -39,11 +39,17 @@ def spec_summary(spec: Spec) -> Group:
     )
     head.add_row("reference", reference)
     budget = f"{spec.train.steps} steps" if spec.train.steps else f"{spec.train.tokens:,} tokens"
-    head.add_row(
-        "training", f"{budget}, batch {spec.train.batch_size}, seeds {list(spec.train.seeds)}"
-    )
+    if not spec.probe_only:
+        head.add_row(
+            "training", f"{budget}, batch {spec.train.batch_size}, seeds {list(spec.train.seeds)}"
+        )
     profiles = [entry.profile for entry in measures(spec)]
     head.add_row("measures", ", ".join(profiles) if profiles else "(none)")
+    if spec.diagnose.enabled:
+        settings = spec.diagnose.model_dump(mode="json", exclude={"enabled"})
+        head.add_row("diagnose", ", ".join(f"{k}={v}" for k, v in settings.items()))
+    if spec.probe_only:
+        head.add_row("probe only", "no arm is trained; widths are computed and reported")
     arms = Table(title="arms", title_justify="left")
     arms.add_column("arm")
     arms.add_column("schedule")
