@@ -227,6 +227,13 @@ def headers(results: dict[str, Any]) -> list[str]:
     return [h.format(baseline=results["baseline"], level=level) for h in HEADERS]
 
 
+PLOT_TITLES = {
+    "profiles": "Work profiles over depth",
+    "widths": "Widths per layer",
+    "val_loss": "Validation loss during training",
+}
+
+
 def markdown(results: dict[str, Any], images: list[str]) -> str:
     lines = [f"# geospec report: {results['name']}", ""]
     lines.append(
@@ -244,15 +251,16 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
     if not results["equal_params"]:
         lines.append("**Warning: the arms do not have equal parameter counts.**")
         lines.append("")
-    lines.append("## Widths")
+    lines.append("## FFN widths per arm")
     lines.append("")
     for name, arm in results["arms"].items():
         widths = arm["widths"]
         lines.append(f"- `{name}`: {' '.join(map(str, widths)) if widths else '(pending)'}")
     lines.append("")
     for image in images:
-        title = Path(image).stem.replace("_", " ")
-        lines += [f"## {title.capitalize()}", "", f"![{title}]({image})", ""]
+        stem = Path(image).stem
+        title = PLOT_TITLES.get(stem, stem.replace("_", " ").capitalize())
+        lines += [f"## {title}", "", f"![{title}]({image})", ""]
     return "\n".join(lines)
 
 
