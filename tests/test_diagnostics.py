@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import hf_models
 import numpy as np
 import pytest
 import tomlkit
@@ -150,20 +151,7 @@ def scaled_weights_loss(
 
 
 def llama() -> nn.Module:
-    torch.manual_seed(0)
-    config = hf.LlamaConfig(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    return hf.LlamaForCausalLM(config).eval()
+    return hf_models.llama(intermediate_size=48)
 
 
 @pytest.mark.parametrize("kind", ["geospec", "llama"])

@@ -6,58 +6,13 @@ import numpy as np
 import pytest
 import torch
 import transformers as hf
+from hf_models import LAYERS, VOCAB, WIDTH, gemma2, gpt2, llama
 
 from geospec.probe import ProbeError, find_ffn_sites, probe_clouds, sample_tokens
 
 pytestmark = pytest.mark.torch
 
-VOCAB, WIDTH, LAYERS, SEQ = 97, 32, 3, 16
-
-
-def llama() -> torch.nn.Module:
-    config = hf.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=WIDTH,
-        intermediate_size=80,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    return hf.LlamaForCausalLM(config).eval()
-
-
-def gpt2() -> torch.nn.Module:
-    config = hf.GPT2Config(
-        vocab_size=VOCAB,
-        n_embd=WIDTH,
-        n_layer=LAYERS,
-        n_head=4,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=1,
-    )
-    return hf.GPT2LMHeadModel(config).eval()
-
-
-def gemma2() -> torch.nn.Module:
-    config = hf.Gemma2Config(
-        vocab_size=VOCAB,
-        hidden_size=WIDTH,
-        intermediate_size=64,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=1,
-        pad_token_id=2,
-    )
-    return hf.Gemma2ForCausalLM(config).eval()
+SEQ = 16
 
 
 @pytest.fixture

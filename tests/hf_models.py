@@ -1,0 +1,50 @@
+"""Tiny randomly initialised Hugging Face causal LMs built from configs (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import torch
+import transformers as hf
+
+VOCAB, WIDTH, LAYERS = 97, 32, 3
+SPECIAL_IDS = {"bos_token_id": 0, "eos_token_id": 1}
+
+
+def llama(intermediate_size: int = 80, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = hf.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=2,
+        **SPECIAL_IDS,
+    )
+    return hf.LlamaForCausalLM(config).eval()
+
+
+def gpt2(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = hf.GPT2Config(
+        vocab_size=VOCAB, n_embd=WIDTH, n_layer=LAYERS, n_head=4, n_positions=64, **SPECIAL_IDS
+    )
+    return hf.GPT2LMHeadModel(config).eval()
+
+
+def gemma2(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = hf.Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        pad_token_id=2,
+        **SPECIAL_IDS,
+    )
+    return hf.Gemma2ForCausalLM(config).eval()
