@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from geospec.atomic import atomic_path
+from geospec.plotting import PlotDir
 
 LAYER_HEADERS = [
     "layer",
@@ -152,21 +152,9 @@ def print_diagnostics(diagnostics: Mapping[str, Any], console: Any = None) -> No
 
 def diagnostic_plots(run_dir: Path, diagnostics: Mapping[str, Any]) -> list[str]:
     """``plots/diagnostics.png`` (per-layer panels) and ``plots/additivity.png`` (with pairs)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plots = PlotDir(run_dir)
+    plt, save = plots.plt, plots.save
     from matplotlib.ticker import MaxNLocator
-
-    plots = Path(run_dir) / "plots"
-    plots.mkdir(parents=True, exist_ok=True)
-    written = []
-
-    def save(fig: Any, name: str) -> None:
-        with atomic_path(plots / name) as tmp:
-            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        written.append(f"plots/{name}")
 
     layers = diagnostics["layers"]
     index = [row["layer"] for row in layers]
@@ -207,4 +195,4 @@ def diagnostic_plots(run_dir: Path, diagnostics: Mapping[str, Any]) -> list[str]
         r2 = diagnostics["additivity"]["r2"]
         ax.set_title(f"Local additivity (R² = {_num(r2, 3)})", fontsize=9)
         save(fig, "additivity.png")
-    return written
+    return plots.written

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geospec.atomic import atomic_path, atomic_write_json, atomic_write_text
+from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.errors import UsageError
 from geospec.model_size import Shape, count_params, total_ffn_params
+from geospec.plotting import PlotDir
 from geospec.stats import paired_difference, summarize
 
 RESULT_FILE = "result.json"
@@ -267,20 +268,8 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
 def write_plots(
     run_dir: Path, results: dict[str, Any], curves: dict[str, dict[str, list[Any]]]
 ) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    plots = run_dir / "plots"
-    plots.mkdir(parents=True, exist_ok=True)
-
-    def save(fig: Any, name: str) -> None:
-        with atomic_path(plots / name) as tmp:
-            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
-        written.append(f"plots/{name}")
+    plots = PlotDir(run_dir)
+    plt, save = plots.plt, plots.save
 
     profiles = results["profiles"]
     if profiles:
@@ -334,7 +323,7 @@ def write_plots(
         ax.set_title("Validation loss per arm (one line per seed)")
         ax.legend(fontsize=7)
         save(fig, "val_loss.png")
-    return written
+    return plots.written
 
 
 def _ordered(names: set[str], known: tuple[str, ...]) -> list[str]:
