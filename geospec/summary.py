@@ -35,7 +35,10 @@ def spec_summary(spec: Spec) -> Group:
     reference = (
         f"checkpoint {spec.reference.checkpoint}"
         if spec.reference.checkpoint
-        else f"train uniform model for {spec.reference.train_steps or 'train.steps'} steps"
+        else f"train uniform model for {spec.reference.train_steps} steps"
+        if spec.reference.train_steps
+        else "train uniform model with the train settings (seed "
+        f"{spec.reference.seed}: the uniform arm's run for that seed is reused)"
     )
     head.add_row("reference", reference)
     budget = f"{spec.train.steps} steps" if spec.train.steps else f"{spec.train.tokens:,} tokens"
