@@ -162,15 +162,15 @@ def stage_reference(ctx: Context) -> None:
     widths = [spec.model.ffn_width] * spec.model.n_layers
     _own_run_dir(ctx, out, key, widths, redo="reference" in ctx.force)
     data = token_data(ctx)
-    ctx.say(f"[bold]reference[/]: training the uniform model ({_steps(spec)} steps)")
+    ctx.say(f"[bold]reference[/]: training the uniform model ({_budget(spec)})")
     _train(ctx, data, widths, out, seed=spec.reference.seed, steps=spec.reference.train_steps)
     ctx.finish("reference", key)
 
 
-def _steps(spec: Spec) -> str:
+def _budget(spec: Spec) -> str:
     if spec.reference.train_steps:
-        return str(spec.reference.train_steps)
-    return str(spec.train.steps) if spec.train.steps else f"{spec.train.tokens:,} tokens of"
+        return f"{spec.reference.train_steps} steps"
+    return f"{spec.train.steps} steps" if spec.train.steps else f"{spec.train.tokens:,} tokens"
 
 
 def _train(
