@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import tomlkit
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
-from tomlkit.exceptions import ParseError
+from tomlkit.exceptions import KeyAlreadyPresent, ParseError
 
 from geospec.errors import SpecError
 from geospec.plugin_ref import PluginTable
@@ -46,10 +47,26 @@ def read_toml(path: Path) -> dict[str, Any]:
     except ParseError as error:
         message = str(error).split(" at line ")[0]
         raise SpecError(f"{source}:{error.line}:{error.col}", [message]) from None
+    except KeyAlreadyPresent as error:
+        raise SpecError(*_duplicate_key(source, text, str(error))) from None
     except Exception as error:  # tomlkit raises a few non-ParseError exceptions on odd input
         raise SpecError(source, [f"TOML syntax error: {error}"]) from None
     unwrapped: dict[str, Any] = document.unwrap()
     return unwrapped
+
+
+def _duplicate_key(source: str, text: str, message: str) -> tuple[str, list[str]]:
+    """Point at the second definition of a key that tomlkit reports as defined twice."""
+    match = re.search(r'Key "(.+?)" already exists', message)
+    if match is None:
+        return source, [f"TOML syntax error: {message}"]
+    key = match.group(1)
+    pattern = re.compile(rf"^\s*(\[+\s*)?{re.escape(key)}\s*(=|\]+)")
+    lines = [i for i, line in enumerate(text.splitlines(), start=1) if pattern.match(line)]
+    problem = f"{key!r} is defined twice; remove one of the definitions"
+    if len(lines) >= 2:
+        return f"{source}:{lines[1]}:1", [f"{problem} (the first is on line {lines[0]})"]
+    return source, [problem]
 
 
 def load_spec(path: str | Path) -> Spec:

@@ -53,7 +53,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("non-UTF-8 latin-1", 'name = "caf\xe9"\n'.encode("latin-1"), "UTF-8"),
     ("unterminated string", replace('name = "t"', 'name = "t'), ":1:"),
     ("missing value", replace("n_layers = 4", "n_layers ="), ":4:"),
-    ("duplicate key", replace("n_layers = 4", "n_layers = 4\nn_layers = 5"), "n_layers"),
+    ("duplicate key", replace("n_layers = 4", "n_layers = 4\nn_layers = 5"), ":5:1: 'n_layers'"),
     ("bad table header", replace("[model]", "[model"), ":3:"),
     ("missing name", replace('name = "t"\n', ""), "name: required key is missing"),
     ("missing model", replace("[model]", "[modelx]"), "model: required key is missing"),
