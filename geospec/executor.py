@@ -20,11 +20,10 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -32,6 +31,9 @@ from geospec import __version__
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.errors import GeospecError, UsageError
 from geospec.spec import Spec, measures
+
+if TYPE_CHECKING:
+    from geospec.distributed import DistContext
 
 STAGES = ("reference", "probe", "measure", "diagnose", "solve", "train", "report")
 STAGES_FILE = "stages.json"
@@ -55,8 +57,8 @@ class Context:
     spec_path: Path
     run_dir: Path
     console: Console
-    rank: int = 0
-    world_size: int = 1
+    dist: DistContext
+    """This process's place among torchrun's processes (rank 0 of 1 without torchrun)."""
     force: set[str] = field(default_factory=set)
     keys: dict[str, str] = field(default_factory=dict)
     ran: list[str] = field(default_factory=list)
@@ -64,7 +66,7 @@ class Context:
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.dist.is_main
 
     def say(self, message: str) -> None:
         if self.is_main:
@@ -486,18 +488,9 @@ def environment() -> dict[str, Any]:
 
 
 def _barrier(ctx: Context) -> None:
-    if ctx.world_size > 1:
-        import torch.distributed as dist
+    from geospec.distributed import barrier
 
-        dist.barrier()
-
-
-@contextmanager
-def _process_group() -> Iterator[tuple[int, int]]:
-    from geospec.distributed import process_group
-
-    with process_group() as (rank, world_size):
-        yield rank, world_size
+    barrier(ctx.dist)
 
 
 def run_pipeline(
@@ -516,14 +509,15 @@ def run_pipeline(
     last = STAGES.index(until_stage) if until_stage else len(STAGES) - 1
     if first > last:
         raise UsageError(f"--from {from_stage} comes after --until {until_stage}")
-    with _process_group() as (rank, world_size):
+    from geospec.distributed import context, process_group
+
+    with process_group():
         ctx = Context(
             spec,
             spec_path,
             run_dir or Path(spec.run_dir),
             console or Console(),
-            rank=rank,
-            world_size=world_size,
+            context(),
             force=set(STAGES[first:]) if from_stage else set(),
         )
         if ctx.is_main:
