@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from geospec.executor import Context
 
 
-def reference_model(ctx: Context) -> tuple[Any, int, Any]:
-    """The probed model, its width and a forward function, on the training device."""
+def reference_model(ctx: Context) -> tuple[Any, int]:
+    """The probed model and its residual width, on the training device."""
     from geospec.train import resolve_device
 
     device = resolve_device(ctx.spec.train.device)
@@ -30,11 +30,11 @@ def reference_model(ctx: Context) -> tuple[Any, int, Any]:
         from geospec.pretrained import hidden_width, load_pretrained
 
         model = load_pretrained(checkpoint, device=str(device))
-        return model, hidden_width(model), None
+        return model, hidden_width(model)
     from geospec.checkpoint import load_model
 
     model = load_model(ctx.run_dir / "reference").to(device).eval()
-    return model, model.config.d_model, None
+    return model, model.config.d_model
 
 
 def run_probe(ctx: Context, clouds_dir: Path) -> None:
@@ -45,7 +45,7 @@ def run_probe(ctx: Context, clouds_dir: Path) -> None:
     spec = ctx.spec
     probe = spec.probe
     data = token_data(ctx)
-    model, width, forward = reference_model(ctx)
+    model, width = reference_model(ctx)
     seq_len = spec.model.seq_len
     skip_ids = [data.eot_id] if probe.skip_special else []
     sample = sample_tokens(
@@ -65,7 +65,6 @@ def run_probe(ctx: Context, clouds_dir: Path) -> None:
             width,
             site=probe.site,
             batch_size=probe.batch_size,
-            forward=forward,
             progress=lambda k: bar.advance(task, k),
         )
     if clouds_dir.exists():

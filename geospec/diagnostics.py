@@ -141,7 +141,7 @@ def measure_reference(ctx: Context) -> dict[str, Any]:
     settings = spec.diagnose
     seq_len = spec.model.seq_len
     data = token_data(ctx)
-    model, width, _ = reference_model(ctx)
+    model, width = reference_model(ctx)
     device = next(model.parameters()).device
     batches = loss_batches(data.val, seq_len, settings.windows, settings.batch_size, device)
     sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
