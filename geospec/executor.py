@@ -30,7 +30,7 @@ from rich.console import Console
 from geospec import __version__
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.errors import GeospecError, UsageError
-from geospec.spec import Spec, measures
+from geospec.spec import Spec, TrainSpec, measures
 
 if TYPE_CHECKING:
     from geospec.distributed import DistContext
@@ -130,8 +130,20 @@ def reference_key(spec: Spec) -> str:
         section(spec.model),
         data_key(spec),
         section(spec.reference),
-        section(spec.train.model_copy(update={"seeds": [ref.seed]})),
+        training_settings(spec.train.model_copy(update={"seeds": [ref.seed]})),
     )
+
+
+#: Train settings that change how a run is carried out (CPU threads, how often it saves and
+#: logs) but not what it computes. Keys see them at their defaults, so changing one never
+#: retrains anything.
+BOOKKEEPING = ("threads", "checkpoint_interval", "log_interval")
+
+
+def training_settings(train: TrainSpec) -> dict[str, Any]:
+    """The train section as run keys see it (bookkeeping fields at their defaults)."""
+    defaults = {name: TrainSpec.model_fields[name].default for name in BOOKKEEPING}
+    return section(train.model_copy(update=defaults))
 
 
 def _files(path: Path) -> list[Path]:
@@ -347,7 +359,7 @@ def _print_widths(ctx: Context, widths: dict[str, list[int]]) -> None:
 
 
 def arm_run_key(spec: Spec, arm_widths: list[int], seed: int) -> str:
-    train = section(spec.train)
+    train = training_settings(spec.train)
     train.pop("seeds")
     return digest("train", section(spec.model), data_key(spec), train, arm_widths, seed)
 
@@ -362,8 +374,10 @@ def stage_train(ctx: Context) -> None:
         return
     widths = ctx.widths
     todo = []
-    for arm in spec.arms:
-        for seed in spec.train.seeds:
+    # Seed-major order: a study stopped part-way holds every arm for the seeds it finished, so
+    # its report already compares arms on paired seeds.
+    for seed in spec.train.seeds:
+        for arm in spec.arms:
             out = arm_seed_dir(ctx.run_dir, arm.name, seed)
             key = arm_run_key(spec, widths[arm.name], seed)
             done = stored_run_key(out) == key and (out / RESULT_FILE).exists()

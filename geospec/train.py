@@ -371,6 +371,8 @@ class _Run:
             nonlocal found
             found = read_checkpoint(self.out_dir)
             if found is None:
+                # A run killed before its first checkpoint starts over: its logged lines go too.
+                truncate_metrics(self.out_dir, 0)
                 return None
             state = found[1]
             _check_same_run(self.out_dir, json.loads(state["fingerprint"]), self.fingerprint)

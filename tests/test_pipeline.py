@@ -156,12 +156,22 @@ def test_second_run_does_nothing_and_one_changed_arm_retrains_alone(finished: Pa
     spec = finished / "spec.toml"
     assert "nothing to do" in run(spec)
     stamps = {p: p.stat().st_mtime_ns for p in (finished / "run" / "arms").rglob("result.json")}
-    spec.write_text(spec.read_text().replace("start = 1.5, end = 0.5", "start = 1.25, end = 0.75"))
+    # how a run is carried out (threads, checkpoint and log intervals) is not what it computes
+    bookkeeping = spec.read_text().replace("threads = 1", "threads = 2")
+    bookkeeping = bookkeeping.replace("checkpoint_interval = 5", "checkpoint_interval = 7")
+    spec.write_text(bookkeeping.replace("warmup = 5", "warmup = 5\nlog_interval = 3"))
+    assert "nothing to do" in run(spec)
+    changed_arms = spec.read_text().replace("start = 1.5, end = 0.5", "start = 1.25, end = 0.75")
+    spec.write_text(changed_arms.replace('"gw/hyperbolic" }', '"shift/spherical" }'))
     output = run(spec)
-    assert "arm cosine, seed 0" in output and "arm cosine, seed 1" in output
-    assert "arm uniform" not in output and "reference: training" not in output
+    trained = [line.split(": ", 1)[1] for line in output.splitlines() if "train [" in line]
+    # seed-major: a study stopped part-way has every arm for the seeds it finished
+    assert trained == [
+        "arm cosine, seed 0", "arm anti, seed 0", "arm cosine, seed 1", "arm anti, seed 1"
+    ]  # fmt: skip
+    assert "reference: training" not in output
     changed = {p for p, t in stamps.items() if p.stat().st_mtime_ns != t}
-    assert changed == {p for p in stamps if p.parts[-3] == "cosine"}
+    assert changed == {p for p in stamps if p.parts[-3] in ("cosine", "anti")}
 
 
 def _losses(run_dir: Path) -> dict[str, dict[str, float]]:

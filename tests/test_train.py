@@ -268,6 +268,23 @@ def test_killed_run_resumes_to_the_same_result(
     assert steps == list(range(25, 401, 25))  # no step logged twice, none missing
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_its_log_over(
+    workspace: tuple[Path, Spec, TokenData], tmp_path: Path
+) -> None:
+    _, spec, data = workspace
+    train = spec.train.model_copy(update={"steps": 20, "log_interval": 5, "eval_interval": 0})
+    out = tmp_path / "run"
+    out.mkdir()
+    # what a process killed at step 12, before any checkpoint, leaves behind
+    (out / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "loss": 9.0}) + "\n" for s in (5, 10)) + '{"step": 1'
+    )
+    train_model(train, cosine_config(spec, data), data, out, seed=0, progress=False)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [5, 10, 15, 20]
+    assert all(r.get("loss") != 9.0 for r in rows)
+
+
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
     workspace: tuple[Path, Spec, TokenData], killed_run: tuple[Path, int], tmp_path: Path
 ) -> None:
