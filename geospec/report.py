@@ -11,6 +11,9 @@ results.json::
                         "vs_uniform": {"mean": d, "ci95": [lo, hi],
                                        "bootstrap_ci95": [lo, hi] | null,
                                        "improved": k, "n": n} | null}},
+     "equal_params": bool,
+     "checks": {"same_data_and_validation": bool | null, "same_training": ...,
+                "same_shape_apart_from_widths": ..., "seeds_paired": ...},
      "profiles": {"topology/hyperbolic": [...], ...}}
 
 ``vs_uniform`` compares with the spec's baseline arm (``report.baseline``, "uniform" by default),
@@ -41,6 +44,7 @@ class SeedRun:
     final_val_loss: float | None
     curve: list[tuple[int, float]]  # (step, validation loss)
     config: dict[str, Any] | None
+    fingerprint: dict[str, Any] | None  # what the run was trained on (geospec.train.fingerprint)
 
 
 def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:
@@ -61,7 +65,8 @@ def read_seed_run(directory: Path, seed: int) -> SeedRun:
             if isinstance(row, dict) and row.get("val_loss") is not None:
                 curve.append((int(row["step"]), float(row["val_loss"])))
     loss = float(result["final_val_loss"]) if result else None
-    return SeedRun(seed, directory, loss, curve, config)
+    fingerprint = result.get("fingerprint") if result else None
+    return SeedRun(seed, directory, loss, curve, config, fingerprint)
 
 
 def _read_json(path: Path) -> Any:
@@ -152,11 +157,40 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         "baseline": baseline,
         "confidence": confidence,
         "equal_params": len(counts) <= 1,
+        "checks": comparison_checks(runs),
         "arms": arms,
         "profiles": profiles,
         "curves": {
             name: {str(r.seed): r.curve for r in seed_runs} for name, seed_runs in runs.items()
         },
+    }
+
+
+#: What makes the comparison fair, each checked on the finished runs' own records (None when
+#: no run recorded a fingerprint). The labels are what report.md prints.
+CHECKS = {
+    "same_data_and_validation": "same training data and validation tokens",
+    "same_training": "same steps, batch and optimizer",
+    "same_shape_apart_from_widths": "same model apart from FFN widths",
+    "seeds_paired": "seed k of every arm trained with seed k (same data order)",
+}
+
+
+def comparison_checks(runs: dict[str, list[SeedRun]]) -> dict[str, bool | None]:
+    records = [(r.seed, r.fingerprint) for rs in runs.values() for r in rs if r.fingerprint]
+    if not records:
+        return dict.fromkeys(CHECKS)
+
+    def same(part: Any) -> bool:
+        return len({json.dumps(part(fp), sort_keys=True) for _, fp in records}) == 1
+
+    return {
+        "same_data_and_validation": same(lambda fp: [fp["data"], fp["eval_tokens"]]),
+        "same_training": same(lambda fp: [fp["steps"], fp["batch_size"], fp["optimizer"]]),
+        "same_shape_apart_from_widths": same(
+            lambda fp: {k: v for k, v in fp["config"].items() if k != "ffn_widths"}
+        ),
+        "seeds_paired": all(fp["seed"] == seed for seed, fp in records),
     }
 
 
@@ -238,7 +272,7 @@ PLOT_TITLES = {
 def markdown(results: dict[str, Any], images: list[str]) -> str:
     lines = [f"# geospec report: {results['name']}", ""]
     lines.append(
-        "Final validation loss per arm (same validation tokens for every arm and seed). "
+        "Final validation loss per arm. "
         f"Δ is the paired difference against `{results['baseline']}` (negative = better), "
         "averaged over seeds, with a t-interval (and a bootstrap interval with 5 or more seeds)."
     )
@@ -252,6 +286,10 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
     if not results["equal_params"]:
         lines.append("**Warning: the arms do not have equal parameter counts.**")
         lines.append("")
+    checks = results.get("checks", {})
+    if any(value is not None for value in checks.values()):
+        marks = [f"{CHECKS[k]} {'✓' if v else '✗ (**not so**)'}" for k, v in checks.items()]
+        lines += ["Checked on every run's record: " + "; ".join(marks) + ".", ""]
     lines.append("## FFN widths per arm")
     lines.append("")
     for name, arm in results["arms"].items():
@@ -346,3 +384,6 @@ def print_table(results: dict[str, Any]) -> None:
     console.print(table)
     if not results["equal_params"]:
         console.print("[bold red]warning:[/] arms do not have equal parameter counts")
+    for key, value in results.get("checks", {}).items():
+        if value is False:
+            console.print(f"[bold red]warning:[/] not every run has the {CHECKS[key]}")

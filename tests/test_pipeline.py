@@ -135,6 +135,7 @@ def test_equal_budgets_and_report_numbers_match_per_seed_results(finished: Path)
     results = json.loads((run_dir / "results.json").read_text())
     widths = json.loads((run_dir / "widths.json").read_text())["arms"]
     assert results["equal_params"]
+    assert results["checks"] == dict.fromkeys(results["checks"], True)
     assert len({arm["params"] for arm in results["arms"].values()}) == 1
     for name, arm in results["arms"].items():
         assert sum(arm["widths"]) == 4 * 64 and arm["widths"] == widths[name]["widths"]

@@ -96,6 +96,48 @@ def test_results_match_per_seed_metrics(tmp_path: Path) -> None:
     assert "| taper |" in report and "plots/val_loss.png" in report
 
 
+def test_checks_read_every_runs_fingerprint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    assert set(write_report(run_dir)["checks"].values()) == {None}  # no run recorded one
+
+    def fingerprint(arm: str, seed: int) -> dict[str, object]:
+        return {
+            "config": {**CONFIG, "ffn_widths": WIDTHS[arm]},
+            "data": "abc",
+            "seed": seed,
+            "steps": 100,
+            "batch_size": 8,
+            "optimizer": [3e-3, 0.1, 5, 0.1, [0.9, 0.95], 1e-8, 1.0],
+            "eval_tokens": None,
+        }
+
+    def record(arm: str, directory_seed: int, **changes: object) -> None:
+        path = run_dir / "arms" / arm / f"seed-{directory_seed}" / "result.json"
+        loss = LOSSES[arm][directory_seed]
+        stamp = {**fingerprint(arm, directory_seed), **changes}
+        path.write_text(json.dumps({"final_val_loss": loss, "fingerprint": stamp}))
+
+    for arm in LOSSES:
+        for seed in range(3):
+            record(arm, seed)
+    checks = write_report(run_dir)["checks"]
+    assert checks == dict.fromkeys(checks, True)  # widths may differ: they are the experiment
+    assert "✗" not in (run_dir / "report.md").read_text()
+
+    record("taper", 1, eval_tokens=4096)  # validated on other tokens
+    record("taper", 2, seed=0)  # seed-2 directory trained with seed 0: not paired
+    record("uniform", 0, steps=99)
+    checks = write_report(run_dir)["checks"]
+    assert checks == {
+        "same_data_and_validation": False,
+        "same_training": False,
+        "same_shape_apart_from_widths": True,
+        "seeds_paired": False,
+    }
+    assert (run_dir / "report.md").read_text().count("not so") == 3
+
+
 def test_report_command(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     make_run(run_dir)
