@@ -266,6 +266,7 @@ PLOT_TITLES = {
     "profiles": "Work profiles over depth",
     "widths": "Widths per layer",
     "val_loss": "Validation loss during training",
+    "differences": "Paired differences from the baseline",
 }
 
 
@@ -361,7 +362,35 @@ def write_plots(
         ax.set_title("Validation loss per arm (one line per seed)")
         ax.legend(fontsize=7)
         save(fig, "val_loss.png")
+
+    compared = {name: arm for name, arm in results["arms"].items() if arm["vs_uniform"]}
+    if compared:
+        save(_differences_figure(plt, results, compared), "differences.png")
     return plots.written
+
+
+def _differences_figure(plt: Any, results: dict[str, Any], compared: dict[str, Any]) -> Any:
+    """Each arm's paired differences from the baseline: one dot per seed, the mean and its CI.
+    Seed-to-seed spread hides effects of this size in the loss curves; pairing shows them."""
+    base = results["arms"][results["baseline"]]["val_loss"]["seeds"]
+    fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(compared) + 1.2))
+    for row, arm in enumerate(reversed(compared.values())):
+        seeds = arm["val_loss"]["seeds"]
+        diffs = [seeds[s] - base[s] for s in seeds if s in base]
+        ax.scatter(diffs, [row] * len(diffs), s=14, color="0.55", zorder=2)
+        vs = arm["vs_uniform"]
+        low, high = vs["ci95"]
+        if low is not None and high is not None:
+            ax.plot([low, high], [row, row], color="C0", lw=2, zorder=1)
+        ax.plot([vs["mean"]], [row], marker="D", color="C0", ms=6, zorder=3)
+    ax.axvline(0.0, color="black", lw=0.8)
+    ax.locator_params(axis="x", nbins=6)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_yticks(range(len(compared)), list(reversed(compared)), fontsize=8)
+    level = round(results["confidence"] * 100)
+    ax.set_xlabel(f"validation loss - {results['baseline']} (same seed); < 0 is better")
+    ax.set_title(f"Paired differences: seeds (dots), mean and {level}% CI")
+    return fig
 
 
 def _ordered(names: set[str], known: tuple[str, ...]) -> list[str]:

@@ -90,7 +90,7 @@ def test_results_match_per_seed_metrics(tmp_path: Path) -> None:
     shape = Shape(4, 32, 4, 300, 16)
     assert taper["params"] == count_params(shape, WIDTHS["taper"])
     assert results["equal_params"] is True
-    for name in ("profiles.png", "widths.png", "val_loss.png"):
+    for name in ("profiles.png", "widths.png", "val_loss.png", "differences.png"):
         assert (run_dir / "plots" / name).stat().st_size > 1000
     report = (run_dir / "report.md").read_text()
     assert "| taper |" in report and "plots/val_loss.png" in report
