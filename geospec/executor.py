@@ -70,7 +70,7 @@ class Context:
 
     def say(self, message: str) -> None:
         if self.is_main:
-            self.console.print(message, highlight=False)
+            self.console.print(message, highlight=False, soft_wrap=True)  # logs: no 80-col wrap
 
     def stored_keys(self) -> dict[str, str]:
         path = self.run_dir / STAGES_FILE
