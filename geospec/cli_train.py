@@ -8,6 +8,7 @@ widths --profiles`` or by ``geospec run``). Under ``torchrun --nproc_per_node N 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -88,6 +89,7 @@ def train(
 
     from geospec.data import prepare_data
     from geospec.distributed import process_group
+    from geospec.locks import claim
     from geospec.model import config_from_spec
     from geospec.specfile import load_spec
     from geospec.train import train_model
@@ -109,7 +111,13 @@ def train(
                 f"{' '.join(map(str, widths))}, {world_size} process(es) -> {out}",
                 highlight=False,
             )
-        result = train_model(spec.train, config, data, out, seed=seed, steps=steps)
+        with claim(out) if rank == 0 else contextlib.nullcontext(True) as claimed:
+            if not claimed:
+                raise UsageError(
+                    f"{out}: another geospec process is training into this directory; let it "
+                    "finish (or stop it), or give another --out"
+                )
+            result = train_model(spec.train, config, data, out, seed=seed, steps=steps)
         if rank == 0:
             click.echo(
                 f"final validation loss {result.final_val_loss:.6f} after {result.steps} steps "

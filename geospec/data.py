@@ -15,7 +15,6 @@ into place (atomic); a lock file keeps concurrent processes from preparing it tw
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -31,6 +30,7 @@ from tokenizers import Tokenizer
 
 from geospec.corpus import Corpus
 from geospec.errors import UsageError
+from geospec.locks import file_lock
 from geospec.spec import BPETokenizer, DataSpec
 from geospec.tokenizer import build_tokenizer, vocab_size
 
@@ -117,7 +117,7 @@ def prepare_data(data: DataSpec, cache_dir: Path, spec_dir: Path | None = None) 
     if (final / "meta.json").is_file():
         return TokenData.open(final)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(cache_dir / f".{key}.lock"):
+    with file_lock(cache_dir / f".{key}.lock"):
         if not (final / "meta.json").is_file():
             work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
             work.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
@@ -192,19 +192,3 @@ def pack(tokenizer: Tokenizer, docs: list[str], eot: int, dtype: np.dtype[Any]) 
     encodings = tokenizer.encode_batch_fast(docs, add_special_tokens=False)
     parts = [np.array([*encoding.ids, eot], dtype=dtype) for encoding in encodings]
     return np.concatenate(parts)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (POSIX); elsewhere the atomic rename alone keeps results whole."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows
-        yield
-        return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

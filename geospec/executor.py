@@ -13,6 +13,7 @@ all GPUs on it); the other stages run on rank 0 while the others wait.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -174,11 +175,30 @@ def stage_reference(ctx: Context) -> None:
     if not ctx.needs("reference", key, out / "result.json"):
         return
     widths = [spec.model.ffn_width] * spec.model.n_layers
-    _own_run_dir(ctx, out, key, widths, redo="reference" in ctx.force)
-    data = token_data(ctx)
-    ctx.say(f"[bold]reference[/]: training the uniform model ({_budget(spec)})")
-    _train(ctx, data, widths, out, seed=spec.reference.seed, steps=spec.reference.train_steps)
+    with _claim(ctx, out) as claimed:
+        if not claimed:
+            raise UsageError(
+                f"{out}: another geospec process is training the reference of this run; "
+                "let it finish (or stop it), then run again"
+            )
+        _own_run_dir(ctx, out, key, widths, redo="reference" in ctx.force)
+        data = token_data(ctx)
+        ctx.say(f"[bold]reference[/]: training the uniform model ({_budget(spec)})")
+        _train(ctx, data, widths, out, seed=spec.reference.seed, steps=spec.reference.train_steps)
     ctx.finish("reference", key)
+
+
+@contextlib.contextmanager
+def _claim(ctx: Context, out: Path) -> Iterator[bool]:
+    """Rank 0 claims a training directory (geospec.locks); every rank learns the answer."""
+    from geospec.distributed import broadcast_object
+    from geospec.locks import claim
+
+    if not ctx.is_main:
+        yield bool(broadcast_object(None, ctx.dist))
+        return
+    with claim(out) as granted:
+        yield bool(broadcast_object(granted, ctx.dist))
 
 
 def _budget(spec: Spec) -> str:
@@ -391,10 +411,26 @@ def stage_train(ctx: Context) -> None:
         return
     ctx.ran.append("train")
     data = token_data(ctx)
+    held_elsewhere = 0
     for index, (arm_name, seed, out, key) in enumerate(todo, start=1):
-        _own_run_dir(ctx, out, key, widths[arm_name], redo="train" in ctx.force)
-        ctx.say(f"[bold]train[/] [{index}/{len(todo)}]: arm {arm_name}, seed {seed}")
-        _train(ctx, data, widths[arm_name], out, seed=seed, reuse_reference=True)
+        name = f"[bold]train[/] [{index}/{len(todo)}]: arm {arm_name}, seed {seed}"
+        with _claim(ctx, out) as claimed:
+            if not claimed:  # another `geospec run` of this directory is training it
+                ctx.say(f"{name}: [yellow]another process is training it (skipped)[/]")
+                held_elsewhere += 1
+                continue
+            finished = stored_run_key(out) == key and (out / RESULT_FILE).exists()
+            if finished and "train" not in ctx.force:
+                continue  # finished by another process since the list was made
+            _own_run_dir(ctx, out, key, widths[arm_name], redo="train" in ctx.force)
+            ctx.say(name)
+            _train(ctx, data, widths[arm_name], out, seed=seed, reuse_reference=True)
+    if held_elsewhere:
+        ctx.say(
+            f"[yellow]![/] train: {held_elsewhere} run(s) were being trained by another process; "
+            "the report below leaves them out until a later run finds them finished"
+        )
+        return
     ctx.finish("train", ctx.keys["train"])
 
 

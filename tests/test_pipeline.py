@@ -15,6 +15,7 @@ import tomlkit
 from click.testing import CliRunner
 
 from geospec.cli import cli
+from geospec.locks import claim
 
 pytestmark = pytest.mark.torch
 
@@ -278,3 +279,23 @@ def test_torchrun_two_processes_match_one(tmp_path: Path) -> None:
     for arm in ("uniform", "cosine"):
         for seed in ("0", "1"):
             assert double[arm][seed] == pytest.approx(single[arm][seed], abs=1e-5)
+
+
+def test_runs_claimed_by_another_process_are_left_to_it(tmp_path: Path) -> None:
+    """`geospec run` processes may share a run directory: none trains what another holds."""
+    spec = write_spec(tmp_path, SMALL)
+    run_dir = tmp_path / "run"
+    held = run_dir / "arms" / "cosine" / "seed-0"
+    with claim(held) as granted:  # this test process plays the other `geospec run`
+        assert granted
+        output = run(spec)
+    assert "arm cosine, seed 0: another process is training it (skipped)" in output
+    assert "arm cosine, seed 1" in output and "arm uniform, seed 1" in output
+    assert not (held / "result.json").exists()
+    assert set(_losses(run_dir)["cosine"]) == {"1"}  # the report leaves the held run out
+    assert "train" not in json.loads((run_dir / "stages.json").read_text())
+    output = run(spec)  # the other process is gone: only the run it held is left to train
+    trained = [line.split(": ", 1)[1] for line in output.splitlines() if "train [" in line]
+    assert trained == ["arm cosine, seed 0"]
+    assert set(_losses(run_dir)["cosine"]) == {"0", "1"}
+    assert "nothing to do" in run(spec)

@@ -1,0 +1,60 @@
+"""Claims on training directories (geospec.locks): exclusive, kept across emptying, released by
+the kernel when the holder dies."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from geospec.locks import claim, file_lock
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from geospec.locks import claim
+with claim(Path(sys.argv[1])) as granted:
+    print(granted, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_claim_is_exclusive_until_released(tmp_path: Path) -> None:
+    run = tmp_path / "arms" / "cosine" / "seed-0"
+    with claim(run) as first, claim(run) as second:
+        assert first and not second
+    with claim(run) as again:
+        assert again
+
+
+def test_emptying_the_directory_keeps_the_claim(tmp_path: Path) -> None:
+    run = tmp_path / "seed-0"
+    run.mkdir()
+    with claim(run) as granted:
+        assert granted
+        shutil.rmtree(run)  # what starting a run over does
+        with claim(run) as other:
+            assert not other
+
+
+def test_the_claim_of_a_killed_process_is_released(tmp_path: Path) -> None:
+    run = tmp_path / "seed-0"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "True"
+        with claim(run) as granted:
+            assert not granted
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with claim(run) as granted:
+        assert granted
+
+
+def test_a_waiting_lock_is_always_granted(tmp_path: Path) -> None:
+    with file_lock(tmp_path / ".cache.lock") as granted:
+        assert granted
