@@ -8,7 +8,6 @@ widths --profiles`` or by ``geospec run``). Under ``torchrun --nproc_per_node N 
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -88,8 +87,7 @@ def train(
     from rich.console import Console
 
     from geospec.data import prepare_data
-    from geospec.distributed import process_group
-    from geospec.locks import claim
+    from geospec.distributed import claim_on_main, context, process_group
     from geospec.model import config_from_spec
     from geospec.specfile import load_spec
     from geospec.train import train_model
@@ -111,7 +109,7 @@ def train(
                 f"{' '.join(map(str, widths))}, {world_size} process(es) -> {out}",
                 highlight=False,
             )
-        with claim(out) if rank == 0 else contextlib.nullcontext(True) as claimed:
+        with claim_on_main(out, context()) as claimed:
             if not claimed:
                 raise UsageError(
                     f"{out}: another geospec process is training into this directory; let it "

@@ -12,6 +12,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -124,6 +125,19 @@ def on_main(compute: Callable[[], T], ctx: DistContext) -> T:
         raise value
     result: T = value
     return result
+
+
+@contextlib.contextmanager
+def claim_on_main(directory: Path, ctx: DistContext) -> Iterator[bool]:
+    """Rank 0 claims a training directory (geospec.locks) for as long as the block runs; every
+    rank learns whether it got it, so all of them train it or all of them leave it."""
+    from geospec.locks import claim
+
+    if not ctx.is_main:
+        yield bool(broadcast_object(None, ctx))
+        return
+    with claim(directory) as granted:
+        yield bool(broadcast_object(granted, ctx))
 
 
 def wrap_model(

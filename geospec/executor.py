@@ -13,7 +13,6 @@ all GPUs on it); the other stages run on rank 0 while the others wait.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +20,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,6 +157,8 @@ def _files(path: Path) -> list[Path]:
 
 
 def stage_reference(ctx: Context) -> None:
+    from geospec.distributed import claim_on_main
+
     spec = ctx.spec
     key = reference_key(spec)
     ctx.keys["reference"] = key
@@ -175,7 +176,7 @@ def stage_reference(ctx: Context) -> None:
     if not ctx.needs("reference", key, out / "result.json"):
         return
     widths = [spec.model.ffn_width] * spec.model.n_layers
-    with _claim(ctx, out) as claimed:
+    with claim_on_main(out, ctx.dist) as claimed:
         if not claimed:
             raise UsageError(
                 f"{out}: another geospec process is training the reference of this run; "
@@ -186,19 +187,6 @@ def stage_reference(ctx: Context) -> None:
         ctx.say(f"[bold]reference[/]: training the uniform model ({_budget(spec)})")
         _train(ctx, data, widths, out, seed=spec.reference.seed, steps=spec.reference.train_steps)
     ctx.finish("reference", key)
-
-
-@contextlib.contextmanager
-def _claim(ctx: Context, out: Path) -> Iterator[bool]:
-    """Rank 0 claims a training directory (geospec.locks); every rank learns the answer."""
-    from geospec.distributed import broadcast_object
-    from geospec.locks import claim
-
-    if not ctx.is_main:
-        yield bool(broadcast_object(None, ctx.dist))
-        return
-    with claim(out) as granted:
-        yield bool(broadcast_object(granted, ctx.dist))
 
 
 def _budget(spec: Spec) -> str:
@@ -260,8 +248,15 @@ def stored_run_key(out: Path) -> str | None:
     return json.loads(path.read_text()).get("key") if path.exists() else None
 
 
+def is_trained(out: Path, key: str) -> bool:
+    """``out`` holds the finished run ``key``."""
+    from geospec.report import RESULT_FILE
+
+    return stored_run_key(out) == key and (out / RESULT_FILE).exists()
+
+
 def _own_run_dir(ctx: Context, out: Path, key: str, widths: list[int], redo: bool) -> None:
-    """Claim a training directory for the run ``key``.
+    """Make ``out`` the training directory of the run ``key`` (the caller holds its claim).
 
     A directory holding a run of another key (older inputs), or one to redo, is emptied first:
     it would otherwise be resumed wrongly. A directory of the same key is kept, so an
@@ -385,7 +380,8 @@ def arm_run_key(spec: Spec, arm_widths: list[int], seed: int) -> str:
 
 
 def stage_train(ctx: Context) -> None:
-    from geospec.report import RESULT_FILE, arm_seed_dir
+    from geospec.distributed import claim_on_main
+    from geospec.report import arm_seed_dir
 
     spec = ctx.spec
     if spec.probe_only:
@@ -400,8 +396,7 @@ def stage_train(ctx: Context) -> None:
         for arm in spec.arms:
             out = arm_seed_dir(ctx.run_dir, arm.name, seed)
             key = arm_run_key(spec, widths[arm.name], seed)
-            done = stored_run_key(out) == key and (out / RESULT_FILE).exists()
-            if not done or "train" in ctx.force:
+            if not is_trained(out, key) or "train" in ctx.force:
                 todo.append((arm.name, seed, out, key))
     ctx.keys["train"] = digest(
         "train", [arm_run_key(spec, widths[a.name], s) for a in spec.arms for s in spec.train.seeds]
@@ -414,13 +409,12 @@ def stage_train(ctx: Context) -> None:
     held_elsewhere = 0
     for index, (arm_name, seed, out, key) in enumerate(todo, start=1):
         name = f"[bold]train[/] [{index}/{len(todo)}]: arm {arm_name}, seed {seed}"
-        with _claim(ctx, out) as claimed:
+        with claim_on_main(out, ctx.dist) as claimed:
             if not claimed:  # another `geospec run` of this directory is training it
                 ctx.say(f"{name}: [yellow]another process is training it (skipped)[/]")
                 held_elsewhere += 1
                 continue
-            finished = stored_run_key(out) == key and (out / RESULT_FILE).exists()
-            if finished and "train" not in ctx.force:
+            if is_trained(out, key) and "train" not in ctx.force:
                 continue  # finished by another process since the list was made
             _own_run_dir(ctx, out, key, widths[arm_name], redo="train" in ctx.force)
             ctx.say(name)

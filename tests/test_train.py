@@ -37,6 +37,7 @@ from geospec.data import TokenData, prepare_data
 from geospec.distributed import DistContext
 from geospec.errors import GeospecError, UsageError
 from geospec.kinds import Geometry, Statistic
+from geospec.locks import claim
 from geospec.model import GPT, GPTConfig, config_from_spec
 from geospec.plugin import PluginParams
 from geospec.spec import Spec, TrainSpec
@@ -438,3 +439,14 @@ def test_train_command_trains_and_reports(tmp_path: Path) -> None:
     stored = json.loads((out / "result.json").read_text())
     assert f"final validation loss {stored['final_val_loss']:.6f} after 5 steps" in result.output
     assert stored["widths"] == [64, 64] and np.isfinite(stored["final_val_loss"])
+
+
+def test_train_command_refuses_a_directory_another_process_trains_into(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, steps=5)
+    out = tmp_path / "run" / "arms" / "uniform" / "seed-3"
+    with claim(out) as granted:  # this test process plays the other trainer
+        assert granted
+        result = CliRunner().invoke(cli, ["train", str(path), "--arm", "uniform", "--seed", "3"])
+    assert result.exit_code == 2
+    assert "another geospec process is training into this directory" in result.output
+    assert "Traceback" not in result.output and not (out / "result.json").exists()
