@@ -28,12 +28,13 @@ from pathlib import Path
 import torch
 from geospec_plugins.schedules import Cosine
 
-from geospec.checkpoint import load_model
-from geospec.data import prepare_data
-from geospec.model import GPT, GPTConfig, config_from_spec
-from geospec.spec import DataSpec, model_dims
-from geospec.specfile import load_spec
-from geospec.train import parameter_groups, train_model
+from geospec.engine.checkpoint import load_model
+from geospec.engine.model import GPT, GPTConfig, config_from_spec
+from geospec.engine.token_data import prepare_data
+from geospec.engine.train import parameter_groups, train_model
+from geospec.spec.loading import load_spec
+from geospec.spec.resolve import model_dims
+from geospec.spec.sections import DataSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,7 +122,7 @@ def main() -> None:
     m = spec.model
     micro = spec.train.micro_batch_size or 16
     uniform = config_from_spec(m, [m.ffn_width] * m.n_layers, 50257)
-    tapered_widths = Cosine(Cosine.Params(start=1.5, end=0.5)).widths(model_dims(spec), {})
+    tapered_widths = Cosine(Cosine.Params(start=1.5, end=0.5)).widths(model_dims(spec.model), {})
     tapered = config_from_spec(m, tapered_widths, 50257)
     n = uniform.num_params()
     print(f"model: {args.spec.name}, {n:,} parameters, micro-batch {micro} x {m.seq_len} tokens")

@@ -30,8 +30,8 @@ import ot
 import ripser
 import torch
 
-from geospec.measure import measure_profiles, plugin_instance
-from geospec.spec import MeasureSpec
+from geospec.measure.work import measure_profiles, plugin_instance
+from geospec.spec.sections import MeasureSpec
 
 GEOMETRIES = ["raw", "spherical", "hyperbolic"]
 STATISTICS = ["shift", "gw", "topology"]

@@ -27,9 +27,9 @@ from collections.abc import Callable
 import torch
 from geospec_plugins.schedules import Cosine
 
+from geospec.engine.model import GPT, GPTConfig
+from geospec.engine.train import parameter_groups
 from geospec.kinds import ModelDims
-from geospec.model import GPT, GPTConfig
-from geospec.train import parameter_groups
 
 Step = Callable[[], None]
 

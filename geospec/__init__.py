@@ -6,16 +6,16 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from geospec.hookspecs import hookimpl
+from geospec.registry.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from geospec.measure import measure_profiles, measure_work
+    from geospec.measure.work import measure_profiles, measure_work
 
 __all__ = ["__version__", "hookimpl", "measure_profiles", "measure_work"]
 
 # Public functions of engine modules, imported on first use so that `import geospec` (and
 # `geospec validate`) stays free of torch.
-_LAZY = {"measure_work": "geospec.measure", "measure_profiles": "geospec.measure"}
+_LAZY = {"measure_work": "geospec.measure.work", "measure_profiles": "geospec.measure.work"}
 
 
 def __getattr__(name: str) -> Any:

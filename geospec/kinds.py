@@ -1,8 +1,14 @@
-"""The five kinds of plugin and the contract each one fulfils.
+"""The five kinds of plugin and the contract each one fulfils, with the helpers plugins use.
 
 Nothing here imports torch: these classes are only the shapes that the core (validation,
 registries) and the pipeline (measure, solve, train) rely on. Concrete plugins live in
 ``geospec_plugins`` or in third-party packages and do their heavy imports inside their methods.
+
+With :mod:`geospec.plugin` (the base classes, ``Register`` and plugin-table fields) and
+:mod:`geospec.errors`, this module is the whole API a plugin imports: the builtins use nothing
+else. Helpers for schedules and solvers are re-exported here: :func:`round_to_budget`,
+:func:`units_between` and :class:`InfeasibleBudget` (exact-budget rounding),
+:func:`check_profile` and :func:`resample_profile` (profile checks and depth resampling).
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from geospec.plugin import Plugin
+from geospec.solve.profiles import check_profile, resample_profile
+from geospec.solve.rounding import InfeasibleBudget, round_to_budget, units_between
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +34,8 @@ class Geometry(Plugin):
     ``paired`` the n distances between corresponding rows of two prepared clouds.
     """
 
-    plugin_kind: ClassVar[str] = "geometry"
+    register_hook: ClassVar[str] = "geospec_register_geometries"
+    """The hook that registers plugins of this kind."""
     #: Whether a global rescaling of both clouds changes the distances (True for ``raw``).
     scale_sensitive: ClassVar[bool] = False
 
@@ -47,7 +56,8 @@ class Statistic(Plugin):
     a non-negative float. It must be vectorised (no Python loops over tokens).
     """
 
-    plugin_kind: ClassVar[str] = "statistic"
+    register_hook: ClassVar[str] = "geospec_register_statistics"
+    """The hook that registers plugins of this kind."""
 
     def __call__(self, geometry: Geometry, x: torch.Tensor, y: torch.Tensor) -> float:
         raise NotImplementedError
@@ -56,7 +66,8 @@ class Statistic(Plugin):
 class Smoother(Plugin):
     """Maps a work profile (one float per layer) to a smoothed profile of the same length."""
 
-    plugin_kind: ClassVar[str] = "smoother"
+    register_hook: ClassVar[str] = "geospec_register_smoothers"
+    """The hook that registers plugins of this kind."""
 
     def __call__(self, profile: Sequence[float]) -> list[float]:
         raise NotImplementedError
@@ -96,7 +107,8 @@ class WidthProblem:
 class Solver(Plugin):
     """Turns a work profile into integer widths with an exact budget (see :class:`WidthProblem`)."""
 
-    plugin_kind: ClassVar[str] = "solver"
+    register_hook: ClassVar[str] = "geospec_register_solvers"
+    """The hook that registers plugins of this kind."""
 
     def solve(self, problem: WidthProblem) -> list[int]:
         raise NotImplementedError
@@ -148,7 +160,8 @@ class Schedule(Plugin):
     reference model; schedules that need none ignore it.
     """
 
-    plugin_kind: ClassVar[str] = "schedule"
+    register_hook: ClassVar[str] = "geospec_register_schedules"
+    """The hook that registers plugins of this kind."""
 
     def required_profiles(self) -> list[str]:
         """Names of the measured profiles this schedule reads (checked against ``measure``)."""
@@ -162,7 +175,24 @@ class Schedule(Plugin):
         raise NotImplementedError
 
 
-#: Kind name -> base class, in the order they are listed everywhere.
+__all__ = [
+    "KINDS",
+    "Geometry",
+    "InfeasibleBudget",
+    "ModelDims",
+    "Schedule",
+    "Smoother",
+    "Solver",
+    "Statistic",
+    "WidthProblem",
+    "check_profile",
+    "resample_profile",
+    "round_to_budget",
+    "units_between",
+]
+
+#: The one table of plugin kinds: kind name -> contract (whose ``register_hook`` names the hook
+#: that registers it), in the order they are listed everywhere.
 KINDS: dict[str, type[Plugin]] = {
     "geometry": Geometry,
     "statistic": Statistic,

@@ -3,14 +3,31 @@
 A spec names a plugin by a table, ``geometry = { kind = "hyperbolic", radius = 0.9 }``; validation
 finds the class registered under ``kind`` and validates the table with its ``Params``. The
 instance the pipeline uses is ``cls(params)``.
+
+With :mod:`geospec.kinds` (the contracts) this is the public API of plugin authors: the base
+classes, the ``Register`` callback type, and the fields a plugin uses to hold another plugin's
+table (``SmootherRef``, ``SolverRef``, ...), validated through the registry in effect.
 """
 
 from __future__ import annotations
 
 import typing
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    TypeAdapter,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
+
+#: The callback every ``geospec_register_*`` hook receives: call it with each plugin class.
+Register = Callable[[type[Any]], None]
 
 
 class PluginParams(BaseModel):
@@ -66,3 +83,88 @@ def kind_of(cls: Any) -> str:
 
 def _is_literal(annotation: Any) -> bool:
     return typing.get_origin(annotation) is typing.Literal
+
+
+class PluginTableError(ValueError):
+    """A value that does not name a plugin of a kind; the message says what is expected."""
+
+
+def as_table(kind: str, value: Any) -> dict[str, Any]:
+    """A plugin named by its kind (``"raw"``), a table (``{"kind": "gw", ...}``) or validated
+    ``Params``, as a table with a ``kind`` string; or :class:`PluginTableError` saying why not."""
+    if isinstance(value, PluginParams):
+        value = value.model_dump()
+    if isinstance(value, str):
+        value = {"kind": value}
+    if not isinstance(value, Mapping):
+        raise PluginTableError(
+            f'a {kind} is named by its kind or a table such as {{ kind = "..." }}, '
+            f"not {type(value).__name__}"
+        )
+    if not isinstance(value.get("kind"), str):
+        raise PluginTableError(f"a {kind} table needs a 'kind' key naming the {kind}")
+    return dict(value)
+
+
+class PluginTable:
+    """Validates a spec field holding a plugin table through the registry in effect."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.with_info_plain_validator_function(
+            self._validate,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda params: params.model_dump(mode="json")
+            ),
+        )
+
+    def _validate(self, value: Any, info: core_schema.ValidationInfo) -> PluginParams:
+        from geospec.errors import PluginError
+        from geospec.registry.loading import get_registries
+
+        try:
+            return get_registries().params(self.kind, value, context=info.context)
+        except PluginTableError as error:
+            raise PydanticCustomError("plugin_table", str(error)) from None
+        except PluginError as error:
+            raise PydanticCustomError("unknown_plugin", str(error)) from None
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        from geospec.registry.loading import get_registries
+
+        classes = [entry.cls.Params for entry in get_registries()[self.kind].entries.values()]
+        if not classes:
+            return {"type": "object", "description": f"no {self.kind} plugins are registered"}
+        if len(classes) == 1:
+            return handler(TypeAdapter(classes[0]).core_schema)
+        # a variable, not a type alias: the union is built from what is registered at run time
+        union: Any = Annotated[Union[tuple(classes)], Field(discriminator="kind")]  # noqa: UP007
+        return handler(TypeAdapter(union).core_schema)
+
+
+if TYPE_CHECKING:
+    GeometryRef = PluginParams
+    StatisticRef = PluginParams
+    SmootherRef = PluginParams
+    SolverRef = PluginParams
+    ScheduleRef = PluginParams
+else:
+    GeometryRef = Annotated[PluginParams, PluginTable("geometry")]
+    StatisticRef = Annotated[PluginParams, PluginTable("statistic")]
+    SmootherRef = Annotated[PluginParams, PluginTable("smoother")]
+    SolverRef = Annotated[PluginParams, PluginTable("solver")]
+    ScheduleRef = Annotated[PluginParams, PluginTable("schedule")]
+
+
+def create_plugin(kind: str, table: Any) -> Any:
+    """The instance of the plugin of ``kind`` that ``table`` names, from the registries in effect
+    (a schedule holding a smoother table creates its smoother with this)."""
+    from geospec.registry.loading import get_registries
+
+    return get_registries().create(kind, table)

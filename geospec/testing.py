@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from geospec.plugins import Registries, build_registries, use_registries
-from geospec.registry import Provider
+from geospec.registry.entries import Provider
+from geospec.registry.loading import Registries, build_registries, use_registries
 
 _MINIMAL_SPEC: dict[str, Any] = {
     "name": "test",

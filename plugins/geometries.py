@@ -17,9 +17,8 @@ from pydantic import Field, model_validator
 
 from geospec import hookimpl
 from geospec.errors import GeospecError
-from geospec.hookspecs import Register
 from geospec.kinds import Geometry
-from geospec.plugin import PluginParams
+from geospec.plugin import PluginParams, Register
 
 if TYPE_CHECKING:
     import torch

@@ -11,18 +11,22 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from geospec import hookimpl
 from geospec.errors import SpecError, UsageError
-from geospec.hookspecs import Register
-from geospec.kinds import ModelDims, Schedule, Smoother, Solver
-from geospec.plugin import PluginParams
-from geospec.plugin_ref import SmootherRef, SolverRef
-from geospec.rounding import round_to_budget
-from geospec.widths import check_profile, resample_profile
+from geospec.kinds import (
+    ModelDims,
+    Schedule,
+    Smoother,
+    Solver,
+    check_profile,
+    resample_profile,
+    round_to_budget,
+)
+from geospec.plugin import PluginParams, Register, SmootherRef, SolverRef, create_plugin
 
 
 class Uniform(Schedule):
@@ -160,10 +164,10 @@ class Geometric(Schedule):
         return self.solver().check(dims)
 
     def smoother(self) -> Smoother:
-        return _create("smoother", self.params.smoother)
+        return create_plugin("smoother", self.params.smoother)
 
     def solver(self) -> Solver:
-        return _create("solver", self.params.solver)
+        return create_plugin("solver", self.params.solver)
 
     def work(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[float]:
         """The per-layer work the solver receives (validated, smoothed, resampled)."""
@@ -283,12 +287,6 @@ def _lookup(profiles: Mapping[str, Sequence[float]], name: str) -> Sequence[floa
         available = ", ".join(repr(p) for p in profiles) or "none"
         raise UsageError(f"profile {name!r} is not available (available: {available})")
     return profiles[name]
-
-
-def _create(kind: str, params: PluginParams) -> Any:
-    from geospec.plugins import get_registries
-
-    return get_registries().create(kind, params)
 
 
 @hookimpl

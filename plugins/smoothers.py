@@ -16,9 +16,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from geospec import hookimpl
-from geospec.hookspecs import Register
 from geospec.kinds import Smoother
-from geospec.plugin import PluginParams
+from geospec.plugin import PluginParams, Register
 
 
 class NoSmoothing(Smoother):

@@ -3,7 +3,7 @@
 Both take their width bounds as ratios of the uniform width (``min_ratio``/``max_ratio``, solver
 params, so the same schedule can be re-run with looser or tighter bounds by changing one table).
 The bounds are intersected with the problem's hard limits and rounded inward to the rounding
-multiple; the continuous solution is then rounded with :func:`geospec.rounding.round_to_budget`,
+multiple; the continuous solution is then rounded with :func:`geospec.kinds.round_to_budget`,
 so the widths sum exactly to the budget, stay inside the bounds and are multiples.
 
 Everything here is plain Python: a profile has at most a few hundred layers.
@@ -18,10 +18,15 @@ from typing import Literal
 from pydantic import Field
 
 from geospec import hookimpl
-from geospec.hookspecs import Register
-from geospec.kinds import ModelDims, Solver, WidthProblem
-from geospec.plugin import PluginParams
-from geospec.rounding import InfeasibleBudget, round_to_budget, units_between
+from geospec.kinds import (
+    InfeasibleBudget,
+    ModelDims,
+    Solver,
+    WidthProblem,
+    round_to_budget,
+    units_between,
+)
+from geospec.plugin import PluginParams, Register
 
 
 class BoundedParams(PluginParams):

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from geospec import hookimpl
-from geospec.hookspecs import Register
 from geospec.kinds import Geometry, Statistic
-from geospec.plugin import PluginParams
+from geospec.plugin import PluginParams, Register
 
 if TYPE_CHECKING:
     import numpy as np

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geospec.batches import TrainOrder, validation_windows, window_tensors
-from geospec.corpus import Corpus
-from geospec.data import prepare_data, split_fractions, token_dtype
+from geospec.engine.batches import TrainOrder, validation_windows, window_tensors
+from geospec.engine.corpus import Corpus
+from geospec.engine.token_data import prepare_data, split_fractions, token_dtype
+from geospec.engine.tokenizer import EOT, gpt2_tokenizer
 from geospec.errors import UsageError
-from geospec.spec import DataSpec
-from geospec.tokenizer import EOT, gpt2_tokenizer
+from geospec.spec.sections import DataSpec
 
 pytestmark = pytest.mark.torch
 

@@ -18,13 +18,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from geospec.cli import cli
+from geospec.engine.model import GPT, GPTConfig
 from geospec.errors import GeospecError, SpecError
-from geospec.intrinsic_dimension import fit_two_nn, two_nn
 from geospec.kinds import ModelDims
-from geospec.model import GPT, GPTConfig
-from geospec.plugins import get_registries
-from geospec.probe import find_ffn_sites
-from geospec.sensitivity import (
+from geospec.measure.intrinsic_dimension import fit_two_nn, two_nn
+from geospec.measure.probe import find_ffn_sites
+from geospec.measure.sensitivity import (
     additivity,
     layer_sensitivity,
     logits_of,
@@ -32,7 +31,8 @@ from geospec.sensitivity import (
     r_squared,
     sample_pairs,
 )
-from geospec.specfile import load_spec, validate_spec
+from geospec.registry.loading import get_registries
+from geospec.spec.loading import load_spec, validate_spec
 from geospec.testing import minimal_spec
 
 pytestmark = pytest.mark.torch
@@ -395,9 +395,9 @@ def test_diagnose_writes_diagnostics_and_trains_no_arm(diagnosed: Path) -> None:
 
 
 def test_base_loss_is_the_models_own_cross_entropy(diagnosed: Path) -> None:
-    from geospec.batches import window_tensors
-    from geospec.checkpoint import load_model
-    from geospec.data import prepare_data
+    from geospec.engine.batches import window_tensors
+    from geospec.engine.checkpoint import load_model
+    from geospec.engine.token_data import prepare_data
 
     run_dir = diagnosed / "run"
     spec = load_spec(diagnosed / "spec.toml")

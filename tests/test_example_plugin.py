@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from geospec.measure import measure_work
+from geospec.measure.work import measure_work
 from geospec.testing import registered
 
 pytestmark = pytest.mark.torch

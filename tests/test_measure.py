@@ -18,10 +18,10 @@ import geospec
 from geospec import hookimpl
 from geospec.errors import GeospecError, PluginError, UsageError
 from geospec.kinds import Geometry, Statistic
-from geospec.measure import CloudError, measure_profiles, measure_work
+from geospec.measure.work import CloudError, measure_profiles, measure_work
 from geospec.plugin import PluginParams
-from geospec.plugins import Registries
-from geospec.spec import MeasureSpec
+from geospec.registry.loading import Registries
+from geospec.spec.sections import MeasureSpec
 
 pytestmark = pytest.mark.torch
 
@@ -55,7 +55,7 @@ def test_measure_work_is_the_statistic_in_the_geometry() -> None:
         got = measure_work(x, y, geometry=geometry_table, statistic=statistic_table)
         assert got == expected
     assert measure_work(x, y, "spherical", "gw") == GromovWasserstein()(
-        geospec.measure.plugin_instance("geometry", "spherical"), x, y
+        geospec.measure.work.plugin_instance("geometry", "spherical"), x, y
     )
 
 
@@ -239,7 +239,7 @@ def test_importing_geospec_does_not_import_torch() -> None:
     code = (
         "import sys, geospec; assert 'torch' not in sys.modules; "
         "f = geospec.measure_work; assert 'torch' in sys.modules; "
-        "import geospec.measure as m; assert f is m.measure_work"
+        "import geospec.measure.work as m; assert f is m.measure_work"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     with pytest.raises(AttributeError, match="has no attribute 'nothing'"):

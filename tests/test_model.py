@@ -10,12 +10,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from geospec.engine.model import GPT, GPTConfig, config_from_spec
+from geospec.engine.model_size import count_params
 from geospec.errors import SpecError, UsageError
 from geospec.kinds import ModelDims
-from geospec.model import GPT, GPTConfig, config_from_spec
-from geospec.model_size import count_params
-from geospec.plugins import get_registries
-from geospec.spec import ModelSpec
+from geospec.registry.loading import get_registries
+from geospec.spec.sections import ModelSpec
 
 pytestmark = pytest.mark.torch
 

@@ -12,14 +12,15 @@ from typing import Literal
 import pytest
 from click.testing import CliRunner
 
-from geospec import hookimpl, hookspecs
+from geospec import hookimpl
 from geospec.cli import cli
 from geospec.errors import PluginError, SpecError
 from geospec.kinds import Geometry, Statistic
 from geospec.plugin import PluginParams
-from geospec.plugins import build_registries, new_plugin_manager, use_registries
-from geospec.registry import Provider
-from geospec.specfile import validate_spec
+from geospec.registry import hookspecs
+from geospec.registry.entries import Provider
+from geospec.registry.loading import build_registries, new_plugin_manager, use_registries
+from geospec.spec.loading import validate_spec
 from geospec.testing import minimal_spec, registered
 
 
@@ -235,7 +236,7 @@ def test_block_list_can_remove_builtins(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_plugins_json_shape(entry_point_dists: Path) -> None:
-    from geospec import plugins as plugins_module
+    from geospec.registry import loading as plugins_module
 
     plugins_module.reset_default_registries()
     try:

@@ -8,7 +8,7 @@ import torch
 import transformers as hf
 from hf_models import LAYERS, VOCAB, WIDTH, gemma2, gpt2, llama
 
-from geospec.probe import ProbeError, find_ffn_sites, probe_clouds, sample_tokens
+from geospec.measure.probe import ProbeError, find_ffn_sites, probe_clouds, sample_tokens
 
 pytestmark = pytest.mark.torch
 

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from geospec.cli import cli
-from geospec.model_size import Shape, count_params
-from geospec.report import write_report
+from geospec.engine.model_size import Shape, count_params
+from geospec.report.write import write_report
 
 LOSSES = {
     "uniform": {0: 4.80, 1: 4.83, 2: 4.79},

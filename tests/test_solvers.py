@@ -14,7 +14,7 @@ from scipy.optimize import minimize
 
 from geospec.errors import GeospecError
 from geospec.kinds import ModelDims, WidthProblem
-from geospec.rounding import InfeasibleBudget, round_to_budget
+from geospec.solve.rounding import InfeasibleBudget, round_to_budget
 
 
 @st.composite

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from geospec.stats import paired_difference, summarize
+from geospec.report.stats import paired_difference, summarize
 
 
 def test_t_interval_matches_scipy_ttest_rel() -> None:

@@ -22,8 +22,10 @@ from click.testing import CliRunner
 from safetensors.torch import load_file
 
 from geospec import hookimpl
-from geospec.batches import validation_windows
-from geospec.checkpoint import (
+from geospec.cli import cli
+from geospec.cli.train import arm_widths
+from geospec.engine.batches import validation_windows
+from geospec.engine.checkpoint import (
     MODEL_FILE,
     PREVIOUS_MODEL_FILE,
     STATE_FILE,
@@ -31,25 +33,23 @@ from geospec.checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
-from geospec.cli import cli
-from geospec.cli_train import arm_widths
-from geospec.data import TokenData, prepare_data
-from geospec.distributed import DistContext
-from geospec.errors import GeospecError, UsageError
-from geospec.kinds import Geometry, Statistic
-from geospec.locks import claim
-from geospec.model import GPT, GPTConfig, config_from_spec
-from geospec.plugin import PluginParams
-from geospec.spec import Spec, TrainSpec
-from geospec.specfile import load_spec
-from geospec.testing import registered
-from geospec.train import (
+from geospec.engine.distributed import DistContext
+from geospec.engine.model import GPT, GPTConfig, config_from_spec
+from geospec.engine.token_data import TokenData, prepare_data
+from geospec.engine.train import (
     evaluate,
     learning_rate,
     micro_batching,
     parameter_groups,
     train_model,
 )
+from geospec.errors import GeospecError, UsageError
+from geospec.kinds import Geometry, Statistic
+from geospec.locks import claim
+from geospec.plugin import PluginParams
+from geospec.spec.loading import load_spec
+from geospec.spec.sections import Spec, TrainSpec
+from geospec.testing import registered
 
 pytestmark = pytest.mark.torch
 
@@ -317,7 +317,7 @@ def test_checkpoint_pairs_survive_a_kill_between_the_two_files(tmp_path: Path) -
     # the crash window: previous weights linked aside, new weights written, state not yet
     os.link(tmp_path / MODEL_FILE, tmp_path / PREVIOUS_MODEL_FILE)
     newer = {k: v + 1 for k, v in model.state_dict().items()}
-    from geospec.checkpoint import save_weights
+    from geospec.engine.checkpoint import save_weights
 
     save_weights(tmp_path / MODEL_FILE, newer, config, step=10)
     found = read_checkpoint(tmp_path)

@@ -15,13 +15,15 @@ from click.testing import CliRunner
 from geospec import hookimpl
 from geospec.cli import cli
 from geospec.errors import SpecError, UsageError
-from geospec.hookspecs import Register
 from geospec.kinds import Geometry, Statistic
 from geospec.plugin import PluginParams
-from geospec.plugins import build_registries, use_registries
-from geospec.registry import Provider
-from geospec.specfile import load_spec
-from geospec.widths import compute_widths, read_profiles
+from geospec.registry.entries import Provider
+from geospec.registry.hookspecs import Register
+from geospec.registry.loading import build_registries, use_registries
+from geospec.solve.profiles import read_profiles
+from geospec.solve.widths import WidthsResult, compute_widths
+from geospec.spec.sections import Spec
+from geospec.spec.loading import load_spec
 
 PROFILE = "testwork/testflat"
 
@@ -170,9 +172,7 @@ def test_with_profiles_every_arm_has_the_uniform_ffn_parameter_count(
     geo, anti = data["arms"]["geo"]["widths"], data["arms"]["anti"]["widths"]
     assert geo == sorted(geo, reverse=True) and anti == sorted(anti) and geo != anti
     assert sorted(data["arms"]["shuffled"]["widths"]) == sorted(
-        compute_widths(load_spec(tmp_path / "spec.toml"), {PROFILE: FRONT_LOADED}).widths[
-            "shuffled"
-        ]
+        spec_widths(load_spec(tmp_path / "spec.toml"), {PROFILE: FRONT_LOADED}).widths["shuffled"]
     )
     assert json.loads((tmp_path / "run" / "widths.json").read_text()) == data
 
@@ -225,11 +225,11 @@ def test_a_pretrained_reference_of_another_depth_is_resampled(tmp_path: Path) ->
         tokenizer='{ kind = "pretrained", path = "some/model-dir" }',
     )
     spec = load_spec(pretrained)
-    result = compute_widths(spec, {PROFILE: [8.0, 4.0, 2.0, 1.0]})  # a 4-layer reference
+    result = spec_widths(spec, {PROFILE: [8.0, 4.0, 2.0, 1.0]})  # a 4-layer reference
     geo = result.widths["geo"]
     assert len(geo) == 6 and sum(geo) == 6 * 512 and geo == sorted(geo, reverse=True)
     with pytest.raises(UsageError, match="arm 'geo': profile 'testwork/testflat' is empty"):
-        compute_widths(spec, {PROFILE: []})
+        spec_widths(spec, {PROFILE: []})
 
 
 def test_read_profiles_keeps_all_zero_profiles_for_arms_that_do_not_use_them(
@@ -274,3 +274,8 @@ def test_widths_does_not_import_torch(tmp_path: Path) -> None:
     assert "json" in imported  # the import log was captured
     assert not {name for name in imported if name.split(".")[0] == "torch"}
     assert json.loads(done.stdout)["pending"] == []
+
+
+def spec_widths(spec: Spec, profiles: dict[str, list[float]]) -> WidthsResult:
+    pretrained = spec.reference.checkpoint is not None
+    return compute_widths(spec.model, spec.arms, profiles, pretrained_reference=pretrained)

@@ -1,0 +1,38 @@
+"""What every command shares: the consoles, markup escaping, and the warning about plugins
+that failed to load."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def stderr() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
+
+
+def stdout() -> Any:
+    from rich.console import Console
+
+    return Console(soft_wrap=True)
+
+
+def warn_broken_plugins() -> None:
+    """One warning line per plugin that failed to load (commands that read specs say this first:
+    a spec naming a broken plugin's kind fails later with that plugin's error)."""
+    from geospec.registry.loading import get_registries
+
+    for broken in get_registries().errors:
+        version = f" {broken.version}" if broken.version else ""
+        stderr().print(
+            f"[yellow]warning:[/] plugin {escape(broken.name + version)} failed to load: "
+            f"{escape(broken.error)}",
+            highlight=False,
+        )

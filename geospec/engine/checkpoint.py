@@ -1,0 +1,150 @@
+"""Run-directory files of one training run, and checkpoints that survive a kill at any moment.
+
+- ``config.json``: the :class:`~geospec.engine.model.GPTConfig`.
+- ``model.safetensors``: the weights (tied ``lm_head.weight`` stored once, as ``wte.weight``), with
+  the step in the file's metadata.
+- ``trainer_state.pt``: step, optimizer state (keyed by parameter name), RNG states, timing, last
+  validation loss and the run's fingerprint. Read with ``torch.load(weights_only=True)``: no
+  arbitrary objects are ever unpickled.
+- ``result.json``: written last; its presence means the run is finished.
+
+A checkpoint is two files, each replaced atomically. To keep them a consistent pair the previous
+weights are kept (hard link) as ``model.prev.safetensors`` until the new trainer state is in
+place; resuming picks whichever weights file carries the trainer state's step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from geospec.atomic import atomic_path, atomic_write_json
+from geospec.engine.model import GPT, GPTConfig
+from geospec.engine.run_files import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    PREVIOUS_MODEL_FILE,
+    STATE_FILE,
+)
+from geospec.errors import GeospecError, UsageError
+
+TIED_KEY = "lm_head.weight"
+
+
+def write_config(out_dir: Path, config: GPTConfig) -> None:
+    atomic_write_json(out_dir / CONFIG_FILE, config.to_dict())
+
+
+def read_config(out_dir: Path) -> GPTConfig:
+    path = out_dir / CONFIG_FILE
+    if not path.is_file():
+        raise UsageError(f"{out_dir}: no {CONFIG_FILE}; is this a geospec training directory?")
+    return GPTConfig.from_dict(json.loads(path.read_text()))
+
+
+def save_weights(path: Path, state: dict[str, torch.Tensor], config: GPTConfig, step: int) -> None:
+    tensors = {
+        name: tensor.detach().to("cpu").contiguous()
+        for name, tensor in state.items()
+        if not (config.tie_embeddings and name == TIED_KEY)
+    }
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"step": str(step)})
+
+
+def weights_step(path: Path) -> int | None:
+    """The training step stored in a weights file (None if absent or unreadable)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+    except (OSError, ValueError, RuntimeError):
+        return None
+    step = metadata.get("step")
+    return int(step) if step is not None else None
+
+
+def load_weights(path: Path, config: GPTConfig) -> dict[str, torch.Tensor]:
+    state = load_file(str(path))
+    if config.tie_embeddings:
+        state[TIED_KEY] = state["wte.weight"]
+    return state
+
+
+def load_model(out_dir: str | Path, device: str | torch.device = "cpu") -> GPT:
+    """The trained model in ``out_dir`` (config.json + model.safetensors), in eval mode."""
+    out_dir = Path(out_dir)
+    config = read_config(out_dir)
+    path = out_dir / MODEL_FILE
+    if not path.is_file():
+        raise UsageError(f"{out_dir}: no {MODEL_FILE}; the run has not saved weights yet")
+    model = GPT(config)
+    model.load_state_dict(load_weights(path, config), strict=True)
+    return model.to(device).eval()
+
+
+def write_checkpoint(
+    out_dir: Path,
+    weights: dict[str, torch.Tensor],
+    trainer_state: dict[str, Any],
+    config: GPTConfig,
+) -> None:
+    """Write weights and trainer state of ``trainer_state["step"]`` so a kill never mixes steps."""
+    step = int(trainer_state["step"])
+    model_path, previous = out_dir / MODEL_FILE, out_dir / PREVIOUS_MODEL_FILE
+    previous.unlink(missing_ok=True)
+    if model_path.exists():
+        try:
+            os.link(model_path, previous)
+        except OSError:  # file systems without hard links
+            shutil.copy2(model_path, previous)
+    save_weights(model_path, weights, config, step)
+    with atomic_path(out_dir / STATE_FILE) as tmp:
+        torch.save(trainer_state, tmp)
+    previous.unlink(missing_ok=True)
+
+
+def read_checkpoint(out_dir: Path) -> tuple[Path, dict[str, Any]] | None:
+    """(weights file, trainer state) of the last complete checkpoint, or None when there is none."""
+    state_path = out_dir / STATE_FILE
+    if not state_path.is_file():
+        return None
+    state: dict[str, Any] = torch.load(state_path, map_location="cpu", weights_only=True)
+    step = int(state["step"])
+    for name in (MODEL_FILE, PREVIOUS_MODEL_FILE):
+        if weights_step(out_dir / name) == step:
+            return out_dir / name, state
+    raise GeospecError(
+        f"{out_dir}: {STATE_FILE} is at step {step} but no weights file matches it; the "
+        "checkpoint was damaged outside geospec. Delete the directory to train from scratch"
+    )
+
+
+def truncate_metrics(out_dir: Path, step: int) -> None:
+    """Drop metric lines logged after ``step`` (and lines cut by a crash) before resuming."""
+    path = out_dir / METRICS_FILE
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and int(row.get("step", 0)) <= step:
+            kept.append(json.dumps(row))
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+
+
+def append_metrics(out_dir: Path, row: dict[str, Any]) -> None:
+    with open(out_dir / METRICS_FILE, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(row) + "\n")
+        handle.flush()

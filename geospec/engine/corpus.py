@@ -1,0 +1,184 @@
+"""Where documents come from: the bundled corpora, local files or a hub dataset, via `datasets`.
+
+- ``bundled:austen`` / ``bundled:shakespeare``: public-domain text shipped in the package, read with
+  datasets' ``text`` builder and cut into documents at chapter (Austen) or scene (Shakespeare)
+  headings.
+- ``files``: ``.txt`` (documents are blank-line separated blocks), ``.json``/``.jsonl`` and
+  ``.parquet`` (one document per row, from ``data.text_field``); gzip/bz2/xz/zstd compressed files
+  are read transparently by datasets.
+- anything else in ``source`` is a Hugging Face hub dataset name (``hub_config``, ``hub_split``,
+  ``hub_revision``, ``streaming``); it needs network access unless it is already in the datasets
+  cache.
+
+Empty documents are dropped; ``max_documents`` keeps the first N of the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import tempfile
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from geospec.errors import UsageError
+from geospec.spec.sections import DataSpec
+
+BUNDLED_PREFIX = "bundled:"
+#: name -> (file in geospec/data, regex whose matches start a new document)
+BUNDLED: dict[str, tuple[str, str]] = {
+    "austen": ("austen.txt.gz", r"(?m)^(?=(?:CHAPTER|Chapter) [0-9IVXLC]+\.?[ \t]*$)"),
+    "shakespeare": ("shakespeare.txt.gz", r"(?m)^(?=### )"),
+}
+BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".zstd")
+BATCH = 1000
+
+
+def bundled_path(name: str) -> Path:
+    if name not in BUNDLED:
+        known = ", ".join(f"{BUNDLED_PREFIX}{n}" for n in BUNDLED)
+        raise UsageError(f"data.source: unknown bundled corpus {name!r}; available: {known}")
+    return Path(str(resources.files("geospec") / "data" / BUNDLED[name][0]))
+
+
+def _builder(path: Path) -> str:
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in COMPRESSION:
+        suffixes.pop()
+    builder = BUILDERS.get(suffixes[-1]) if suffixes else None
+    if builder is None:
+        raise UsageError(
+            f"data.files: {path} has an unsupported extension; use .txt, .json, .jsonl or "
+            ".parquet (optionally compressed, e.g. .jsonl.gz)"
+        )
+    return builder
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Corpus:
+    """The documents a :class:`DataSpec` names, in a fixed order; iterable more than once."""
+
+    def __init__(self, data: DataSpec, spec_dir: Path | None = None) -> None:
+        self.data = data
+        corpus = data.corpus or ""
+        #: the bundled corpus's name, or None for local files and hub datasets
+        self.bundled = (
+            corpus.removeprefix(BUNDLED_PREFIX) if corpus.startswith(BUNDLED_PREFIX) else None
+        )
+        self.files: list[Path] = []
+        if data.files is not None:
+            base = spec_dir or Path.cwd()
+            for i, name in enumerate(data.files):
+                path = (base / name).resolve()
+                if not path.is_file():
+                    raise UsageError(
+                        f"data.files[{i}]: {path} not found; paths are relative to the spec file"
+                    )
+                _builder(path)
+                self.files.append(path)
+        elif self.bundled is not None:
+            self.files.append(bundled_path(self.bundled))
+
+    def digests(self) -> list[str]:
+        """Content digests of the local (or bundled) files; empty for a hub dataset."""
+        return [_file_digest(path) for path in self.files]
+
+    def batches(self, size: int = BATCH) -> Iterator[list[str]]:
+        """Lists of at most ``size`` non-empty documents, in corpus order."""
+        limit = self.data.max_documents
+        seen = 0
+        pending: list[str] = []
+        for text in self._texts():
+            if not text.strip():
+                continue
+            pending.append(text)
+            seen += 1
+            if len(pending) == size:
+                yield pending
+                pending = []
+            if limit is not None and seen >= limit:
+                break
+        if pending:
+            yield pending
+
+    def _texts(self) -> Iterator[str]:
+        if not self.files:
+            yield from self._hub_texts()
+            return
+        with tempfile.TemporaryDirectory(prefix="geospec-datasets-") as cache, _quiet_datasets():
+            for path in self.files:
+                yield from self._file_texts(path, cache)
+
+    def _file_texts(self, path: Path, cache: str) -> Iterator[str]:
+        import datasets
+
+        builder = _builder(path)
+        options: dict[str, Any] = {}
+        if builder == "text":
+            options["sample_by"] = "document" if self.bundled else "paragraph"
+        dataset = datasets.load_dataset(
+            builder, data_files=str(path), split="train", cache_dir=cache, **options
+        )
+        field = "text" if builder == "text" else self.data.text_field
+        _check_field(dataset.column_names, field, str(path))
+        for batch in dataset.iter(batch_size=BATCH):
+            for text in batch[field]:
+                if self.bundled:
+                    yield from re.split(BUNDLED[self.bundled][1], text)
+                else:
+                    yield text
+
+    def _hub_texts(self) -> Iterator[str]:
+        import datasets
+
+        d = self.data
+        try:
+            dataset = datasets.load_dataset(
+                d.corpus,
+                d.hub_config,
+                split=d.hub_split,
+                streaming=d.streaming,
+                revision=d.hub_revision,
+            )
+        except Exception as error:  # datasets raises many types; all mean "cannot load this"
+            raise UsageError(
+                f"data.source: cannot load hub dataset {d.corpus!r} (config {d.hub_config!r}, "
+                f"split {d.hub_split!r}, revision {d.hub_revision!r}): {error}. Offline, use a "
+                "bundled corpus or local files"
+            ) from None
+        _check_field(list(dataset.column_names or []), d.text_field, repr(d.corpus))
+        for batch in dataset.iter(batch_size=BATCH):
+            yield from batch[d.text_field]
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """Hide datasets' per-file progress bars for the small local files (restored afterwards)."""
+    from datasets.utils import logging as datasets_logging
+
+    enabled = datasets_logging.is_progress_bar_enabled()
+    datasets_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            datasets_logging.enable_progress_bar()
+
+
+def _check_field(columns: list[str], field: str, where: str) -> None:
+    if columns and field not in columns:
+        raise UsageError(
+            f"data.text_field: {where} has no column {field!r}; its columns are "
+            f"{', '.join(columns)}"
+        )

@@ -1,0 +1,193 @@
+"""Tokens for training and validation, packed once into memory-mapped files.
+
+:func:`prepare_data` reads the corpus (:mod:`~geospec.engine.corpus`), assigns every document to
+the train or validation split by a seeded hash of its index (deterministic, independent of batching
+and of streaming), builds the tokenizer (:mod:`~geospec.engine.tokenizer`; a BPE is trained on the
+training split only), and writes each split as one flat array of token ids with an end-of-text
+token after every document: ``train.bin`` / ``val.bin`` (uint16 when the vocabulary fits, else
+uint32), with ``tokenizer.json`` and ``meta.json`` beside them.
+
+The result lives in ``cache_dir/<key>/`` where the key hashes the data section and the content of
+local files, so every arm and seed of a run reads byte-identical validation tokens, and a changed
+data section never reuses stale tokens. The directory is built under a temporary name and renamed
+into place (atomic); a lock file keeps concurrent processes from preparing it twice."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from geospec.engine.corpus import Corpus
+from geospec.engine.tokenizer import build_tokenizer, vocab_size
+from geospec.errors import UsageError
+from geospec.locks import file_lock
+from geospec.spec.sections import BPETokenizer, DataSpec
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """A prepared dataset: packed token ids per split and the tokenizer that made them."""
+
+    directory: Path
+    train: np.memmap
+    val: np.memmap
+    vocab_size: int
+    eot_id: int
+    meta: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        """Identifies the exact tokens (a hash of the data section and the source files)."""
+        return self.directory.name
+
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.from_file(str(self.directory / "tokenizer.json"))
+
+    @classmethod
+    def open(cls, directory: Path) -> TokenData:
+        meta = json.loads((directory / "meta.json").read_text())
+        dtype = np.dtype(meta["dtype"])
+        splits = {
+            name: np.memmap(directory / f"{name}.bin", dtype=dtype, mode="r") for name in SPLITS
+        }
+        return cls(
+            directory=directory,
+            train=splits["train"],
+            val=splits["val"],
+            vocab_size=int(meta["vocab_size"]),
+            eot_id=int(meta["eot_id"]),
+            meta=meta,
+        )
+
+
+def token_dtype(vocab: int) -> np.dtype[Any]:
+    return np.dtype(np.uint16) if vocab <= 1 << 16 else np.dtype(np.uint32)
+
+
+def split_fractions(indices: np.ndarray, seed: int) -> np.ndarray:
+    """A uniform number in [0, 1) per document index: splitmix64 of the index keyed by the seed.
+
+    Document i goes to validation when its number is below ``val_fraction``; the assignment depends
+    only on (seed, i), so it is the same however the documents are batched or streamed.
+    """
+    with np.errstate(over="ignore"):
+        key = _splitmix64(np.array([seed], dtype=np.uint64))[0]
+        z = _splitmix64(indices.astype(np.uint64) ^ key)
+    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def _splitmix64(z: np.ndarray) -> np.ndarray:
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def cache_key(data: DataSpec, digests: list[str]) -> str:
+    payload = json.dumps(
+        {"format": FORMAT_VERSION, "data": data.model_dump(mode="json"), "files": digests},
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def prepare_data(data: DataSpec, cache_dir: Path, spec_dir: Path | None = None) -> TokenData:
+    """Tokenize and pack the corpus once; later calls (any process) open the cached result.
+
+    Relative paths in ``data.files`` and ``data.tokenizer.path`` are taken from ``spec_dir``.
+    """
+    corpus = Corpus(data, spec_dir)
+    key = cache_key(data, corpus.digests())
+    cache_dir = Path(cache_dir)
+    final = cache_dir / key
+    if (final / "meta.json").is_file():
+        return TokenData.open(final)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with file_lock(cache_dir / f".{key}.lock"):
+        if not (final / "meta.json").is_file():
+            work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
+            work.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
+            try:
+                _build(corpus, data, spec_dir, work, key)
+                shutil.rmtree(final, ignore_errors=True)  # a partial copy from another tool
+                os.replace(work, final)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+    return TokenData.open(final)
+
+
+def _documents(corpus: Corpus, seed: int, fraction: float) -> Iterator[tuple[list[str], ...]]:
+    """(train documents, validation documents) per batch of the corpus."""
+    start = 0
+    for batch in corpus.batches():
+        is_val = split_fractions(np.arange(start, start + len(batch)), seed) < fraction
+        start += len(batch)
+        yield (
+            [t for t, v in zip(batch, is_val, strict=True) if not v],
+            [t for t, v in zip(batch, is_val, strict=True) if v],
+        )
+
+
+def _build(corpus: Corpus, data: DataSpec, spec_dir: Path | None, work: Path, key: str) -> None:
+    seed, fraction = data.split_seed, data.val_fraction
+
+    def training_texts() -> Iterable[str]:
+        for train_docs, _ in _documents(corpus, seed, fraction):
+            yield from train_docs
+
+    tokenizer, eot = build_tokenizer(data.tokenizer, training_texts(), spec_dir)
+    vocab = vocab_size(tokenizer)
+    dtype = token_dtype(vocab)
+    documents = dict.fromkeys(SPLITS, 0)
+    tokens = dict.fromkeys(SPLITS, 0)
+    with open(work / "train.bin", "wb") as train_out, open(work / "val.bin", "wb") as val_out:
+        outputs: dict[str, IO[bytes]] = {"train": train_out, "val": val_out}
+        for split_docs in _documents(corpus, seed, fraction):
+            for name, docs in zip(SPLITS, split_docs, strict=True):
+                if docs:
+                    packed = pack(tokenizer, docs, eot, dtype)
+                    outputs[name].write(packed.tobytes())
+                    documents[name] += len(docs)
+                    tokens[name] += len(packed)
+    for name in SPLITS:
+        if tokens[name] == 0:
+            raise UsageError(
+                f"data: the {name} split is empty ({documents['train']} training and "
+                f"{documents['val']} validation documents); use more data or change "
+                "data.val_fraction"
+            )
+    tokenizer.save(str(work / "tokenizer.json"))
+    meta = {
+        "format": FORMAT_VERSION,
+        "key": key,
+        "vocab_size": vocab,
+        "eot_id": eot,
+        "dtype": dtype.name,
+        "documents": documents,
+        "tokens": tokens,
+        "tokenizer": data.tokenizer.kind,
+        "data": data.model_dump(mode="json"),
+    }
+    if isinstance(data.tokenizer, BPETokenizer) and vocab != data.tokenizer.vocab_size:
+        meta["note"] = f"BPE stopped at {vocab} tokens: the corpus has too few distinct merges"
+    (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def pack(tokenizer: Tokenizer, docs: list[str], eot: int, dtype: np.dtype[Any]) -> np.ndarray:
+    """Token ids of ``docs`` concatenated, each document followed by ``eot``."""
+    encodings = tokenizer.encode_batch_fast(docs, add_special_tokens=False)
+    parts = [np.array([*encoding.ids, eot], dtype=dtype) for encoding in encodings]
+    return np.concatenate(parts)

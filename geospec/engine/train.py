@@ -1,0 +1,555 @@
+"""Training one model: AdamW, warmup + cosine decay, accumulation, clipping, exact resume.
+
+:func:`train_model` trains ``config`` on ``data`` into ``out_dir`` (see
+:mod:`geospec.engine.checkpoint` for the files). Started again on the same directory it continues
+from the last checkpoint and ends with the same final validation loss as an uninterrupted run (bit-
+identical on CPU); on a finished directory it returns the stored result without training. Under
+torchrun every process calls it; the global batch is ``train.batch_size`` whatever the number of
+processes, and only rank 0 writes files and reports progress.
+
+Each step reads the sequences ``step * batch .. (step + 1) * batch - 1`` of the seed's data order
+(:mod:`geospec.engine.batches`); rank r takes its contiguous share of them, cut into
+micro-batches."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from geospec.atomic import atomic_write_json
+from geospec.engine import distributed
+from geospec.engine.batches import TrainOrder, validation_windows, window_tensors
+from geospec.engine.checkpoint import (
+    append_metrics,
+    load_model,
+    load_weights,
+    read_checkpoint,
+    truncate_metrics,
+    write_checkpoint,
+    write_config,
+)
+from geospec.engine.distributed import DistContext
+from geospec.engine.model import GPT, GPTConfig
+from geospec.engine.progress import TrainProgress
+from geospec.engine.run_files import RESULT_FILE
+from geospec.engine.token_data import TokenData
+from geospec.errors import GeospecError, UsageError
+from geospec.spec.sections import TrainSpec
+
+__all__ = ["TrainResult", "load_model", "resolve_device", "total_steps", "train_model"]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a finished run reports (``result.json``)."""
+
+    final_val_loss: float
+    steps: int
+    tokens: int
+    wall_seconds: float
+    """Time spent in this run's training sessions, evaluation and checkpoints included."""
+    train_seconds: float
+    """Time spent in training steps only."""
+    tokens_per_second: float
+    params: int
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainResult:
+        return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+
+
+def resolve_device(device: str = "auto", local_rank: int = 0) -> torch.device:
+    """'auto' is CUDA when available (this process's GPU under torchrun), else CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    resolved = torch.device(device)
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"train.device: {device!r} but CUDA is not available; use 'auto'")
+        if resolved.index is None:
+            resolved = torch.device("cuda", local_rank)
+    return resolved
+
+
+def total_steps(train: TrainSpec, seq_len: int, steps: int | None = None) -> int:
+    """Optimizer steps of a run: ``steps``, else train.steps, else the token budget's steps."""
+    if steps is not None:
+        return steps
+    if train.steps is not None:
+        return train.steps
+    assert train.tokens is not None  # the spec requires exactly one of steps and tokens
+    return math.ceil(train.tokens / (train.batch_size * seq_len))
+
+
+def learning_rate(train: TrainSpec, step: int, total: int) -> float:
+    """Linear warmup over ``train.warmup`` steps, then cosine decay to ``min_lr_ratio * lr``."""
+    if step < train.warmup:
+        return train.lr * (step + 1) / train.warmup
+    progress = (step - train.warmup) / max(1, total - train.warmup)
+    floor = train.lr * train.min_lr_ratio
+    return floor + 0.5 * (train.lr - floor) * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def micro_batching(train: TrainSpec, world_size: int) -> tuple[int, int]:
+    """(sequences per micro-batch, micro-batches per step) on each process."""
+    if train.batch_size % world_size:
+        raise UsageError(
+            f"train.batch_size {train.batch_size} is not divisible by the {world_size} processes"
+        )
+    per_rank = train.batch_size // world_size
+    micro = min(train.micro_batch_size or per_rank, per_rank)
+    if per_rank % micro:
+        raise UsageError(
+            f"train.micro_batch_size {micro} does not divide the {per_rank} sequences each of the "
+            f"{world_size} processes takes per step; choose a divisor of {per_rank}"
+        )
+    return micro, per_rank // micro
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on the linear weights only (not on norms, biases or embeddings)."""
+    decay: dict[int, nn.Parameter] = {}
+    no_decay: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            exempt = name == "bias" or not isinstance(module, nn.Linear)
+            (no_decay if exempt else decay)[id(param)] = param
+    for key in no_decay:  # a tied lm_head is the embedding: no decay
+        decay.pop(key, None)
+    return [
+        {"params": list(decay.values()), "weight_decay": weight_decay},
+        {"params": list(no_decay.values()), "weight_decay": 0.0},
+    ]
+
+
+def fingerprint(
+    train: TrainSpec, config: GPTConfig, data: TokenData, seed: int, steps: int
+) -> dict[str, Any]:
+    """What makes two runs the same experiment (a directory refuses to mix different ones)."""
+    return {
+        "config": config.to_dict(),
+        "data": data.key,
+        "seed": seed,
+        "steps": steps,
+        "batch_size": train.batch_size,
+        "optimizer": [
+            train.lr,
+            train.min_lr_ratio,
+            train.warmup,
+            train.weight_decay,
+            list(train.betas),
+            train.eps,
+            train.grad_clip,
+        ],
+        "eval_tokens": train.eval_tokens,
+    }
+
+
+def _check_same_run(out_dir: Path, stored: dict[str, Any], wanted: dict[str, Any]) -> None:
+    if stored != wanted:
+        differing = sorted(
+            k for k in wanted.keys() | stored.keys() if stored.get(k) != wanted.get(k)
+        )
+        raise UsageError(
+            f"{out_dir} holds a run with different settings ({', '.join(differing)}); delete it or "
+            "train into another directory"
+        )
+
+
+def finished_result(out_dir: Path, wanted: dict[str, Any]) -> TrainResult | None:
+    path = out_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    _check_same_run(out_dir, data.get("fingerprint", {}), wanted)
+    return TrainResult.from_dict(data)
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _seed_dropout(seed: int, rank: int) -> None:
+    """Different dropout masks per process, reproducible from (seed, rank)."""
+    torch.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1)[0]))
+
+
+def _all_finite(model: nn.Module, ctx: DistContext, device: torch.device) -> bool:
+    bad = torch.zeros((), device=device)
+    for param in model.parameters():
+        local = param.to_local() if hasattr(param, "to_local") else param
+        bad += (~torch.isfinite(local.detach())).sum()
+    return bool(distributed.all_reduce_sum(bad, ctx).item() == 0)
+
+
+class _StateIO:
+    """Full (unsharded) model and optimizer state on rank 0, whatever the parallelism."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext):
+        from torch.distributed.checkpoint import state_dict as dcp
+
+        self.dcp = dcp
+        self.model, self.optimizer, self.ctx = model, optimizer, ctx
+        self.save_options = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
+        self.load_options = dcp.StateDictOptions(
+            full_state_dict=True, broadcast_from_rank0=ctx.enabled
+        )
+
+    def get(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        dcp = self.dcp
+        weights = dcp.get_model_state_dict(self.model, options=self.save_options)
+        optim = dcp.get_optimizer_state_dict(self.model, self.optimizer, options=self.save_options)
+        return weights, optim
+
+    def set(self, weights: dict[str, torch.Tensor], optim: dict[str, Any]) -> None:
+        dcp = self.dcp
+        dcp.set_model_state_dict(self.model, weights, options=self.load_options)
+        dcp.set_optimizer_state_dict(self.model, self.optimizer, optim, options=self.load_options)
+
+
+@contextlib.contextmanager
+def _autocast(device: torch.device, bf16: bool) -> Iterator[None]:
+    if bf16:
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+            yield
+    else:
+        yield
+
+
+def evaluate(
+    model: nn.Module,
+    tokens: np.ndarray,
+    windows: np.ndarray,
+    seq_len: int,
+    batch: int,
+    device: torch.device,
+    ctx: DistContext,
+    bf16: bool,
+) -> float:
+    """Mean next-token cross-entropy over ``windows`` of ``tokens``, shared across processes.
+
+    Every process runs the same number of forward passes (FSDP gathers weights in each), padding
+    with zero-weight batches where its share runs out.
+    """
+    mine = windows[ctx.rank :: ctx.world_size]
+    passes = math.ceil(math.ceil(len(windows) / ctx.world_size) / batch)
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad(), _autocast(device, bf16):
+        for i in range(passes):
+            part = mine[i * batch : (i + 1) * batch]
+            weight = 1.0 if len(part) else 0.0
+            x, y = window_tensors(tokens, part if len(part) else windows[:1], seq_len)
+            _, loss = model(x.to(device), y.to(device))
+            assert loss is not None
+            total[0] += weight * loss.double() * y.numel()
+            total[1] += weight * y.numel()
+    model.train(was_training)
+    distributed.all_reduce_sum(total, ctx)
+    return float(total[0] / total[1])
+
+
+def train_model(
+    train: TrainSpec,
+    config: GPTConfig,
+    data: TokenData,
+    out_dir: Path,
+    seed: int,
+    steps: int | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train (or resume, or return the finished result of) one model; see the module docstring."""
+    return _Run(train, config, data, Path(out_dir), seed, steps, progress).run()
+
+
+class _Run:
+    """One training run's state; split into methods only to keep each step readable."""
+
+    def __init__(
+        self,
+        train: TrainSpec,
+        config: GPTConfig,
+        data: TokenData,
+        out_dir: Path,
+        seed: int,
+        steps: int | None,
+        progress: bool,
+    ) -> None:
+        self.train, self.config, self.data, self.out_dir, self.seed = (
+            train,
+            config,
+            data,
+            out_dir,
+            seed,
+        )
+        self.ctx = distributed.init_distributed()
+        self.device = resolve_device(train.device, self.ctx.local_rank)
+        self.bf16 = train.precision == "bf16" or (
+            train.precision == "auto" and self.device.type == "cuda"
+        )
+        self.total = total_steps(train, config.seq_len, steps)
+        self.micro, self.accum = micro_batching(train, self.ctx.world_size)
+        self.fingerprint = fingerprint(train, config, data, seed, self.total)
+        self.show_progress = progress and self.ctx.is_main
+        self.tokens_per_step = train.batch_size * config.seq_len
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        done = distributed.on_main(
+            lambda: finished_result(self.out_dir, self.fingerprint), self.ctx
+        )
+        if done is not None:
+            return done
+        if self.train.threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(self.train.threads)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        if self.ctx.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(self.seed)
+        raw = GPT(self.config)  # built on CPU so the initial weights do not depend on the device
+        _seed_dropout(self.seed, self.ctx.rank)
+        raw.to(self.device)
+        self.raw = raw
+        fsdp = self.ctx.enabled and self.train.distributed == "fsdp2"
+        if self.train.compile:
+            for block in raw.blocks if fsdp else [raw]:
+                block.compile()
+        self.model = distributed.wrap_model(
+            raw, self.ctx, self.train.distributed, self.bf16, self.device
+        )
+        fused = self.device.type == "cuda" and not fsdp
+        self.optimizer = torch.optim.AdamW(
+            parameter_groups(raw, self.train.weight_decay),
+            lr=self.train.lr,
+            betas=self.train.betas,
+            eps=self.train.eps,
+            fused=fused or None,
+        )
+        self.state_io = _StateIO(raw, self.optimizer, self.ctx)
+        self.order = TrainOrder(len(self.data.train), self.config.seq_len, self.seed)
+        self.val_windows = validation_windows(
+            len(self.data.val), self.config.seq_len, self.train.eval_tokens
+        )
+        self.step, self.train_seconds, self.wall_seconds = 0, 0.0, 0.0
+        self.last_val: tuple[int, float] | None = None
+        self._resume()
+        if self.ctx.is_main:
+            write_config(self.out_dir, self.config)
+        return self._loop()
+
+    def _resume(self) -> None:
+        found: tuple[Path, dict[str, Any]] | None = None
+
+        def header() -> dict[str, Any] | None:  # on rank 0, which alone may see the files
+            nonlocal found
+            found = read_checkpoint(self.out_dir)
+            if found is None:
+                # A run killed before its first checkpoint starts over: its logged lines go too.
+                truncate_metrics(self.out_dir, 0)
+                return None
+            state = found[1]
+            _check_same_run(self.out_dir, json.loads(state["fingerprint"]), self.fingerprint)
+            return {k: state[k] for k in ("step", "train_seconds", "wall_seconds", "last_val")}
+
+        stored = distributed.on_main(header, self.ctx)
+        if stored is None:
+            return
+        weights: dict[str, torch.Tensor] = {}
+        optim: dict[str, Any] = {}
+        rng: list[dict[str, torch.Tensor]] = []
+        if found is not None:
+            path, state = found
+            weights, optim, rng = load_weights(path, self.config), state["optimizer"], state["rng"]
+            truncate_metrics(self.out_dir, int(state["step"]))
+        self.state_io.set(weights, optim)
+        rng = distributed.broadcast_object(rng, self.ctx)
+        if len(rng) == self.ctx.world_size:
+            _set_rng_state(rng[self.ctx.rank], self.device)
+        self.step = int(stored["step"])
+        self.train_seconds = float(stored["train_seconds"])
+        self.wall_seconds = float(stored["wall_seconds"])
+        last = stored["last_val"]
+        self.last_val = (int(last[0]), float(last[1])) if last else None
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def _loop(self) -> TrainResult:
+        train, ctx = self.train, self.ctx
+        reporter = TrainProgress(self.total, enabled=self.show_progress, start=self.step)
+        interval_loss = torch.zeros((), device=self.device)
+        interval_steps = 0
+        session_start = time.perf_counter()
+        tick = time.perf_counter()
+        with reporter:
+            while self.step < self.total:
+                lr = learning_rate(train, self.step, self.total)
+                interval_loss += self._step(lr)
+                interval_steps += 1
+                self.step += 1
+                is_last = self.step == self.total
+                due_eval = is_last or (train.eval_interval and self.step % train.eval_interval == 0)
+                due_ckpt = is_last or self.step % train.checkpoint_interval == 0
+                if not (due_eval or due_ckpt or is_last or self.step % train.log_interval == 0):
+                    reporter.advance(self.step)
+                    continue
+                # a sync point: everything below waits for the device
+                loss = float(distributed.all_reduce_sum(interval_loss, ctx).item())
+                loss /= interval_steps * ctx.world_size
+                elapsed = time.perf_counter() - tick
+                self.train_seconds += elapsed
+                speed = interval_steps * self.tokens_per_step / max(elapsed, 1e-9)
+                if not math.isfinite(loss):
+                    self._fail(
+                        f"the training loss became {loss} in steps "
+                        f"{self.step - interval_steps + 1}..{self.step}"
+                    )
+                self._log(
+                    {
+                        "step": self.step,
+                        "loss": loss,
+                        "lr": lr,
+                        "tokens": self.step * self.tokens_per_step,
+                        "tokens_per_s": speed,
+                    }
+                )
+                reporter.report(self.step, loss, speed)
+                interval_loss.zero_()
+                interval_steps = 0
+                if due_eval:
+                    val = self._evaluate()
+                    self.last_val = (self.step, val)
+                    self._log(
+                        {
+                            "step": self.step,
+                            "val_loss": val,
+                            "tokens": self.step * self.tokens_per_step,
+                        }
+                    )
+                    reporter.note(f"step {self.step}: validation loss {val:.4f}")
+                if due_ckpt:
+                    self.wall_seconds += time.perf_counter() - session_start
+                    session_start = time.perf_counter()
+                    self._checkpoint()
+                tick = time.perf_counter()
+        self.wall_seconds += time.perf_counter() - session_start
+        return self._finish()
+
+    def _step(self, lr: float) -> torch.Tensor:
+        """One optimizer step over the global batch; returns this process's mean loss."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        first = self.step * self.train.batch_size + self.ctx.rank * self.micro * self.accum
+        total = torch.zeros((), device=self.device)
+        for i in range(self.accum):
+            windows = self.order.windows(first + i * self.micro, self.micro)
+            x, y = window_tensors(self.data.train, windows, self.config.seq_len)
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with distributed.gradient_sync(self.model, i == self.accum - 1):
+                with _autocast(self.device, self.bf16):
+                    _, loss = self.model(x, y)
+                assert loss is not None
+                (loss / self.accum).backward()
+            total += loss.detach() / self.accum
+        if self.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def _evaluate(self) -> float:
+        return evaluate(
+            self.raw,
+            self.data.val,
+            self.val_windows,
+            self.config.seq_len,
+            self.micro,
+            self.device,
+            self.ctx,
+            self.bf16,
+        )
+
+    def _checkpoint(self) -> None:
+        if not _all_finite(self.raw, self.ctx, self.device):
+            self._fail(f"the weights became non-finite by step {self.step}")
+        weights, optim = self.state_io.get()
+        rng = distributed.gather_objects(_rng_state(self.device), self.ctx)
+        if self.ctx.is_main:
+            state = {
+                "step": self.step,
+                "sequences": self.step * self.train.batch_size,  # the data position
+                "fingerprint": json.dumps(self.fingerprint),
+                "optimizer": optim,
+                "rng": rng,
+                "train_seconds": self.train_seconds,
+                "wall_seconds": self.wall_seconds,
+                "last_val": list(self.last_val) if self.last_val else None,
+                "world_size": self.ctx.world_size,
+            }
+            write_checkpoint(self.out_dir, weights, state, self.config)
+        distributed.barrier(self.ctx)
+
+    def _fail(self, what: str) -> None:
+        state = read_checkpoint(self.out_dir) if self.ctx.is_main else None
+        kept = f"step {state[1]['step']}" if state else "none yet"
+        raise GeospecError(
+            f"training {self.out_dir}: {what}. The last good checkpoint ({kept}) is kept; lower "
+            "train.lr, lengthen train.warmup or set train.grad_clip, then run again (delete the "
+            "directory to start over)"
+        )
+
+    def _log(self, row: dict[str, Any]) -> None:
+        if self.ctx.is_main:
+            append_metrics(self.out_dir, row)
+
+    def _finish(self) -> TrainResult:
+        if self.last_val is None or self.last_val[0] != self.total:
+            self.last_val = (self.total, self._evaluate())
+        tokens = self.total * self.tokens_per_step
+        result = TrainResult(
+            final_val_loss=self.last_val[1],
+            steps=self.total,
+            tokens=tokens,
+            wall_seconds=self.wall_seconds,
+            train_seconds=self.train_seconds,
+            tokens_per_second=tokens / self.train_seconds if self.train_seconds else 0.0,
+            params=self.config.num_params(),
+            seed=self.seed,
+        )
+        if self.ctx.is_main:
+            atomic_write_json(
+                self.out_dir / RESULT_FILE,
+                {
+                    **result.to_dict(),
+                    "widths": self.config.ffn_widths,
+                    "fingerprint": self.fingerprint,
+                },
+            )
+        distributed.barrier(self.ctx)
+        return result

@@ -1,0 +1,219 @@
+"""Layer sensitivity and local additivity of the loss under perturbations of FFN sub-layers.
+
+A perturbation multiplies the output of one or more FFN sub-layers by a factor s: with x the
+residual stream entering the FFN's pre-norm and y the decoder layer's output, the layer returns
+x + s (y - x) instead of y. Since y - x is exactly the FFN sub-layer's contribution to the residual
+stream (a post-FFN norm included, as in Gemma), this is the same as scaling the sub-layer's output,
+on any architecture :func:`geospec.measure.probe.find_ffn_sites` maps, without touching the weights.
+s = 1 - eps shrinks the contribution a little (local); s = 0 removes it. The perturbed layer
+returns x itself when s = 0, so a layer whose FFN outputs zeros has sensitivity exactly 0.
+
+The loss is measured on a fixed list of batches, without gradients, and accumulated in float64;
+every perturbation sees the same batches in the same order, so differences are not sampling noise.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from geospec.measure.probe import FFNSite
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+#: ``loss(model, inputs, targets)`` -> the summed loss of the batch (a scalar tensor); the mean is
+#: the sum over all batches divided by the number of target elements.
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def logits_of(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token logits of geospec's model or a Hugging Face causal LM (no KV cache)."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "use_cache"):
+        logits: torch.Tensor = model(input_ids=ids, use_cache=False).logits
+        return logits
+    out = model(ids)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def next_token_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy: per token in float32, summed in float64 (loss changes
+    of 1e-5 must not drown in the rounding of a float32 sum)."""
+    logits = logits_of(model, inputs)
+    per_token = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none")
+    return per_token.double().sum()
+
+
+def loss_batches(
+    tokens: np.ndarray, seq_len: int, windows: int, batch_size: int, device: torch.device
+) -> list[Batch]:
+    """The first ``windows`` validation windows (inputs, next-token targets), in batches."""
+    from geospec.engine.batches import validation_windows, window_tensors
+
+    chosen = validation_windows(len(tokens), seq_len, windows * seq_len)
+    batches = []
+    for start in range(0, len(chosen), batch_size):
+        x, y = window_tensors(tokens, chosen[start : start + batch_size], seq_len)
+        batches.append((x.to(device), y.to(device)))
+    return batches
+
+
+@contextmanager
+def scaled_sublayers(sites: Sequence[FFNSite], scales: Mapping[int, float]) -> Iterator[None]:
+    """Inside the block, layer l's FFN sub-layer output is multiplied by ``scales[l]``."""
+    handles = []
+    for layer, scale in scales.items():
+        site = sites[layer]
+        entering: list[torch.Tensor] = []
+
+        # Forward pre-hooks must return None: a returned value would replace the norm's input.
+        def remember(module: nn.Module, args: tuple[Any, ...], store: list[Any] = entering) -> None:
+            store[:] = [args[0]]
+
+        def rescale(
+            module: nn.Module,
+            args: tuple[Any, ...],
+            out: Any,
+            store: list[Any] = entering,
+            scale: float = scale,
+        ) -> Any:
+            y = out[0] if isinstance(out, tuple) else out
+            x = store[0]
+            new = x if scale == 0 else x + scale * (y - x)
+            return (new, *out[1:]) if isinstance(out, tuple) else new
+
+        handles.append(site.pre_norm.register_forward_pre_hook(remember))
+        handles.append(site.layer.register_forward_hook(rescale))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def mean_loss(
+    model: nn.Module,
+    batches: Sequence[Batch],
+    sites: Sequence[FFNSite] = (),
+    scales: Mapping[int, float] | None = None,
+    loss: LossFn = next_token_loss,
+) -> float:
+    """The mean loss over ``batches`` with the given sub-layers scaled (none by default)."""
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), scaled_sublayers(sites, scales or {}):
+            for inputs, targets in batches:
+                total += float(loss(model, inputs, targets).double())
+                count += targets.numel()
+    finally:
+        model.train(was_training)
+    return total / count
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """Loss increases over ``base`` per layer: its FFN scaled by (1 - eps), and removed."""
+
+    base: float
+    eps: float
+    scale: list[float]
+    remove: list[float]
+
+
+def layer_sensitivity(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    batches: Sequence[Batch],
+    eps: float,
+    loss: LossFn = next_token_loss,
+    progress: Callable[[int], None] | None = None,
+) -> Sensitivity:
+    """Loss increase when each layer's FFN sub-layer output is scaled by (1 - eps) and by 0."""
+    base = mean_loss(model, batches, loss=loss)
+    scaled: list[float] = []
+    removed: list[float] = []
+    for layer in range(len(sites)):
+        for factor, store in ((1.0 - eps, scaled), (0.0, removed)):
+            store.append(mean_loss(model, batches, sites, {layer: factor}, loss) - base)
+            if progress is not None:
+                progress(1)
+    return Sensitivity(base, eps, scaled, removed)
+
+
+@dataclass(frozen=True)
+class PairEffect:
+    """Two layers perturbed together: the joint loss change against the sum of the singles."""
+
+    layers: tuple[int, int]
+    joint: float
+    singles: float
+
+    @property
+    def interaction(self) -> float:
+        return self.joint - self.singles
+
+
+@dataclass(frozen=True)
+class Additivity:
+    """Local additivity over sampled layer pairs; ``r2`` of joint = sum of singles (None if
+    the joint changes do not vary)."""
+
+    scale: float
+    pairs: list[PairEffect]
+    r2: float | None
+
+    def worst(self, count: int = 5) -> list[PairEffect]:
+        """The pairs whose joint change departs most from the sum of their singles."""
+        return sorted(self.pairs, key=lambda p: -abs(p.interaction))[:count]
+
+
+def sample_pairs(n_layers: int, count: int, seed: int) -> list[tuple[int, int]]:
+    """``count`` distinct layer pairs (i < j) drawn with ``random.Random(seed)``, in order; every
+    pair when there are no more than ``count``."""
+    every = list(combinations(range(n_layers), 2))
+    if count >= len(every):
+        return every
+    return sorted(random.Random(seed).sample(every, count))
+
+
+def r_squared(observed: Sequence[float], predicted: Sequence[float]) -> float | None:
+    """1 - sum (o - p)^2 / sum (o - mean o)^2: how well ``predicted`` explains ``observed`` with
+    no fitted coefficients (1: identical); None when ``observed`` is constant."""
+    o = np.asarray(observed, dtype=np.float64)
+    p = np.asarray(predicted, dtype=np.float64)
+    spread = float(((o - o.mean()) ** 2).sum())
+    if len(o) < 2 or spread == 0:
+        return None
+    return 1.0 - float(((o - p) ** 2).sum()) / spread
+
+
+def additivity(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    batches: Sequence[Batch],
+    sensitivity: Sensitivity,
+    pairs: Sequence[tuple[int, int]],
+    loss: LossFn = next_token_loss,
+    progress: Callable[[int], None] | None = None,
+) -> Additivity:
+    """Perturb both layers of each pair by (1 - eps) and compare with the sum of the singles."""
+    scale = 1.0 - sensitivity.eps
+    effects = []
+    for i, j in pairs:
+        joint = mean_loss(model, batches, sites, {i: scale, j: scale}, loss) - sensitivity.base
+        singles = sensitivity.scale[i] + sensitivity.scale[j]
+        effects.append(PairEffect((i, j), joint, singles))
+        if progress is not None:
+            progress(1)
+    fit = r_squared([e.joint for e in effects], [e.singles for e in effects])
+    return Additivity(scale, effects, fit)

@@ -1,0 +1,93 @@
+"""The state of one run that every stage sees (not the spec: each stage gets its own sections),
+and the plan a stage hands the executor.
+
+A stage is a small frozen dataclass built by ``from_spec(spec)`` from the spec sections it
+depends on; ``plan(run, done, forced)`` returns a :class:`Plan`: its key, the artifacts that
+prove it finished, and the work to do (``run``) or the outputs to read back (``load``). The
+executor (:mod:`geospec.pipeline.executor`) decides, for every stage alike, whether to skip it or
+run it and record its key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from geospec.engine.distributed import DistContext
+    from geospec.engine.token_data import TokenData
+    from geospec.spec.sections import DataSpec, Spec
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where the run lives and how it talks: the run directory, the spec's folder (relative
+    paths in a spec are relative to it), the console, the torchrun place and the device."""
+
+    run_dir: Path
+    spec_dir: Path
+    console: Console
+    dist: DistContext
+    device: str = "auto"
+    """Where models run in every stage ('auto': cuda when available)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    def say(self, message: str) -> None:
+        if self.is_main:
+            self.console.print(message, highlight=False, soft_wrap=True)  # logs: no 80-col wrap
+
+    def token_data(self, data: DataSpec) -> TokenData:
+        """Tokens of a data section, prepared once (cached under the run directory's data/,
+        keyed by the section and the source files' contents)."""
+        from geospec.engine.token_data import prepare_data
+
+        return prepare_data(data, self.run_dir / "data", spec_dir=self.spec_dir)
+
+
+#: What a stage's ``run`` returns when it did only part of its work (runs held by another
+#: process): its key is not recorded, so the next ``geospec run`` finishes it.
+INCOMPLETE: Any = object()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the executor needs to decide about one stage and to carry it out.
+
+    The stage is up to date when ``current`` says so, or (``current`` None) when it is not forced,
+    its stored key equals ``key`` and every artifact exists. ``key`` None means the stage does not
+    apply (nothing is recorded or said). ``note`` replaces the "up to date" line. ``main_only``
+    stages run on rank 0 while the other ranks wait; those ranks then ``load`` the outputs.
+    """
+
+    key: str | None
+    run: Callable[[], Any] = lambda: None
+    load: Callable[[], Any] = lambda: None
+    artifacts: tuple[Path, ...] = ()
+    current: bool | None = None
+    note: str | None = None
+    main_only: bool = True
+
+
+@dataclass(frozen=True)
+class Done:
+    """A stage the executor has handled: its key, its outputs, and whether it did work."""
+
+    key: str | None
+    output: Any = None
+    ran: bool = False
+
+
+class Stage(Protocol):
+    name: ClassVar[str]
+
+    @classmethod
+    def from_spec(cls, spec: Spec) -> Stage: ...
+
+    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan: ...

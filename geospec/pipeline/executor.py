@@ -1,0 +1,104 @@
+"""The pipeline: validate -> reference -> probe -> measure -> diagnose -> solve -> train -> report.
+
+Each stage (one module in :mod:`geospec.pipeline.stages`) is built from the spec sections it
+depends on and plans itself: a key (a hash of those sections and its upstream stages' keys), the
+artifacts that prove it finished, and its work. This loop decides, for every stage alike, to skip
+it (its recorded key in ``stages.json`` is unchanged and its artifacts exist) or to run it and
+record its key; a stage's outputs go to the stages after it. So ``geospec run`` on a finished run
+does nothing, changing one arm retrains only that arm, and a run killed at any moment and started
+again ends with the same results (training resumes from its last checkpoint).
+
+Under ``torchrun`` every arm-seed run is trained with DDP across all processes (one run at a time,
+all GPUs on it); stages marked ``main_only`` run on rank 0 while the others wait, then read the
+outputs back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from geospec.errors import UsageError
+from geospec.pipeline.context import INCOMPLETE, Done, RunContext, Stage
+from geospec.pipeline.run_dir import STAGES_FILE, StageLog, write_run_metadata
+from geospec.pipeline.stages.diagnose import Diagnose
+from geospec.pipeline.stages.measure import Measure
+from geospec.pipeline.stages.probe import Probe
+from geospec.pipeline.stages.reference import Reference
+from geospec.pipeline.stages.report import Report
+from geospec.pipeline.stages.solve import Solve
+from geospec.pipeline.stages.train import Train
+from geospec.spec.sections import Spec
+
+STAGE_TYPES: tuple[type[Stage], ...] = (Reference, Probe, Measure, Diagnose, Solve, Train, Report)
+STAGES = tuple(stage.name for stage in STAGE_TYPES)
+
+
+def run_pipeline(
+    spec: Spec,
+    spec_path: Path,
+    from_stage: str | None = None,
+    until_stage: str | None = None,
+    console: Console | None = None,
+    run_dir: Path | None = None,
+) -> list[str]:
+    """Run the stages in order; returns the stages that did work (empty: already up to date).
+
+    ``from_stage`` redoes that stage and every later one; ``until_stage`` stops after it. Stages
+    before ``from_stage`` still plan themselves: a later stage never runs on stale inputs.
+    """
+    for option, value in (("--from", from_stage), ("--until", until_stage)):
+        if value is not None and value not in STAGES:
+            raise UsageError(f"{option} {value}: unknown stage; stages are {', '.join(STAGES)}")
+    first = STAGES.index(from_stage) if from_stage else len(STAGES)
+    last = STAGES.index(until_stage) if until_stage else len(STAGES) - 1
+    if from_stage and first > last:
+        raise UsageError(f"--from {from_stage} comes after --until {until_stage}")
+    from geospec.engine.distributed import barrier, context, process_group
+
+    with process_group():
+        run = RunContext(
+            run_dir or Path(spec.run_dir),
+            spec_path.parent,
+            console or Console(),
+            context(),
+            spec.train.device,
+        )
+        if run.is_main:
+            run.run_dir.mkdir(parents=True, exist_ok=True)
+            write_run_metadata(run.run_dir, spec, spec_path)
+        barrier(run.dist)
+        log = StageLog(run.run_dir / STAGES_FILE)
+        done: dict[str, Done] = {}
+        for index, stage_type in enumerate(STAGE_TYPES[: last + 1]):
+            stage = stage_type.from_spec(spec)
+            plan = stage.plan(run, done, forced=index >= first)
+            works_here = run.is_main or not plan.main_only
+            if plan.key is None:  # the stage does not apply to this spec
+                done[stage.name] = Done(None)
+                continue
+            current = plan.current
+            if current is None:
+                current = (
+                    index < first
+                    and log.keys().get(stage.name) == plan.key
+                    and all(path.exists() for path in plan.artifacts)
+                )
+            if current:
+                run.say(
+                    plan.note
+                    if plan.note is not None
+                    else f"[dim]✓ {stage.name}: up to date (skipped)[/]"
+                )
+            output = (plan.load if current else plan.run)() if works_here else None
+            barrier(run.dist)
+            if not works_here:
+                output = plan.load()  # rank 0 has written the stage's artifacts
+            if run.is_main and output is not INCOMPLETE:
+                log.record(stage.name, plan.key)
+            done[stage.name] = Done(plan.key, output, ran=not current)
+        ran = [name for name, stage_done in done.items() if stage_done.ran]
+        if not ran:
+            run.say("[green]nothing to do:[/] every stage is up to date")
+        return ran

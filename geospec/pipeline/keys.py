@@ -1,0 +1,51 @@
+"""Stage and run keys: stable hashes of what a stage's or a run's result depends on.
+
+A key changes exactly when the result would: spec sections as the stage sees them, upstream
+stages' keys, and (for training) the settings that change what is computed. Keys are stored in
+``stages.json`` and ``run_key.json``; an unchanged key lets a finished stage or run be reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from geospec.spec.sections import DataSpec, ModelSpec, TrainSpec
+
+
+def digest(*parts: Any) -> str:
+    """A stable hash of JSON-serialisable parts (spec sections, upstream keys)."""
+    text = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def section(model: Any) -> Any:
+    """A spec section (or any value) as keys see it: its JSON form."""
+    return model.model_dump(mode="json") if hasattr(model, "model_dump") else model
+
+
+def data_key(data: DataSpec) -> str:
+    return digest("data", section(data))
+
+
+#: Train settings that change how a run is carried out (CPU threads, how often it saves and
+#: logs) but not what it computes. Keys see them at their defaults, so changing one never
+#: retrains anything.
+BOOKKEEPING = ("threads", "checkpoint_interval", "log_interval")
+
+
+def training_settings(train: TrainSpec) -> dict[str, Any]:
+    """The train section as run keys see it (bookkeeping fields at their defaults)."""
+    defaults = {name: TrainSpec.model_fields[name].default for name in BOOKKEEPING}
+    settings: dict[str, Any] = section(train.model_copy(update=defaults))
+    return settings
+
+
+def arm_run_key(
+    model: ModelSpec, data: DataSpec, train: TrainSpec, widths: list[int], seed: int
+) -> str:
+    """The key of one trained model: an arm's widths and a seed under the spec's settings."""
+    settings = training_settings(train)
+    settings.pop("seeds")
+    return digest("train", section(model), data_key(data), settings, widths, seed)

@@ -1,0 +1,226 @@
+"""The diagnose stage: what the reference model says about the method's premises.
+
+Per layer: the mean residual-stream norm, the TwoNN intrinsic dimension of the cloud entering the
+FFN (with its fit quality), and the layer sensitivity (the loss increase when the FFN sub-layer's
+output is scaled by 1 - eps, and when it is removed). Over sampled layer pairs: local additivity
+(the joint loss change against the sum of the singles). Against the measured work profiles:
+Spearman rank correlations with the residual norm and with layer sensitivity
+(:mod:`geospec.measure.diagnostics`).
+
+``diagnostics.json`` holds it all, with ``profiles`` (the per-layer quantities named as in
+:data:`geospec.spec.sections.DIAGNOSTIC_PROFILES`) in the same shape as profiles.json, which the
+solve stage merges with the measured profiles; ``plots/diagnostics.png`` and
+``plots/additivity.png`` draw it. The reference's measurements are keyed by the diagnose
+settings, the probe and the data; the correlations also by the measure stage, so adding a profile
+only recomputes correlations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from geospec.atomic import atomic_write_json
+from geospec.errors import GeospecError
+from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.pipeline.keys import data_key, digest
+from geospec.pipeline.run_dir import CLOUDS_DIR, DIAGNOSTICS_FILE, read_json
+from geospec.pipeline.stages.probe import Probe
+from geospec.report.stats import finite
+from geospec.spec.resolve import measures
+from geospec.spec.sections import DiagnoseSpec, MeasureSpec, Spec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class Diagnose:
+    name: ClassVar[str] = "diagnose"
+    diagnose: DiagnoseSpec
+    probe: Probe
+    """The probe's settings: the reference model, its data and the probed tokens."""
+    entries: tuple[MeasureSpec, ...]
+    """The measured profiles, correlated with the diagnostics."""
+
+    @classmethod
+    def from_spec(cls, spec: Spec) -> Diagnose:
+        return cls(spec.diagnose, Probe.from_spec(spec), tuple(measures(spec)))
+
+    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+        path = run.run_dir / DIAGNOSTICS_FILE
+        probe_key = done["probe"].key
+        if not self.diagnose.enabled:
+            stale = read_diagnostics(run.run_dir) if run.is_main else None
+            if stale is not None and stale.get("keys", {}).get("probe") != probe_key:
+                path.unlink()  # made from another reference or probe: it would be reported wrongly
+            return Plan(None, current=True)
+        settings = self.diagnose.model_dump(mode="json", exclude={"enabled"})
+        compute_key = digest(
+            "diagnose", settings, probe_key, data_key(self.probe.data), self.probe.seq_len
+        )
+        key = digest("diagnose", compute_key, done["measure"].key)
+        keys = {"compute": compute_key, "probe": probe_key}
+        profiles = done["measure"].output or {}
+        return Plan(
+            key,
+            run=lambda: self.write(run, path, keys, profiles, reuse=not forced),
+            load=lambda: diagnostic_profiles(run.run_dir),
+            artifacts=(path,),
+        )
+
+    def write(
+        self,
+        run: RunContext,
+        path: Path,
+        keys: dict[str, str | None],
+        work: Mapping[str, list[float]],
+        reuse: bool,
+    ) -> dict[str, list[float]]:
+        """Write diagnostics.json and its plots; return the diagnostic profiles."""
+        from geospec.measure.diagnostics import (
+            correlations,
+            profiles_of,
+            scale_sensitive_profiles,
+        )
+        from geospec.report.plots import diagnostic_plots
+
+        previous = read_diagnostics(run.run_dir) if reuse else None
+        if previous is not None and previous.get("keys", {}).get("compute") == keys["compute"]:
+            measured = {k: previous[k] for k in ("loss", "layers", "additivity")}
+        else:
+            measured = self.measure_reference(run)
+        layers = measured["layers"]
+        diagnostics = {
+            "profiles": profiles_of(layers),
+            **measured,
+            "correlations": correlations(layers, work, scale_sensitive_profiles(self.entries)),
+            "settings": self.diagnose.model_dump(mode="json", exclude={"enabled"}),
+            "keys": keys,
+        }
+        atomic_write_json(path, diagnostics)
+        diagnostic_plots(run.run_dir, diagnostics)
+        return dict(diagnostics["profiles"])
+
+    def measure_reference(self, run: RunContext) -> dict[str, Any]:
+        """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity."""
+        from rich.progress import Progress
+
+        from geospec.measure.diagnostics import residual_norms
+        from geospec.measure.intrinsic_dimension import two_nn
+        from geospec.measure.probe import find_ffn_sites
+        from geospec.measure.sensitivity import (
+            additivity,
+            layer_sensitivity,
+            logits_of,
+            loss_batches,
+            sample_pairs,
+        )
+        from geospec.pipeline.stages.probe import load_clouds
+        from geospec.pipeline.stages.reference import load_reference
+
+        settings = self.diagnose
+        seq_len = self.probe.seq_len
+        data = run.token_data(self.probe.data)
+        model, width = load_reference(run, self.probe.checkpoint)
+        device = next(model.parameters()).device
+        batches = loss_batches(data.val, seq_len, settings.windows, settings.batch_size, device)
+        sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
+        clouds = load_clouds(run.run_dir / CLOUDS_DIR)
+        pairs = sample_pairs(len(sites), settings.pairs, settings.seed)
+        windows = sum(len(x) for x, _ in batches)
+        run.say(
+            f"[bold]diagnose[/]: {len(sites)} layers, loss on {windows} validation windows of "
+            f"{seq_len} tokens, eps {settings.eps}, {len(pairs)} layer pairs"
+        )
+        if len(clouds) != len(sites):
+            raise GeospecError(
+                f"diagnose: {len(clouds)} probed clouds but the reference has {len(sites)} layers; "
+                "rerun with --from probe"
+            )
+        dimensions = []
+        for layer, (x, _) in enumerate(clouds):
+            try:
+                dimensions.append(two_nn(x, settings.twonn_discard))
+            except GeospecError as error:
+                raise GeospecError(f"diagnose: layer {layer}: {error}") from None
+        norms = residual_norms(self._residual_clouds(model, width, data, clouds))
+        with Progress(
+            console=run.console, transient=True, disable=not run.console.is_terminal
+        ) as bar:
+            task = bar.add_task("perturbing", total=2 * len(sites) + len(pairs))
+
+            def step(done: int) -> None:
+                bar.advance(task, done)
+
+            sensitivity = layer_sensitivity(model, sites, batches, settings.eps, progress=step)
+            pair_effects = additivity(model, sites, batches, sensitivity, pairs, progress=step)
+        layers = [
+            {
+                "layer": layer,
+                "residual_norm": norms[layer][0],
+                "residual_norm_out": norms[layer][1],
+                "twonn": {
+                    "dimension": dim.dimension,
+                    "r2": finite(dim.r2),
+                    "discarded": dim.discarded,
+                    "duplicates": dim.duplicates,
+                },
+                "loss_scale": sensitivity.scale[layer],
+                "loss_remove": sensitivity.remove[layer],
+            }
+            for layer, dim in enumerate(dimensions)
+        ]
+        return {
+            "loss": {
+                "base": sensitivity.base,
+                "windows": windows,
+                "tokens": windows * seq_len,
+                "eps": settings.eps,
+            },
+            "layers": layers,
+            "additivity": {
+                "perturbation": f"FFN output x {pair_effects.scale:g} in both layers",
+                "r2": finite(pair_effects.r2),
+                "pairs": [_pair(p) for p in pair_effects.pairs],
+                "worst": [_pair(p) for p in pair_effects.worst()],
+            },
+        }
+
+    def _residual_clouds(
+        self,
+        model: nn.Module,
+        width: int,
+        data: Any,
+        clouds: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The residual stream at the probed tokens: the stored clouds, or (with ``probe.site =
+        "ffn"``, whose clouds are normalised FFN inputs and outputs) the same tokens probed
+        again at the residual site."""
+        if self.probe.probe.site == "residual":
+            return clouds
+        return self.probe.clouds(model, width, data, self.probe.sample(data), site="residual")
+
+
+def _pair(effect: Any) -> dict[str, Any]:
+    return {
+        "layers": list(effect.layers),
+        "joint": effect.joint,
+        "sum_of_singles": effect.singles,
+        "interaction": effect.interaction,
+    }
+
+
+def read_diagnostics(run_dir: Path) -> dict[str, Any] | None:
+    """The run's diagnostics.json, or None when the diagnose stage has not written one."""
+    data = read_json(Path(run_dir) / DIAGNOSTICS_FILE)
+    return data if isinstance(data, dict) else None
+
+
+def diagnostic_profiles(run_dir: Path) -> dict[str, list[float]]:
+    """The diagnostic profiles the solve stage can use (empty when there are none)."""
+    diagnostics = read_diagnostics(run_dir)
+    return dict(diagnostics.get("profiles", {})) if diagnostics else {}

@@ -1,0 +1,259 @@
+"""Discovering plugins and building the registries.
+
+Builtins (the ``geospec_plugins`` package shipped in the wheel) and third-party packages (the
+entry-point group ``geospec``) register through the same hooks. Each entry point is loaded on its
+own: one that fails to import, implements a misspelled hook or raises while registering is recorded
+as broken (name, version, error) and the others still load.
+
+Environment switches:
+
+- ``GEOSPEC_DISABLE_PLUGIN_AUTOLOAD=1``: load no entry points (builtins only).
+- ``GEOSPEC_PLUGINS=a,b``: load only these entry points (by entry-point or distribution name).
+- ``GEOSPEC_BLOCK_PLUGINS=a,b``: never load these (``geospec`` blocks the builtins).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import importlib
+import os
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from geospec import __version__
+from geospec.kinds import KINDS
+from geospec.plugin import Plugin, PluginParams, as_table
+from geospec.registry import hookspecs
+from geospec.registry.entries import BrokenPlugin, Provider, Registry
+from geospec.registry.hookspecs import REGISTER_HOOKS
+
+ENTRY_POINT_GROUP = "geospec"
+BUILTIN_PROVIDER = Provider("geospec", __version__)
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """A loaded plugin package and what it registered, by kind."""
+
+    name: str
+    version: str | None
+    kinds: dict[str, list[str]]
+
+
+@dataclass
+class Registries:
+    """All registries, plus what was loaded and what failed."""
+
+    by_kind: dict[str, Registry]
+    plugins: list[PluginInfo] = field(default_factory=list)
+    errors: list[BrokenPlugin] = field(default_factory=list)
+
+    def __getitem__(self, kind: str) -> Registry:
+        return self.by_kind[kind]
+
+    def params(self, kind: str, value: Any, context: Any = None) -> PluginParams:
+        """Validate a plugin table of ``kind`` (a kind name, a table or ``Params``) with the
+        ``Params`` of the plugin it names. Raises :class:`PluginTableError` when ``value`` names
+        no plugin, :class:`PluginError` for an unknown name (listing the available ones) and
+        pydantic's ``ValidationError`` for bad parameters."""
+        table = as_table(kind, value)
+        cls = self.by_kind[kind].get(table["kind"]).cls
+        return cls.Params.model_validate(table, context=context)
+
+    def all_measures(self) -> list[tuple[str, str]]:
+        """Every registered (statistic, geometry) pair, statistic-major: what ``measure =
+        "all"`` (a spec's default) measures."""
+        return [
+            (statistic, geometry)
+            for statistic in self.by_kind["statistic"].names()
+            for geometry in self.by_kind["geometry"].names()
+        ]
+
+    def create(self, kind: str, value: Any) -> Any:
+        """The plugin instance of ``kind`` that ``value`` names (see :meth:`params`)."""
+        params = self.params(kind, value)
+        return self.by_kind[kind].get(params.kind).cls(params)
+
+    def describe(self) -> dict[str, Any]:
+        """The stable machine-readable form printed by ``geospec plugins --json``."""
+        return {
+            "plugins": [
+                {"name": p.name, "version": p.version, "kinds": p.kinds} for p in self.plugins
+            ],
+            "errors": [
+                {"name": e.name, "version": e.version, "error": e.error} for e in self.errors
+            ],
+        }
+
+
+def _env_list(name: str) -> set[str] | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    return {item.strip() for item in value.split(",") if item.strip()}
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _builtin_modules() -> list[Any]:
+    try:
+        package = importlib.import_module("geospec_plugins")
+    except ModuleNotFoundError as error:
+        if error.name == "geospec_plugins":
+            return []  # the core works without its builtins; it just has nothing registered
+        raise
+    return [importlib.import_module(name) for name in package.BUILTIN_MODULES]
+
+
+def new_plugin_manager() -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("geospec")
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+class _Loader:
+    """Registers plugin objects one at a time, recording each one's provider or failure."""
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self.pm = pm
+        self.providers: dict[str, Provider] = {}
+        self.errors: list[BrokenPlugin] = []
+
+    def add(self, obj: Any, plugin_name: str, provider: Provider) -> None:
+        try:
+            self.pm.register(obj, name=plugin_name)
+            self.pm.check_pending()  # a hook implementation with no matching spec: misspelled
+        except Exception as error:  # one bad plugin must not stop the others
+            if self.pm.is_registered(obj):
+                self.pm.unregister(obj)
+            self.errors.append(BrokenPlugin(provider.name, provider.version, _describe(error)))
+            return
+        self.providers[plugin_name] = provider
+
+    def load_entry_points(self) -> None:
+        allow = _env_list("GEOSPEC_PLUGINS")
+        block = _env_list("GEOSPEC_BLOCK_PLUGINS") or set()
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = ep.dist
+            dist_name = dist.metadata["Name"] if dist is not None else ep.name
+            version = dist.version if dist is not None else None
+            names = {ep.name, dist_name}
+            if names & block or (allow is not None and not names & allow):
+                continue
+            provider = Provider(dist_name, version)
+            try:
+                obj = ep.load()
+            except Exception as error:
+                self.errors.append(BrokenPlugin(dist_name, version, _describe(error)))
+                continue
+            self.add(obj, f"{dist_name}:{ep.name}", provider)
+
+
+def _describe(error: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(error), error)).strip()
+    return " ".join(text.split())
+
+
+def build_registries(
+    pm: pluggy.PluginManager | None = None,
+    *,
+    builtins: bool = True,
+    entry_points: bool | None = None,
+    extra: list[tuple[Any, Provider]] | None = None,
+) -> Registries:
+    """Load plugins and collect what they register.
+
+    ``entry_points=None`` follows ``GEOSPEC_DISABLE_PLUGIN_AUTOLOAD``. ``extra`` registers further
+    plugin objects (tests use it to add a plugin defined inline).
+    """
+    pm = pm or new_plugin_manager()
+    loader = _Loader(pm)
+    block = _env_list("GEOSPEC_BLOCK_PLUGINS") or set()
+    if builtins and BUILTIN_PROVIDER.name not in block:
+        for module in _builtin_modules():
+            loader.add(module, module.__name__, BUILTIN_PROVIDER)
+    if entry_points is None:
+        entry_points = not _truthy("GEOSPEC_DISABLE_PLUGIN_AUTOLOAD")
+    if entry_points:
+        loader.load_entry_points()
+    for obj, provider in extra or []:
+        loader.add(obj, f"{provider.name}:{id(obj)}", provider)
+    return _collect(pm, loader)
+
+
+def _collect(pm: pluggy.PluginManager, loader: _Loader) -> Registries:
+    registries = {kind: Registry(kind, base) for kind, base in KINDS.items()}
+    errors = list(loader.errors)
+    kinds_by_provider: dict[Provider, dict[str, list[str]]] = {}
+    for provider in loader.providers.values():
+        kinds_by_provider.setdefault(provider, {kind: [] for kind in KINDS})
+    for hook_name, kind in REGISTER_HOOKS.items():
+        registry = registries[kind]
+        hook = getattr(pm.hook, hook_name)
+        # get_hookimpls() lists implementations in load order (pluggy's own calls run LIFO);
+        # registering in load order means the builtins claim their names first.
+        for impl in hook.get_hookimpls():
+            provider = loader.providers[impl.plugin_name]
+
+            def register(
+                cls: type[Plugin],
+                provider: Provider = provider,
+                registry: Registry = registry,
+                kind: str = kind,
+            ) -> None:
+                registry.register(cls, provider)
+                kinds_by_provider[provider][kind].append(cls.kind_name())
+
+            try:
+                impl.function(register=register)
+            except Exception as error:
+                errors.append(
+                    BrokenPlugin(
+                        provider.name, provider.version, f"{hook_name}: {_describe(error)}"
+                    )
+                )
+    for registry in registries.values():
+        registry.broken = errors
+    plugins = [PluginInfo(p.name, p.version, kinds) for p, kinds in kinds_by_provider.items()]
+    return Registries(registries, plugins, errors)
+
+
+_current: contextvars.ContextVar[Registries | None] = contextvars.ContextVar(
+    "geospec_registries", default=None
+)
+_default: Registries | None = None
+
+
+def get_registries() -> Registries:
+    """The registries in effect: those set by :func:`use_registries`, else the installed plugins."""
+    global _default
+    current = _current.get()
+    if current is not None:
+        return current
+    if _default is None:
+        _default = build_registries()
+    return _default
+
+
+@contextlib.contextmanager
+def use_registries(registries: Registries) -> Iterator[Registries]:
+    """Make ``registries`` the ones validation and the pipeline use, within the block."""
+    token = _current.set(registries)
+    try:
+        yield registries
+    finally:
+        _current.reset(token)
+
+
+def reset_default_registries() -> None:
+    """Forget the cached registries (after installing or removing plugins in-process)."""
+    global _default
+    _default = None

@@ -1,0 +1,182 @@
+"""Figures written into a run directory's ``plots/``: headless matplotlib, atomic PNG writes.
+
+The report's figures (profiles, widths, validation curves, paired differences) and the diagnose
+stage's (``diagnostics.png``, ``additivity.png``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from geospec.atomic import atomic_path
+from geospec.report.diagnostics import number
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the headless Agg backend (imported only when plotting)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+class PlotDir:
+    """Saves figures as ``plots/<name>`` and remembers their paths relative to the run directory."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / "plots"
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.written: list[str] = []
+        self.plt = pyplot()
+
+    def save(self, fig: Any, name: str) -> None:
+        with atomic_path(self.path / name) as tmp:
+            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        self.plt.close(fig)
+        self.written.append(f"plots/{name}")
+
+
+def write_plots(
+    run_dir: Path, results: dict[str, Any], curves: dict[str, dict[str, list[Any]]]
+) -> list[str]:
+    plots = PlotDir(run_dir)
+    plt, save = plots.plt, plots.save
+
+    profiles = results["profiles"]
+    if profiles:
+        statistics = _ordered({p.split("/")[0] for p in profiles}, ("shift", "gw", "topology"))
+        geometries = _ordered(
+            {p.split("/")[-1] for p in profiles}, ("raw", "spherical", "hyperbolic")
+        )
+        fig, axes = plt.subplots(
+            len(statistics),
+            len(geometries),
+            squeeze=False,
+            figsize=(3.2 * len(geometries), 2.4 * len(statistics)),
+        )
+        for i, statistic in enumerate(statistics):
+            for j, geometry in enumerate(geometries):
+                ax = axes[i][j]
+                values = profiles.get(f"{statistic}/{geometry}")
+                if values is None:
+                    ax.axis("off")
+                    continue
+                ax.plot(range(len(values)), values, marker="o", ms=3)
+                ax.set_title(f"{statistic} / {geometry}", fontsize=9)
+                ax.set_xlabel("layer", fontsize=8)
+                ax.tick_params(labelsize=7)
+        fig.suptitle("Geometric work per layer (reference model)")
+        fig.tight_layout()
+        save(fig, "profiles.png")
+
+    widths = {n: a["widths"] for n, a in results["arms"].items() if a["widths"]}
+    if widths:
+        fig, ax = plt.subplots(figsize=(6.4, 3.6))
+        for name, values in widths.items():
+            ax.plot(range(len(values)), values, marker="o", ms=3, label=name)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("FFN width")
+        ax.set_title("FFN width per layer (equal total per arm)")
+        ax.legend(fontsize=7)
+        save(fig, "widths.png")
+
+    if any(any(seed_curve for seed_curve in arm.values()) for arm in curves.values()):
+        fig, ax = plt.subplots(figsize=(6.4, 3.6))
+        for index, (name, arm_curves) in enumerate(curves.items()):
+            color = f"C{index % 10}"
+            for seed, points in arm_curves.items():
+                if points:
+                    steps, losses = zip(*points, strict=True)
+                    label = name if seed == next(iter(arm_curves)) else None
+                    ax.plot(steps, losses, color=color, alpha=0.8, lw=1, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation loss")
+        ax.set_title("Validation loss per arm (one line per seed)")
+        ax.legend(fontsize=7)
+        save(fig, "val_loss.png")
+
+    compared = {name: arm for name, arm in results["arms"].items() if arm["vs_uniform"]}
+    if compared:
+        save(_differences_figure(plt, results, compared), "differences.png")
+    return plots.written
+
+
+def _differences_figure(plt: Any, results: dict[str, Any], compared: dict[str, Any]) -> Any:
+    """Each arm's paired differences from the baseline: one dot per seed, the mean and its CI.
+    Seed-to-seed spread hides effects of this size in the loss curves; pairing shows them."""
+    base = results["arms"][results["baseline"]]["val_loss"]["seeds"]
+    fig, ax = plt.subplots(figsize=(6.4, 0.5 * len(compared) + 1.2))
+    for row, arm in enumerate(reversed(compared.values())):
+        seeds = arm["val_loss"]["seeds"]
+        diffs = [seeds[s] - base[s] for s in seeds if s in base]
+        ax.scatter(diffs, [row] * len(diffs), s=14, color="0.55", zorder=2)
+        vs = arm["vs_uniform"]
+        low, high = vs["ci95"]
+        if low is not None and high is not None:
+            ax.plot([low, high], [row, row], color="C0", lw=2, zorder=1)
+        ax.plot([vs["mean"]], [row], marker="D", color="C0", ms=6, zorder=3)
+    ax.axvline(0.0, color="black", lw=0.8)
+    ax.locator_params(axis="x", nbins=6)
+    ax.tick_params(axis="x", labelsize=8)
+    ax.set_yticks(range(len(compared)), list(reversed(compared)), fontsize=8)
+    level = round(results["confidence"] * 100)
+    ax.set_xlabel(f"validation loss - {results['baseline']} (same seed); < 0 is better")
+    ax.set_title(f"Paired differences: seeds (dots), mean and {level}% CI")
+    return fig
+
+
+def _ordered(names: set[str], known: tuple[str, ...]) -> list[str]:
+    """The paper's order for the builtin names, then any others alphabetically."""
+    return [n for n in known if n in names] + sorted(names - set(known))
+
+
+def diagnostic_plots(run_dir: Path, diagnostics: Mapping[str, Any]) -> list[str]:
+    """``plots/diagnostics.png`` (per-layer panels) and ``plots/additivity.png`` (with pairs)."""
+    plots = PlotDir(run_dir)
+    plt, save = plots.plt, plots.save
+    from matplotlib.ticker import MaxNLocator
+
+    layers = diagnostics["layers"]
+    index = [row["layer"] for row in layers]
+    fig, axes = plt.subplots(2, 2, figsize=(8.4, 5.6))
+    norms = [("‖x‖", "residual_norm"), ("‖y‖", "residual_norm_out")]
+    panels = [
+        (axes[0][0], "residual-stream norm", norms),
+        (axes[1][0], "Δloss, FFN scaled by 1 - eps", [("scaled", "loss_scale")]),
+        (axes[1][1], "Δloss, FFN removed", [("removed", "loss_remove")]),
+    ]
+    for ax, title, series in panels:
+        for label, key in series:
+            ax.plot(index, [row[key] for row in layers], marker="o", ms=3, label=label)
+        ax.set_title(title, fontsize=9)
+        if len(series) > 1:
+            ax.legend(fontsize=7)
+    ax = axes[0][1]
+    ax.plot(index, [row["twonn"]["dimension"] for row in layers], marker="o", ms=3)
+    ax.set_title("intrinsic dimension (TwoNN)", fontsize=9)
+    for ax in axes.flat:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("layer", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle("Diagnostics of the reference model")
+    fig.tight_layout()
+    save(fig, "diagnostics.png")
+
+    pairs = diagnostics["additivity"]["pairs"]
+    if pairs:
+        fig, ax = plt.subplots(figsize=(4.4, 4.0))
+        singles = [p["sum_of_singles"] for p in pairs]
+        joint = [p["joint"] for p in pairs]
+        ax.scatter(singles, joint, s=12)
+        low, high = min(singles + joint), max(singles + joint)
+        ax.plot([low, high], [low, high], color="grey", lw=1, ls="--")
+        ax.set_xlabel("sum of single-layer Δloss")
+        ax.set_ylabel("joint Δloss")
+        r2 = diagnostics["additivity"]["r2"]
+        ax.set_title(f"Local additivity (R² = {number(r2, 3)})", fontsize=9)
+        save(fig, "additivity.png")
+    return plots.written

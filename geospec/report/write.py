@@ -1,0 +1,37 @@
+"""Writing a run's report: results.json, report.md and plots/, from the run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from geospec.atomic import atomic_write_json, atomic_write_text
+from geospec.pipeline.run_dir import REPORT_FILE, RESULTS_FILE
+from geospec.report.results import build_results
+
+#: Figures the diagnose stage draws; the report shows those that exist.
+DIAGNOSTIC_PLOTS = ("plots/diagnostics.png", "plots/additivity.png")
+
+
+def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
+    """Write results.json, report.md and plots/ from the run directory's artifacts."""
+    from geospec.pipeline.stages.diagnose import read_diagnostics
+    from geospec.report.markdown import markdown
+
+    results = build_results(run_dir)
+    curves = results.pop("curves")
+    atomic_write_json(run_dir / RESULTS_FILE, results)
+    images: list[str] = []
+    if plots:
+        from geospec.report.plots import write_plots
+
+        images = write_plots(run_dir, results, curves)
+    text = markdown(results, images)
+    diagnostics = read_diagnostics(run_dir)
+    if diagnostics is not None:  # the diagnose stage ran: add its tables and its plots
+        from geospec.report.diagnostics import diagnostics_markdown
+
+        drawn = [name for name in DIAGNOSTIC_PLOTS if plots and (run_dir / name).exists()]
+        text += "\n" + diagnostics_markdown(diagnostics, drawn)
+    atomic_write_text(run_dir / REPORT_FILE, text)
+    return results

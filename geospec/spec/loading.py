@@ -1,0 +1,181 @@
+"""Reading a spec file: TOML syntax, validation and cross-checks, each problem one clear line."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import typing
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+from tomlkit.exceptions import KeyAlreadyPresent, ParseError
+
+from geospec.errors import SpecError
+from geospec.plugin import PluginTable
+from geospec.spec.checks import cross_check
+from geospec.spec.sections import Spec
+
+MAX_SPEC_BYTES = 1_000_000
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file into plain Python values, or raise :class:`SpecError` saying where."""
+    source = str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(source, ["no such file; check the path"]) from None
+    except IsADirectoryError:
+        raise SpecError(source, ["is a directory; give the path of a .toml spec file"]) from None
+    except OSError as error:
+        raise SpecError(source, [f"cannot be read: {error.strerror}"]) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(source, [f"is {len(raw)} bytes; a spec is a small TOML file"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise SpecError(
+            source, [f"line {line}: not valid UTF-8 (byte {error.start}); save the file as UTF-8"]
+        ) from None
+    if "\x00" in text:
+        raise SpecError(source, ["contains NUL bytes: this is not a TOML text file"])
+    try:
+        document = tomlkit.parse(text)
+    except ParseError as error:
+        message = str(error).split(" at line ")[0]
+        raise SpecError(f"{source}:{error.line}:{error.col}", [message]) from None
+    except KeyAlreadyPresent as error:
+        raise SpecError(*_duplicate_key(source, text, str(error))) from None
+    except Exception as error:  # tomlkit raises a few non-ParseError exceptions on odd input
+        raise SpecError(source, [f"TOML syntax error: {error}"]) from None
+    unwrapped: dict[str, Any] = document.unwrap()
+    return unwrapped
+
+
+def _duplicate_key(source: str, text: str, message: str) -> tuple[str, list[str]]:
+    """Point at the second definition of a key that tomlkit reports as defined twice."""
+    match = re.search(r'Key "(.+?)" already exists', message)
+    if match is None:
+        return source, [f"TOML syntax error: {message}"]
+    key = match.group(1)
+    pattern = re.compile(rf"^\s*(\[+\s*)?{re.escape(key)}\s*(=|\]+)")
+    lines = [i for i, line in enumerate(text.splitlines(), start=1) if pattern.match(line)]
+    problem = f"{key!r} is defined twice; remove one of the definitions"
+    if len(lines) >= 2:
+        return f"{source}:{lines[1]}:1", [f"{problem} (the first is on line {lines[0]})"]
+    return source, [problem]
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read, validate and cross-check a spec file."""
+    path = Path(path)
+    data = read_toml(path)
+    return validate_spec(data, source=str(path))
+
+
+def validate_spec(data: dict[str, Any], source: str = "<spec>") -> Spec:
+    if not data:
+        raise SpecError(
+            source, ["is empty; a spec needs at least name, [model], [[arms]] and [train]"]
+        )
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(source, [format_error(e, data) for e in error.errors()]) from None
+    problems = cross_check(spec)
+    if problems:
+        raise SpecError(source, [f"{path}: {message}" for path, message in problems])
+    return spec
+
+
+def format_error(error: Any, data: dict[str, Any]) -> str:
+    """One pydantic error as ``dotted.path: message`` with a hint where one helps."""
+    loc = tuple(error["loc"])
+    path, parent = _walk(loc, data)
+    kind = error["type"]
+    message = error["msg"]
+    if kind == "missing":
+        message = "required key is missing"
+    elif kind == "extra_forbidden":
+        key = str(loc[-1]) if loc else "?"
+        message = "unknown key"
+        if parent is not None:
+            allowed = [k for k in parent.model_fields if k != "kind"]
+            close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+            message += f"; did you mean {close[0]!r}?" if close else ""
+            message += f" (allowed: {', '.join(allowed)})"
+    elif kind == "value_error":
+        message = message.removeprefix("Value error, ")
+    elif kind.startswith(("int_", "float_", "string_", "bool_")) and "input" in error:
+        message += f" (got {_short(error['input'])})"
+    return f"{path}: {message}" if path else message
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _walk(loc: tuple[Any, ...], data: Any) -> tuple[str, type[BaseModel] | None]:
+    """Turn a pydantic location into the dotted path a user sees in the TOML file.
+
+    Also returns the model class that holds the last key (for "did you mean"). Discriminator tags
+    that pydantic inserts into locations of tagged unions (``tokenizer.bpe.vocab_size``) are
+    dropped.
+    """
+    path = ""
+    cls: type[BaseModel] | None = Spec
+    value = data
+    parent: type[BaseModel] | None = Spec
+    for part in loc:
+        parent = cls
+        if isinstance(part, int):
+            path += f"[{part}]"
+            value = value[part] if isinstance(value, list) and part < len(value) else None
+            continue
+        if cls is None or part not in cls.model_fields:
+            # a union tag, or a key the model does not have (extra): keep user-visible keys only
+            if isinstance(value, dict) and part in value:
+                path += f".{part}" if path else str(part)
+                value = value[part]
+            cls = None
+            continue
+        path += f".{part}" if path else str(part)
+        value = value.get(part) if isinstance(value, dict) else None
+        cls = _model_of_field(cls.model_fields[part], value)
+    return path, parent
+
+
+def _model_of_field(field: FieldInfo, value: Any) -> type[BaseModel] | None:
+    """The pydantic model a value of this field is validated with, if it is one."""
+    from geospec.registry.loading import get_registries
+
+    kind = value.get("kind") if isinstance(value, dict) else None
+    for meta in field.metadata:
+        if isinstance(meta, PluginTable):
+            registry = get_registries()[meta.kind]
+            return (
+                registry.get(kind).cls.Params
+                if isinstance(kind, str) and kind in registry
+                else None
+            )
+    candidates: list[type[BaseModel]] = []
+
+    def collect(tp: Any) -> None:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            candidates.append(tp)
+        for arg in typing.get_args(tp):
+            collect(arg)
+
+    collect(field.annotation)
+    if len(candidates) == 1:
+        return candidates[0]
+    for cls in candidates:  # a tagged union: pick the member whose kind matches
+        kind_field = cls.model_fields.get("kind")
+        if kind_field is not None and kind_field.default == kind:
+            return cls
+    return None

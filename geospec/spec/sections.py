@@ -1,0 +1,299 @@
+"""The spec: what a researcher writes in TOML, as pydantic models.
+
+Plugin tables (``geometry``, ``statistic``, ``schedule``, ...) are validated through the registries
+in effect (:mod:`geospec.plugin`). Checks that span sections live in :func:`cross_check`;
+reading a file and turning errors into messages lives in :mod:`geospec.spec.loading`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from geospec.plugin import GeometryRef, ScheduleRef, StatisticRef
+
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, frozen=True, allow_inf_nan=False
+    )
+
+
+class ModelSpec(Section):
+    """The target architecture: a GPT-style pre-norm decoder."""
+
+    n_layers: int = Field(ge=1, le=512)
+    """Number of transformer blocks."""
+    d_model: int = Field(ge=8, le=65536)
+    """Width of the residual stream."""
+    n_heads: int = Field(ge=1, le=1024)
+    """Attention heads; must divide d_model."""
+    ffn_width: int = Field(ge=1, le=1_048_576)
+    """The uniform FFN hidden width. Every arm keeps n_layers * ffn_width exactly (the budget)."""
+    activation: Literal["gelu", "swiglu"] = "gelu"
+    """FFN activation: gelu (2 matrices) or swiglu (3 matrices)."""
+    seq_len: int = Field(ge=2, le=1_048_576)
+    """Context length in tokens."""
+    vocab_size: int | None = Field(None, ge=2, le=4_194_304)
+    """Vocabulary size; omit to take it from the tokenizer."""
+    multiple_of: int = Field(64, ge=1, le=65536)
+    """Every FFN width is rounded to a multiple of this."""
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    positions: Literal["learned", "rope"] = "learned"
+    """Learned absolute position embeddings (GPT-2) or rotary embeddings."""
+    rope_theta: float = Field(10000.0, gt=0)
+    tie_embeddings: bool = True
+    """Share the token embedding with the output projection."""
+    bias: bool = True
+    """Biases in linear layers and LayerNorm."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+
+
+class BPETokenizer(Section):
+    """A byte-level BPE trained with `tokenizers` on the training split (cached in the run dir)."""
+
+    kind: Literal["bpe"] = "bpe"
+    vocab_size: int = Field(4096, ge=260, le=1_048_576)
+    min_frequency: int = Field(2, ge=1)
+
+
+class GPT2Tokenizer(Section):
+    """GPT-2's BPE from local files (vocab.json + merges.txt); the package ships a copy."""
+
+    kind: Literal["gpt2"] = "gpt2"
+    path: str | None = None
+    """Directory holding vocab.json and merges.txt; omit for the bundled copy."""
+
+
+class PretrainedTokenizer(Section):
+    """A tokenizer directory loadable by transformers' AutoTokenizer (local files only)."""
+
+    kind: Literal["pretrained"] = "pretrained"
+    path: str
+
+
+Tokenizer = Annotated[
+    BPETokenizer | GPT2Tokenizer | PretrainedTokenizer, Field(discriminator="kind")
+]
+
+
+class DataSpec(Section):
+    """Where text comes from and how it becomes tokens."""
+
+    source: str | None = None
+    """'bundled:austen' (the default), 'bundled:shakespeare', or a Hugging Face hub dataset name."""
+    files: list[str] | None = None
+    """Local .txt/.jsonl/.parquet files (relative to the spec file); replaces source."""
+    hub_config: str | None = None
+    hub_split: str = "train"
+    hub_revision: str | None = None
+    """Hub revision (branch, tag or commit) to pin the dataset's content; for datasets that still
+    ship a loading script, 'refs/convert/parquet' reads the hub's parquet export."""
+    text_field: str = "text"
+    streaming: bool = False
+    max_documents: int | None = Field(None, ge=1)
+    """Use only the first N documents (useful with huge hub datasets)."""
+    val_fraction: float = Field(0.05, gt=0.0, lt=0.5)
+    """Fraction of documents held out for validation (deterministic by split_seed)."""
+    split_seed: int = Field(0, ge=0)
+    tokenizer: Tokenizer = Field(default_factory=BPETokenizer)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSpec:
+        if self.files is not None and self.source is not None:
+            raise ValueError("give either source or files, not both")
+        if self.files is not None and not self.files:
+            raise ValueError("files is empty: list at least one file, or remove it")
+        return self
+
+    @property
+    def corpus(self) -> str | None:
+        """The dataset source in effect (None when local files are used)."""
+        if self.files is not None:
+            return None
+        return self.source or "bundled:austen"
+
+
+class ReferenceSpec(Section):
+    """The uniform model that is probed: trained here, or a pretrained checkpoint."""
+
+    checkpoint: str | None = None
+    """A local Hugging Face model directory or .gguf file; omit to train the spec's model."""
+    train_steps: int | None = Field(None, ge=1, le=100_000_000)
+    """Steps to train the reference (default: train.steps)."""
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ReferenceSpec:
+        if self.checkpoint is not None and self.train_steps is not None:
+            raise ValueError("give either checkpoint or train_steps, not both")
+        return self
+
+
+class ProbeSpec(Section):
+    """Which token states are captured from the reference model."""
+
+    tokens: int = Field(1024, ge=4, le=1_000_000)
+    """Number of token states per cloud."""
+    sequences: int | None = Field(None, ge=1)
+    """Validation sequences to sample tokens from (default: as many as needed)."""
+    site: Literal["residual", "ffn"] = "residual"
+    """residual: the stream before/after the FFN sub-layer; ffn: normalised FFN input and output."""
+    skip_first: int = Field(0, ge=0)
+    """Skip the first positions of each sequence (attention-sink tokens)."""
+    skip_special: bool = True
+    """Never sample special tokens (such as the end-of-text separator)."""
+    seed: int = Field(0, ge=0)
+    batch_size: int = Field(8, ge=1, le=65536)
+    """Sequences per forward pass while probing."""
+
+
+class MeasureSpec(Section):
+    """One work profile: a geometry x statistic pair."""
+
+    geometry: GeometryRef
+    statistic: StatisticRef
+    name: str | None = None
+    """Profile name (default 'statistic/geometry', for example 'topology/hyperbolic')."""
+
+    @property
+    def profile(self) -> str:
+        return self.name or f"{self.statistic.kind}/{self.geometry.kind}"
+
+
+class ArmSpec(Section):
+    """One trained schedule of the experiment."""
+
+    name: Name
+    schedule: ScheduleRef
+
+
+class TrainSpec(Section):
+    """How every arm (and, by default, the reference) is trained."""
+
+    steps: int | None = Field(None, ge=1, le=100_000_000)
+    """Optimizer steps; or give tokens."""
+    tokens: int | None = Field(None, ge=1, le=10**15)
+    """Training tokens per run; steps = ceil(tokens / (batch_size * seq_len))."""
+    batch_size: int = Field(32, ge=1, le=1_048_576)
+    """Global batch in sequences (independent of the number of processes)."""
+    micro_batch_size: int | None = Field(None, ge=1)
+    """Sequences per forward pass per process; the rest is gradient accumulation."""
+    lr: float = Field(6e-4, gt=0.0, le=10.0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    """Final learning rate of the cosine decay, as a fraction of lr."""
+    warmup: int = Field(0, ge=0)
+    """Linear warmup steps."""
+    weight_decay: float = Field(0.1, ge=0.0, le=10.0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0.0)
+    grad_clip: float = Field(1.0, ge=0.0)
+    """Gradient-norm clipping (0 disables)."""
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=1000)
+    device: str = "auto"
+    """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', 'mps'."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto: bf16 autocast on CUDA, fp32 elsewhere."""
+    compile: bool = False
+    """torch.compile the model."""
+    eval_interval: int = Field(0, ge=0)
+    """Evaluate every N steps (0: only at the end)."""
+    eval_tokens: int | None = Field(None, ge=1)
+    """Validation tokens used per evaluation (default: the whole validation split)."""
+    checkpoint_interval: int = Field(100, ge=1)
+    log_interval: int = Field(10, ge=1)
+    distributed: Literal["ddp", "fsdp2"] = "ddp"
+    """Data parallelism under torchrun."""
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op threads on CPU (default: torch's)."""
+
+    @model_validator(mode="after")
+    def _steps_or_tokens(self) -> TrainSpec:
+        if (self.steps is None) == (self.tokens is None):
+            raise ValueError("give exactly one of steps or tokens")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be unique")
+        if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not a multiple of micro_batch_size "
+                f"{self.micro_batch_size}"
+            )
+        return self
+
+
+class ReportSpec(Section):
+    baseline: str = "uniform"
+    """The arm every other arm is compared with (paired by seed)."""
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    bootstrap: int = Field(10000, ge=0, le=10_000_000)
+    """Bootstrap resamples for the paired difference (used with 5 or more seeds; 0 disables)."""
+    plots: bool = True
+
+
+class DiagnoseSpec(Section):
+    """Diagnostics of the reference model (docs/diagnostics.md): residual norms, intrinsic
+    dimension, layer sensitivity and local additivity, also usable as solver inputs."""
+
+    enabled: bool = False
+    """Run the diagnose stage (between measure and solve); `geospec diagnose` runs it regardless."""
+    eps: float = Field(0.1, gt=0.0, lt=1.0)
+    """Layer sensitivity scales a layer's FFN sub-layer output by (1 - eps). 0.1 keeps the
+    perturbation local (the loss change is close to quadratic in eps) while staying well above
+    the rounding noise of the loss."""
+    windows: int = Field(16, ge=1, le=1_000_000)
+    """Validation windows of model.seq_len tokens the loss is measured on (the first ones)."""
+    batch_size: int = Field(4, ge=1, le=65536)
+    """Windows per forward pass while measuring the loss."""
+    pairs: int = Field(32, ge=0, le=1_000_000)
+    """Layer pairs sampled for local additivity (all pairs when there are fewer; 0 skips it)."""
+    seed: int = Field(0, ge=0)
+    """Seed of the pair sample."""
+    twonn_discard: float = Field(0.1, gt=0.0, lt=1.0)
+    """Fraction of the largest nearest-neighbour ratios TwoNN discards (the paper's 0.1)."""
+
+
+#: The per-layer profiles the diagnose stage adds for the solver (schedules may name them when
+#: [diagnose] is enabled): loss increase with the FFN scaled by (1 - eps) and removed (negative
+#: changes clipped to 0), TwoNN intrinsic dimension, mean residual-stream norm.
+DIAGNOSTIC_PROFILES = (
+    "sensitivity/scale",
+    "sensitivity/remove",
+    "intrinsic_dimension/twonn",
+    "residual_norm/mean",
+)
+
+
+def _all_means_none(value: object) -> object:
+    if value == "all":
+        return None
+    if isinstance(value, str):
+        raise ValueError(f'must be "all" or a list of [[measure]] tables, not {value!r}')
+    return value
+
+
+class Spec(Section):
+    """A whole experiment."""
+
+    name: Name
+    out: str | None = None
+    """Run directory (default runs/<name>), relative to the current directory."""
+    model: ModelSpec
+    data: DataSpec = Field(default_factory=DataSpec)
+    reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
+    probe: ProbeSpec = Field(default_factory=ProbeSpec)
+    measure: Annotated[list[MeasureSpec] | None, BeforeValidator(_all_means_none)] = None
+    """A list of geometry x statistic tables, or "all" (the default): every registered pair."""
+    arms: list[ArmSpec] = Field(min_length=1, max_length=1000)
+    train: TrainSpec
+    report: ReportSpec = Field(default_factory=ReportSpec)
+    diagnose: DiagnoseSpec = Field(default_factory=DiagnoseSpec)
+    probe_only: bool = False
+    """Train no arm: `geospec run` probes, measures, diagnoses, solves and reports (for pretrained
+    checkpoints, whose own shape is not trained here)."""
+
+    @property
+    def run_dir(self) -> str:
+        return self.out or f"runs/{self.name}"

@@ -1,0 +1,76 @@
+"""The short resolved summary ``geospec validate`` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from geospec.engine.model_size import count_params, total_ffn_params
+from geospec.spec.resolve import declared_vocab_size, measures, model_shape
+from geospec.spec.sections import Spec
+
+
+def spec_summary(spec: Spec) -> Group:
+    m = spec.model
+    vocab = declared_vocab_size(spec)
+    widths = [m.ffn_width] * m.n_layers
+    total = f"{count_params(model_shape(spec, vocab), widths):,}" if vocab else "(from tokenizer)"
+    ffn = total_ffn_params(m.d_model, widths, m.activation, m.bias)
+    head = Table.grid(padding=(0, 2))
+    head.add_row("spec", spec.name)
+    head.add_row("run directory", spec.run_dir)
+    head.add_row(
+        "model",
+        f"{m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, seq_len {m.seq_len}, "
+        f"{m.activation}, {m.norm}, {m.positions} positions",
+    )
+    head.add_row("parameters", f"{total} (vocab {vocab or '?'}; equal for every arm)")
+    head.add_row(
+        "FFN budget",
+        f"{m.n_layers} x {m.ffn_width} = {m.n_layers * m.ffn_width} hidden units, "
+        f"{ffn:,} FFN parameters, widths in multiples of {m.multiple_of}",
+    )
+    reference = (
+        f"checkpoint {spec.reference.checkpoint}"
+        if spec.reference.checkpoint
+        else f"train uniform model for {spec.reference.train_steps} steps"
+        if spec.reference.train_steps
+        else "train uniform model with the train settings (seed "
+        f"{spec.reference.seed}: the uniform arm's run for that seed is reused)"
+    )
+    head.add_row("reference", reference)
+    budget = f"{spec.train.steps} steps" if spec.train.steps else f"{spec.train.tokens:,} tokens"
+    if not spec.probe_only:
+        head.add_row(
+            "training", f"{budget}, batch {spec.train.batch_size}, seeds {list(spec.train.seeds)}"
+        )
+    profiles = [entry.profile for entry in measures(spec)]
+    head.add_row("measures", ", ".join(profiles) if profiles else "(none)")
+    if spec.diagnose.enabled:
+        settings = spec.diagnose.model_dump(mode="json", exclude={"enabled"})
+        head.add_row("diagnose", ", ".join(f"{k}={v}" for k, v in settings.items()))
+    if spec.probe_only:
+        head.add_row("probe only", "no arm is trained; widths are computed and reported")
+    arms = Table(title="arms", title_justify="left")
+    arms.add_column("arm")
+    arms.add_column("schedule")
+    for arm in spec.arms:
+        arms.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
+    return Group(head, arms)
+
+
+def plugin_call(params: dict[str, Any]) -> str:
+    """A plugin table as ``kind(key=value, ...)``, nested tables alike, unset options left out."""
+    params = dict(params)
+    kind = params.pop("kind")
+    parts = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, dict) and "kind" in value:
+            value = plugin_call(value)
+        parts.append(f"{key}={value}")
+    return f"{kind}({', '.join(parts)})" if parts else str(kind)
