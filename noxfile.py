@@ -17,8 +17,21 @@ nox.options.reuse_existing_virtualenvs = True
 
 # torch 2.13.0 is the CPU build that lies on this machine's disk; any torch >= 2.4 works.
 TORCH = "torch==2.13.0"
-# What the torch-free core imports (validate, plugins, schema): kept in step with pyproject.toml.
-CORE_DEPENDENCIES = ["pydantic>=2.7", "pluggy>=1.5", "click>=8.1", "rich>=13", "tomlkit>=0.12"]
+
+
+def core_dependencies() -> list[str]:
+    """What the torch-free core imports (validate, plugins, schema, widths): the block of
+    pyproject.toml's dependencies headed ``# core``."""
+    import tomllib  # nox runs on Python 3.11+
+
+    with open("pyproject.toml", "rb") as file:
+        dependencies = tomllib.load(file)["project"]["dependencies"]
+    text = open("pyproject.toml").read()
+    block = text[text.index("# core") : text.index("# engine and measurement")]
+    return [d for d in dependencies if f'"{d}"' in block]
+
+
+CORE_DEPENDENCIES = core_dependencies()
 CORE_TESTS = ["tests/test_spec_errors.py", "tests/test_plugins.py", "tests/test_cli_core.py"]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 

@@ -48,6 +48,8 @@ class Plugin:
     """Base of every plugin class: ``Params`` is its parameter model, ``params`` the values."""
 
     Params: ClassVar[type[PluginParams]]
+    #: The hook that registers plugins of this kind (set by each contract in geospec.kinds).
+    register_hook: ClassVar[str]
 
     def __init__(self, params: PluginParams | None = None) -> None:
         self.params = params if params is not None else self.Params.model_validate({})

@@ -22,8 +22,8 @@ from geospec.registry.hookspecs import Register
 from geospec.registry.loading import build_registries, use_registries
 from geospec.solve.profiles import read_profiles
 from geospec.solve.widths import WidthsResult, compute_widths
-from geospec.spec.sections import Spec
 from geospec.spec.loading import load_spec
+from geospec.spec.sections import Spec
 
 PROFILE = "testwork/testflat"
 

@@ -32,7 +32,9 @@ class Shape:
         """The shape of anything holding these fields as attributes or keys (the spec's
         ``[model]``, a ``GPTConfig``, a run's config.json); ``overrides`` replace fields."""
         read = source.get if isinstance(source, Mapping) else lambda name: getattr(source, name)
-        values = {f.name: read(f.name) for f in fields(cls) if f.name not in overrides}
+        values: dict[str, Any] = {
+            f.name: read(f.name) for f in fields(cls) if f.name not in overrides
+        }
         return cls(**values, **overrides)
 
 

@@ -65,10 +65,6 @@ class Registry:
             )
         self.entries[name] = Entry(name, cls, provider)
 
-    def unregister_provider(self, provider_name: str) -> None:
-        for name in [n for n, e in self.entries.items() if e.provider.name == provider_name]:
-            del self.entries[name]
-
     def names(self) -> list[str]:
         return list(self.entries)
 

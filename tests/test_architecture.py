@@ -1,0 +1,150 @@
+"""The package's boundaries, read from the source with ``ast`` (docs/architecture.md, "Rules").
+
+- the core never imports the builtin plugins: they arrive through the hooks like any plugin;
+- the builtins import only the public plugin API, as a third-party plugin would;
+- no import cycle among geospec's modules (imports at module level, type-only ones included);
+- a stage never imports the executor, nor a later stage;
+- the commands that only read specs never import torch or numpy.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE = ROOT / "geospec"
+BUILTINS = ROOT / "plugins"
+PUBLIC_PLUGIN_API = {"geospec", "geospec.kinds", "geospec.plugin", "geospec.errors"}
+STAGE_ORDER = ["reference", "probe", "measure", "diagnose", "solve", "train", "report"]
+
+
+def module_name(path: Path, root: Path, package: str) -> str:
+    parts = [package, *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def core_modules() -> dict[str, Path]:
+    return {module_name(p, CORE, "geospec"): p for p in sorted(CORE.rglob("*.py"))}
+
+
+def imports(path: Path, module_level_only: bool) -> Iterator[str]:
+    """Modules imported by ``path``: ``from a.b import c`` yields ``a.b.c`` when that is a module
+    of geospec, else ``a.b``. With ``module_level_only``, imports inside functions are skipped
+    (imports under ``if TYPE_CHECKING`` count: a type-only cycle is still a tangle)."""
+    modules = core_modules()
+    tree = ast.parse(path.read_text())
+    package = module_name(path, CORE, "geospec") if path.is_relative_to(CORE) else ""
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+
+    def walk(node: ast.AST) -> Iterator[ast.AST]:
+        for child in ast.iter_child_nodes(node):
+            if module_level_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            yield child
+            yield from walk(child)
+
+    for node in walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                yield candidate if candidate in modules else base
+
+
+def test_the_core_never_imports_the_builtin_plugins() -> None:
+    offenders = {
+        name: sorted(i for i in imports(path, False) if i.split(".")[0] == "geospec_plugins")
+        for name, path in core_modules().items()
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_the_builtins_import_only_the_public_plugin_api() -> None:
+    offenders = {}
+    for path in sorted(BUILTINS.glob("*.py")):
+        used = {i for i in imports(path, False) if i.split(".")[0] == "geospec"}
+        if used - PUBLIC_PLUGIN_API:
+            offenders[path.name] = sorted(used - PUBLIC_PLUGIN_API)
+    assert offenders == {}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for successor in sorted(graph.get(node, ())):
+            if state.get(successor) == 1:
+                return [*path[path.index(successor) :], successor]
+            if successor not in state and (cycle := visit(successor)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_in_geospec() -> None:
+    modules = core_modules()
+    graph = {
+        name: {i for i in imports(path, True) if i in modules and i != name}
+        for name, path in modules.items()
+    }
+    assert find_cycle(graph) is None
+
+
+def test_find_cycle_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_a_stage_imports_neither_the_executor_nor_a_later_stage() -> None:
+    assert sorted(p.stem for p in (CORE / "pipeline" / "stages").glob("[!_]*.py")) == sorted(
+        STAGE_ORDER
+    )
+    for index, stage in enumerate(STAGE_ORDER):
+        used = set(imports(CORE / "pipeline" / "stages" / f"{stage}.py", False))
+        assert "geospec.pipeline.executor" not in used, stage
+        later = {f"geospec.pipeline.stages.{s}" for s in STAGE_ORDER[index + 1 :]}
+        assert not used & later, (stage, sorted(used & later))
+
+
+@pytest.mark.parametrize("command", ["validate", "plugins", "schema", "widths"])
+def test_spec_reading_commands_never_import_torch_or_numpy(command: str, tmp_path: Path) -> None:
+    args = {
+        "validate": [str(ROOT / "specs" / "tiny.toml")],
+        "plugins": ["--json"],
+        "schema": [],
+        "widths": [str(ROOT / "specs" / "tiny.toml"), "--json"],
+    }[command]
+    (tmp_path / "runs").mkdir()
+    script = (
+        "import sys\n"
+        "from geospec.cli import main\n"
+        f"sys.argv = ['geospec', {command!r}, *{args!r}]\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    assert not exit.code, exit.code\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy'})\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
