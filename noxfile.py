@@ -24,9 +24,9 @@ def core_dependencies() -> list[str]:
     pyproject.toml's dependencies headed ``# core``."""
     import tomllib  # nox runs on Python 3.11+
 
-    with open("pyproject.toml", "rb") as file:
-        dependencies = tomllib.load(file)["project"]["dependencies"]
-    text = open("pyproject.toml").read()
+    with open("pyproject.toml", encoding="utf-8") as file:
+        text = file.read()
+    dependencies = tomllib.loads(text)["project"]["dependencies"]
     block = text[text.index("# core") : text.index("# engine and measurement")]
     return [d for d in dependencies if f'"{d}"' in block]
 
