@@ -32,7 +32,12 @@ def core_dependencies() -> list[str]:
 
 
 CORE_DEPENDENCIES = core_dependencies()
-CORE_TESTS = ["tests/test_spec_errors.py", "tests/test_plugins.py", "tests/test_cli_core.py"]
+CORE_TESTS = [
+    "tests/test_spec_errors.py",
+    "tests/test_plugins.py",
+    "tests/test_cli_core.py",
+    "tests/test_architecture.py",
+]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 

@@ -4,7 +4,7 @@
 - the builtins import only the public plugin API, as a third-party plugin would;
 - no import cycle among geospec's modules (imports at module level, type-only ones included);
 - a stage never imports the executor, nor a later stage;
-- the commands that only read specs never import torch or numpy.
+- the commands that only read specs, and ``--help``, never import torch or numpy.
 """
 
 from __future__ import annotations
@@ -127,13 +127,14 @@ def test_a_stage_imports_neither_the_executor_nor_a_later_stage() -> None:
         assert not used & later, (stage, sorted(used & later))
 
 
-@pytest.mark.parametrize("command", ["validate", "plugins", "schema", "widths"])
+@pytest.mark.parametrize("command", ["validate", "plugins", "schema", "widths", "--help"])
 def test_spec_reading_commands_never_import_torch_or_numpy(command: str, tmp_path: Path) -> None:
     args = {
         "validate": [str(ROOT / "specs" / "tiny.toml")],
         "plugins": ["--json"],
         "schema": [],
         "widths": [str(ROOT / "specs" / "tiny.toml"), "--json"],
+        "--help": [],  # lists every command, so loads every command's module
     }[command]
     (tmp_path / "runs").mkdir()
     script = (

@@ -1,12 +1,14 @@
-"""Paired comparisons of arms across seeds: mean difference, t-interval, bootstrap, wins."""
+"""Paired comparisons of arms across seeds: mean difference, t-interval, bootstrap, wins.
+
+numpy and scipy are imported by the functions that compute (the pipeline's stages import
+:func:`finite` from here, and ``geospec --help`` loads them without numpy).
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import numpy as np
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,8 @@ class PairedDifference:
 
 
 def summarize(values: list[float]) -> Summary:
+    import numpy as np
+
     array = np.asarray(values, dtype=np.float64)
     sd = float(array.std(ddof=1)) if len(array) > 1 else math.nan
     return Summary(float(array.mean()) if len(array) else math.nan, sd, len(array))
@@ -44,6 +48,7 @@ def paired_difference(
     seed: int = 0,
 ) -> PairedDifference:
     """Differences per seed (paired: seed k of both arms saw the same data order)."""
+    import numpy as np
     from scipy import stats
 
     seeds = tuple(sorted(set(arm) & set(baseline)))
