@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -29,12 +29,27 @@ from tokenizers import Tokenizer
 
 from geospec.engine.corpus import Corpus
 from geospec.engine.tokenizer import build_tokenizer, vocab_size
-from geospec.errors import UsageError
+from geospec.atomic import atomic_write_json
+from geospec.errors import GeospecError, UsageError
 from geospec.locks import file_lock
 from geospec.spec.sections import BPETokenizer, DataSpec
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
+META_FILE = "meta.json"
+
+
+class DamagedCache(GeospecError):
+    """A token cache whose files do not match its meta.json (rebuilt when found)."""
+
+
+def file_digest(path: Path) -> str:
+    """A content hash of a file, read in chunks (the splits can be many GB)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 24):
+            digest.update(chunk)
+    return f"blake2b:{digest.hexdigest()}"
 
 
 @dataclass(frozen=True)
@@ -53,13 +68,36 @@ class TokenData:
         """Identifies the exact tokens (a hash of the data section and the source files)."""
         return self.directory.name
 
+    @property
+    def digests(self) -> dict[str, str]:
+        """The content hash of each split (what the training fingerprint records)."""
+        return dict(self.meta["digests"])
+
     def tokenizer(self) -> Tokenizer:
         return Tokenizer.from_file(str(self.directory / "tokenizer.json"))
 
     @classmethod
-    def open(cls, directory: Path) -> TokenData:
-        meta = json.loads((directory / "meta.json").read_text())
+    def open(cls, directory: Path, verify: bool = False) -> TokenData:
+        """Open a prepared cache; the length of each split is checked against meta.json, and
+        with ``verify`` its content hash too. Raises :class:`DamagedCache` saying what is wrong."""
+        meta = _read_meta(directory)
         dtype = np.dtype(meta["dtype"])
+        for name in SPLITS:
+            path = directory / f"{name}.bin"
+            expected = int(meta["tokens"][name]) * dtype.itemsize
+            size = path.stat().st_size if path.is_file() else None
+            if size != expected:
+                found = "missing" if size is None else f"{size} bytes"
+                raise DamagedCache(f"{path}: {found}, but {META_FILE} says {expected} bytes")
+        if "digests" not in meta:  # a cache made before digests were recorded: record them now
+            meta["digests"] = {name: file_digest(directory / f"{name}.bin") for name in SPLITS}
+            atomic_write_json(directory / META_FILE, meta)
+        elif verify:
+            for name in SPLITS:
+                if file_digest(directory / f"{name}.bin") != meta["digests"][name]:
+                    raise DamagedCache(
+                        f"{directory / f'{name}.bin'}: its content changed since it was prepared"
+                    )
         splits = {
             name: np.memmap(directory / f"{name}.bin", dtype=dtype, mode="r") for name in SPLITS
         }
@@ -71,6 +109,21 @@ class TokenData:
             eot_id=int(meta["eot_id"]),
             meta=meta,
         )
+
+
+def _read_meta(directory: Path) -> dict[str, Any]:
+    path = directory / META_FILE
+    try:
+        meta = json.loads(path.read_text())
+        if not isinstance(meta, dict):
+            raise TypeError("not a JSON object")
+        np.dtype(meta["dtype"])
+        if not all(isinstance(meta["tokens"][name], int) for name in SPLITS):
+            raise TypeError("token counts are not integers")
+        int(meta["vocab_size"]), int(meta["eot_id"])
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        raise DamagedCache(f"{path}: unreadable ({type(error).__name__})") from None
+    return meta
 
 
 def token_dtype(vocab: int) -> np.dtype[Any]:
@@ -104,28 +157,45 @@ def cache_key(data: DataSpec, digests: list[str]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def prepare_data(data: DataSpec, cache_dir: Path, spec_dir: Path | None = None) -> TokenData:
+def prepare_data(
+    data: DataSpec,
+    cache_dir: Path,
+    spec_dir: Path | None = None,
+    say: Callable[[str], None] | None = None,
+) -> TokenData:
     """Tokenize and pack the corpus once; later calls (any process) open the cached result.
 
-    Relative paths in ``data.files`` and ``data.tokenizer.path`` are taken from ``spec_dir``.
+    Relative paths in ``data.files`` and ``data.tokenizer.path`` are taken from ``spec_dir``. A
+    cache whose files no longer match its meta.json (length, content hash) is rebuilt, and
+    ``say`` is told why.
     """
     corpus = Corpus(data, spec_dir)
     key = cache_key(data, corpus.digests())
     cache_dir = Path(cache_dir)
     final = cache_dir / key
-    if (final / "meta.json").is_file():
-        return TokenData.open(final)
+    damaged = False
+    if (final / META_FILE).exists():
+        try:
+            return TokenData.open(final, verify=True)
+        except DamagedCache as error:
+            damaged = True
+            if say is not None:
+                say(f"[yellow]![/] {error}; preparing the tokens again")
     cache_dir.mkdir(parents=True, exist_ok=True)
     with file_lock(cache_dir / f".{key}.lock"):
-        if not (final / "meta.json").is_file():
-            work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
-            work.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
+        if not damaged:
             try:
-                _build(corpus, data, spec_dir, work, key)
-                shutil.rmtree(final, ignore_errors=True)  # a partial copy from another tool
-                os.replace(work, final)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+                return TokenData.open(final)  # another process may have built it meanwhile
+            except DamagedCache:
+                pass
+        work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
+        work.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
+        try:
+            _build(corpus, data, spec_dir, work, key)
+            shutil.rmtree(final, ignore_errors=True)  # a damaged or partial copy
+            os.replace(work, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return TokenData.open(final)
 
 
@@ -170,7 +240,7 @@ def _build(corpus: Corpus, data: DataSpec, spec_dir: Path | None, work: Path, ke
                 "data.val_fraction"
             )
     tokenizer.save(str(work / "tokenizer.json"))
-    meta = {
+    meta: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "key": key,
         "vocab_size": vocab,
@@ -178,12 +248,13 @@ def _build(corpus: Corpus, data: DataSpec, spec_dir: Path | None, work: Path, ke
         "dtype": dtype.name,
         "documents": documents,
         "tokens": tokens,
+        "digests": {name: file_digest(work / f"{name}.bin") for name in SPLITS},
         "tokenizer": data.tokenizer.kind,
         "data": data.model_dump(mode="json"),
     }
     if isinstance(data.tokenizer, BPETokenizer) and vocab != data.tokenizer.vocab_size:
         meta["note"] = f"BPE stopped at {vocab} tokens: the corpus has too few distinct merges"
-    (work / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (work / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def pack(tokenizer: Tokenizer, docs: list[str], eot: int, dtype: np.dtype[Any]) -> np.ndarray:

@@ -48,7 +48,7 @@ class RunContext:
         keyed by the section and the source files' contents)."""
         from geospec.engine.token_data import prepare_data
 
-        return prepare_data(data, self.run_dir / "data", spec_dir=self.spec_dir)
+        return prepare_data(data, self.run_dir / "data", spec_dir=self.spec_dir, say=self.say)
 
 
 #: What a stage's ``run`` returns when it did only part of its work (runs held by another
