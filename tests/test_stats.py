@@ -1,14 +1,15 @@
-"""Paired differences against scipy's paired t-test and a resampling property."""
+"""Paired differences against scipy: the paired t-test's interval and scipy's own bootstrap."""
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from geospec.report.stats import paired_difference, summarize
+from geospec.report.stats import finite, paired_difference, summarize
 
 
 def test_t_interval_matches_scipy_ttest_rel() -> None:
@@ -21,6 +22,55 @@ def test_t_interval_matches_scipy_ttest_rel() -> None:
     assert diff.mean == pytest.approx(float(np.mean(arm - base)))
     assert diff.improved == int(np.sum(arm < base))
     assert diff.n == 5
+
+
+@pytest.mark.parametrize("confidence", [0.5, 0.8, 0.9, 0.99])
+def test_t_interval_is_at_the_configured_confidence(confidence: float) -> None:
+    rng = np.random.default_rng(3)
+    base = rng.normal(3.4, 0.02, 4)
+    arm = base + rng.normal(0.01, 0.02, 4)
+    diff = paired_difference(
+        dict(enumerate(arm)), dict(enumerate(base)), confidence=confidence, bootstrap=0
+    )
+    reference = stats.ttest_rel(arm, base).confidence_interval(confidence_level=confidence)
+    assert diff.ci == pytest.approx((reference.low, reference.high), rel=1e-12)
+    assert diff.sd == pytest.approx(float(np.std(arm - base, ddof=1)), rel=1e-12)
+    assert diff.bootstrap_ci is None  # bootstrap=0 turns it off
+
+
+def _scipy_bootstrap(diffs: np.ndarray, resamples: int, confidence: float, seed: int) -> tuple:
+    """scipy's percentile bootstrap of the mean, drawing from the same generator."""
+    generator = np.random.default_rng(seed)
+    draw = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+    result = stats.bootstrap(
+        (diffs,),
+        np.mean,
+        n_resamples=resamples,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        **{draw: generator},
+    )
+    return result.confidence_interval.low, result.confidence_interval.high
+
+
+@pytest.mark.parametrize(("confidence", "seed", "n"), [(0.95, 0, 5), (0.8, 7, 6), (0.99, 3, 9)])
+def test_bootstrap_equals_scipys_percentile_bootstrap(confidence: float, seed: int, n: int) -> None:
+    rng = np.random.default_rng(seed + 100)
+    base = rng.normal(3.0, 0.1, n)
+    arm = base - 0.03 + rng.normal(0, 0.02, n)
+    diff = paired_difference(
+        dict(enumerate(arm)), dict(enumerate(base)), confidence, bootstrap=3000, seed=seed
+    )
+    reference = _scipy_bootstrap(arm - base, 3000, confidence, seed)
+    assert diff.bootstrap_ci == pytest.approx(reference, rel=1e-12)
+
+
+def test_bootstrap_needs_the_configured_number_of_seeds() -> None:
+    base = {k: 3.0 + 0.1 * k for k in range(3)}
+    arm = {k: v - 0.01 * (k + 1) for k, v in base.items()}
+    assert paired_difference(arm, base, bootstrap=100, bootstrap_min_seeds=3).bootstrap_ci
+    assert paired_difference(arm, base, bootstrap=100, bootstrap_min_seeds=4).bootstrap_ci is None
 
 
 def test_only_shared_seeds_are_paired() -> None:
@@ -47,4 +97,22 @@ def test_bootstrap_only_with_five_seeds_and_brackets_the_mean() -> None:
 
 def test_summarize_uses_sample_sd() -> None:
     summary = summarize([1.0, 2.0, 3.0])
-    assert summary.mean == 2.0 and summary.sd == pytest.approx(1.0)
+    assert summary.mean == 2.0 and summary.sd == pytest.approx(1.0) and summary.n == 3
+    one, none = summarize([4.0]), summarize([])
+    assert one.mean == 4.0 and math.isnan(one.sd) and one.n == 1
+    assert math.isnan(none.mean) and none.n == 0
+
+
+def test_no_shared_seed_gives_no_difference() -> None:
+    diff = paired_difference({0: 1.0}, {1: 2.0})
+    assert diff.n == 0 and diff.seeds == () and math.isnan(diff.mean) and diff.improved == 0
+
+
+def test_improved_counts_strictly_lower_losses() -> None:
+    diff = paired_difference({0: 1.0, 1: 2.0, 2: 2.9}, {0: 1.0, 1: 2.5, 2: 3.0})
+    assert diff.improved == 2  # a tie is not an improvement
+
+
+def test_finite_stores_undefined_numbers_as_null() -> None:
+    assert finite(math.nan) is None and finite(math.inf) is None and finite(None) is None
+    assert finite(-0.25) == -0.25
