@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from scipy import stats
 
 from geospec.cli import cli
 from geospec.engine.model_size import Shape, count_params
@@ -96,27 +98,32 @@ def test_results_match_per_seed_metrics(tmp_path: Path) -> None:
     assert "| taper |" in report and "plots/val_loss.png" in report
 
 
+def _fingerprint(arm: str, seed: int) -> dict[str, object]:
+    """What geospec.engine.train.fingerprint records for one run of a fair study."""
+    return {
+        "config": {**CONFIG, "ffn_widths": WIDTHS[arm]},
+        "data": "abc",
+        "seed": seed,
+        "steps": 100,
+        "batch_size": 8,
+        "optimizer": [3e-3, 0.1, 5, 0.1, [0.9, 0.95], 1e-8, 1.0],
+        "eval_tokens": None,
+    }
+
+
+def _stamp(run_dir: Path, arm: str, seed: int, fingerprint: dict[str, object]) -> None:
+    path = run_dir / "arms" / arm / f"seed-{seed}" / "result.json"
+    loss = LOSSES[arm][seed]
+    path.write_text(json.dumps({"final_val_loss": loss, "fingerprint": fingerprint}))
+
+
 def test_checks_read_every_runs_fingerprint(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     make_run(run_dir)
     assert set(write_report(run_dir)["checks"].values()) == {None}  # no run recorded one
 
-    def fingerprint(arm: str, seed: int) -> dict[str, object]:
-        return {
-            "config": {**CONFIG, "ffn_widths": WIDTHS[arm]},
-            "data": "abc",
-            "seed": seed,
-            "steps": 100,
-            "batch_size": 8,
-            "optimizer": [3e-3, 0.1, 5, 0.1, [0.9, 0.95], 1e-8, 1.0],
-            "eval_tokens": None,
-        }
-
     def record(arm: str, directory_seed: int, **changes: object) -> None:
-        path = run_dir / "arms" / arm / f"seed-{directory_seed}" / "result.json"
-        loss = LOSSES[arm][directory_seed]
-        stamp = {**fingerprint(arm, directory_seed), **changes}
-        path.write_text(json.dumps({"final_val_loss": loss, "fingerprint": stamp}))
+        _stamp(run_dir, arm, directory_seed, {**_fingerprint(arm, directory_seed), **changes})
 
     for arm in LOSSES:
         for seed in range(3):
@@ -136,6 +143,92 @@ def test_checks_read_every_runs_fingerprint(tmp_path: Path) -> None:
         "seeds_paired": False,
     }
     assert (run_dir / "report.md").read_text().count("not so") == 3
+
+
+TAPER = {**CONFIG, "ffn_widths": WIDTHS["taper"]}
+UNFAIR: dict[str, tuple[dict[str, object], str | None]] = {
+    # one run recorded differently -> the one check that must fail (None: none may)
+    "data": ({"data": "other"}, "same_data_and_validation"),
+    "eval_tokens": ({"eval_tokens": 4096}, "same_data_and_validation"),
+    "steps": ({"steps": 99}, "same_training"),
+    "batch_size": ({"batch_size": 16}, "same_training"),
+    "optimizer": ({"optimizer": [1e-3, 0.1, 5, 0.1, [0.9, 0.95], 1e-8, 1.0]}, "same_training"),
+    "d_model": ({"config": {**TAPER, "d_model": 64}}, "same_shape_apart_from_widths"),
+    "activation": ({"config": {**TAPER, "activation": "swiglu"}}, "same_shape_apart_from_widths"),
+    "widths": ({"config": {**TAPER, "ffn_widths": [80, 80, 64, 32]}}, None),  # the experiment
+    "seed": ({"seed": 2}, "seeds_paired"),
+}
+
+
+@pytest.mark.parametrize("change", list(UNFAIR))
+def test_each_fairness_check_fails_alone(tmp_path: Path, change: str) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    for arm in LOSSES:
+        for seed in range(3):
+            _stamp(run_dir, arm, seed, _fingerprint(arm, seed))
+    changes, failing = UNFAIR[change]
+    _stamp(run_dir, "taper", 1, {**_fingerprint("taper", 1), **changes})
+    checks = write_report(run_dir, plots=False)["checks"]
+    assert checks == {name: name != failing for name in checks}
+    assert (run_dir / "report.md").read_text().count("not so") == (failing is not None)
+
+
+def test_unequal_parameter_counts_are_reported(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    config = run_dir / "arms" / "taper" / "seed-0" / "config.json"
+    config.write_text(json.dumps({**CONFIG, "ffn_widths": [96, 80, 48, 48]}))  # 16 too many
+    results = write_report(run_dir, plots=False)
+    shape = Shape(4, 32, 4, 300, 16)
+    assert results["arms"]["taper"]["params"] == count_params(shape, [96, 80, 48, 48])
+    assert results["equal_params"] is False
+    assert "do not have equal parameter counts" in (run_dir / "report.md").read_text()
+
+
+def _draw_argument() -> str:
+    """scipy.stats.bootstrap's generator: ``rng`` from scipy 1.15 on, ``random_state`` before."""
+    return "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
+
+
+@pytest.mark.parametrize("confidence", [0.8, 0.99])
+def test_intervals_are_at_the_run_confidence(tmp_path: Path, confidence: float) -> None:
+    """report.confidence reaches the t-interval and the bootstrap, checked against scipy."""
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    seeds = range(6)  # enough seeds for the bootstrap
+    rng = np.random.default_rng(5)
+    base = {s: 4.8 + 0.02 * rng.standard_normal() for s in seeds}
+    taper = {s: base[s] - 0.01 + 0.01 * rng.standard_normal() for s in seeds}
+    run = json.loads((run_dir / "run.json").read_text())
+    run.update(confidence=confidence, seeds=list(seeds), bootstrap=4000)
+    (run_dir / "run.json").write_text(json.dumps(run))
+    for arm, losses in (("uniform", base), ("taper", taper)):
+        for seed, loss in losses.items():
+            out = run_dir / "arms" / arm / f"seed-{seed}"
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "result.json").write_text(json.dumps({"final_val_loss": loss}))
+            (out / "config.json").write_text(json.dumps({**CONFIG, "ffn_widths": WIDTHS[arm]}))
+    results = write_report(run_dir, plots=False)
+    vs = results["arms"]["taper"]["vs_uniform"]
+    arm, baseline = np.array(list(taper.values())), np.array(list(base.values()))
+    t = stats.ttest_rel(arm, baseline).confidence_interval(confidence_level=confidence)
+    assert results["confidence"] == confidence
+    assert vs["ci95"] == pytest.approx([t.low, t.high], rel=1e-12)
+    assert vs["sd"] == pytest.approx(float(np.std(arm - baseline, ddof=1)), rel=1e-12)
+    assert vs["n"] == 6 and vs["improved"] == int(np.sum(arm < baseline))
+    # scipy's percentile bootstrap on the generator the report seeds with 0
+    boot = stats.bootstrap(
+        (arm - baseline,),
+        np.mean,
+        n_resamples=4000,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        **{_draw_argument(): np.random.default_rng(0)},
+    ).confidence_interval
+    assert vs["bootstrap_ci95"] == pytest.approx([boot.low, boot.high], rel=1e-12)
+    assert f"{round(confidence * 100)}% CI" in (run_dir / "report.md").read_text()
 
 
 def test_report_command(tmp_path: Path) -> None:
