@@ -6,7 +6,12 @@
 - ``trainer_state.pt``: step, optimizer state (keyed by parameter name), RNG states, timing, last
   validation loss and the run's fingerprint. Read with ``torch.load(weights_only=True)``: no
   arbitrary objects are ever unpickled.
-- ``result.json``: written last; its presence means the run is finished.
+- ``result.json``: written last; its presence means the run is finished. It records the final
+  weights' content hash, checked whenever the model is loaded.
+
+Every checkpoint records content hashes of its weights file and of the optimizer state; a resume
+checks them, so weights or optimizer state changed behind geospec's back (a zeroed file with an
+intact header, a truncated file) are found (:class:`DamagedCheckpoint`) instead of trained on.
 
 A checkpoint is two files, each replaced atomically. To keep them a consistent pair the previous
 weights are kept (hard link) as ``model.prev.safetensors`` until the new trainer state is in
@@ -15,28 +20,58 @@ place; resuming picks whichever weights file carries the trainer state's step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from geospec.atomic import atomic_path, atomic_write_json
+from geospec.digests import file_digest
 from geospec.engine.model import GPT, GPTConfig
 from geospec.engine.run_files import (
     CONFIG_FILE,
     METRICS_FILE,
     MODEL_FILE,
     PREVIOUS_MODEL_FILE,
+    RESULT_FILE,
     STATE_FILE,
 )
 from geospec.errors import GeospecError, UsageError
 
 TIED_KEY = "lm_head.weight"
+
+
+class DamagedCheckpoint(GeospecError):
+    """A checkpoint or weights file that cannot be read or does not match its recorded hash."""
+
+
+def tensor_digest(value: Any) -> str:
+    """A content hash of nested dicts and lists of tensors and plain values (optimizer state)."""
+    digest = hashlib.blake2b(digest_size=16)
+
+    def feed(item: Any, where: str) -> None:
+        if isinstance(item, torch.Tensor):
+            tensor = item.detach().to("cpu").contiguous().reshape(-1)
+            digest.update(f"{where}:{item.dtype}:{tuple(item.shape)}".encode())
+            digest.update(tensor.view(torch.uint8).numpy().tobytes())
+        elif isinstance(item, dict):
+            for key in sorted(item, key=str):
+                feed(item[key], f"{where}/{key}")
+        elif isinstance(item, (list, tuple)):
+            for index, element in enumerate(item):
+                feed(element, f"{where}/{index}")
+        else:
+            digest.update(f"{where}={item!r}".encode())
+
+    feed(value, "")
+    return f"blake2b:{digest.hexdigest()}"
 
 
 def write_config(out_dir: Path, config: GPTConfig) -> None:
@@ -72,7 +107,10 @@ def weights_step(path: Path) -> int | None:
 
 
 def load_weights(path: Path, config: GPTConfig) -> dict[str, torch.Tensor]:
-    state = load_file(str(path))
+    try:
+        state = load_file(str(path))
+    except (OSError, ValueError, RuntimeError, SafetensorError) as error:
+        raise DamagedCheckpoint(f"{path}: unreadable ({_reason(error)})") from None
     if config.tie_embeddings:
         state[TIED_KEY] = state["wte.weight"]
     return state
@@ -85,9 +123,34 @@ def load_model(out_dir: str | Path, device: str | torch.device = "cpu") -> GPT:
     path = out_dir / MODEL_FILE
     if not path.is_file():
         raise UsageError(f"{out_dir}: no {MODEL_FILE}; the run has not saved weights yet")
+    recorded = _recorded_weights_digest(out_dir)
+    if recorded is not None and file_digest(path) != recorded:
+        raise DamagedCheckpoint(
+            f"{path}: its content changed after training finished (it does not match the "
+            f"hash in {RESULT_FILE})"
+        )
     model = GPT(config)
     model.load_state_dict(load_weights(path, config), strict=True)
     return model.to(device).eval()
+
+
+def _recorded_weights_digest(out_dir: Path) -> str | None:
+    try:
+        result = json.loads((out_dir / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    checksums = result.get("checksums") if isinstance(result, dict) else None
+    return checksums.get(MODEL_FILE) if isinstance(checksums, dict) else None
+
+
+def weights_checksum(out_dir: Path) -> dict[str, str]:
+    """The content hash of a finished run's weights, recorded in its result.json."""
+    return {MODEL_FILE: file_digest(out_dir / MODEL_FILE)}
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def write_checkpoint(
@@ -106,25 +169,56 @@ def write_checkpoint(
         except OSError:  # file systems without hard links
             shutil.copy2(model_path, previous)
     save_weights(model_path, weights, config, step)
+    checksums = {
+        "weights": file_digest(model_path),
+        "optimizer": tensor_digest(trainer_state.get("optimizer")),
+    }
     with atomic_path(out_dir / STATE_FILE) as tmp:
-        torch.save(trainer_state, tmp)
+        torch.save({**trainer_state, "checksums": checksums}, tmp)
     previous.unlink(missing_ok=True)
 
 
 def read_checkpoint(out_dir: Path) -> tuple[Path, dict[str, Any]] | None:
-    """(weights file, trainer state) of the last complete checkpoint, or None when there is none."""
+    """(weights file, trainer state) of the last complete checkpoint, or None when there is none.
+
+    Raises :class:`DamagedCheckpoint` when the state cannot be read, no weights file matches its
+    step, or the weights or optimizer state do not match the hashes the checkpoint recorded.
+    """
     state_path = out_dir / STATE_FILE
     if not state_path.is_file():
         return None
-    state: dict[str, Any] = torch.load(state_path, map_location="cpu", weights_only=True)
-    step = int(state["step"])
-    for name in (MODEL_FILE, PREVIOUS_MODEL_FILE):
-        if weights_step(out_dir / name) == step:
-            return out_dir / name, state
-    raise GeospecError(
-        f"{out_dir}: {STATE_FILE} is at step {step} but no weights file matches it; the "
-        "checkpoint was damaged outside geospec. Delete the directory to train from scratch"
+    try:
+        state: dict[str, Any] = torch.load(state_path, map_location="cpu", weights_only=True)
+        step = int(state["step"])
+    except (
+        OSError,
+        ValueError,
+        RuntimeError,
+        EOFError,
+        KeyError,
+        TypeError,
+        pickle.UnpicklingError,
+    ) as error:
+        raise DamagedCheckpoint(f"{state_path}: unreadable ({_reason(error)})") from None
+    path = next(
+        (
+            out_dir / n
+            for n in (MODEL_FILE, PREVIOUS_MODEL_FILE)
+            if weights_step(out_dir / n) == step
+        ),
+        None,
     )
+    if path is None:
+        raise DamagedCheckpoint(f"{state_path}: no weights file holds its step {step}")
+    checksums = state.get("checksums")  # absent in checkpoints of older geospec versions
+    if isinstance(checksums, dict):
+        if file_digest(path) != checksums.get("weights"):
+            raise DamagedCheckpoint(f"{path}: its content does not match the checkpoint's hash")
+        if tensor_digest(state.get("optimizer")) != checksums.get("optimizer"):
+            raise DamagedCheckpoint(
+                f"{state_path}: the optimizer state does not match the checkpoint's hash"
+            )
+    return path, state
 
 
 def truncate_metrics(out_dir: Path, step: int) -> None:

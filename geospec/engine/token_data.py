@@ -27,9 +27,10 @@ from typing import IO, Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from geospec.atomic import atomic_write_json
+from geospec.digests import file_digest
 from geospec.engine.corpus import Corpus
 from geospec.engine.tokenizer import build_tokenizer, vocab_size
-from geospec.atomic import atomic_write_json
 from geospec.errors import GeospecError, UsageError
 from geospec.locks import file_lock
 from geospec.spec.sections import BPETokenizer, DataSpec
@@ -41,15 +42,6 @@ META_FILE = "meta.json"
 
 class DamagedCache(GeospecError):
     """A token cache whose files do not match its meta.json (rebuilt when found)."""
-
-
-def file_digest(path: Path) -> str:
-    """A content hash of a file, read in chunks (the splits can be many GB)."""
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 24):
-            digest.update(chunk)
-    return f"blake2b:{digest.hexdigest()}"
 
 
 @dataclass(frozen=True)

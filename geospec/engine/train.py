@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -30,11 +31,13 @@ from geospec.atomic import atomic_write_json
 from geospec.engine import distributed
 from geospec.engine.batches import TrainOrder, validation_windows, window_tensors
 from geospec.engine.checkpoint import (
+    DamagedCheckpoint,
     append_metrics,
     load_model,
     load_weights,
     read_checkpoint,
     truncate_metrics,
+    weights_checksum,
     write_checkpoint,
     write_config,
 )
@@ -143,6 +146,7 @@ def fingerprint(
     return {
         "config": config.to_dict(),
         "data": data.key,
+        "tokens": data.digests,
         "seed": seed,
         "steps": steps,
         "batch_size": train.batch_size,
@@ -160,6 +164,8 @@ def fingerprint(
 
 
 def _check_same_run(out_dir: Path, stored: dict[str, Any], wanted: dict[str, Any]) -> None:
+    if "tokens" not in stored:  # recorded before geospec hashed the tokens: compare the rest
+        wanted = {k: v for k, v in wanted.items() if k != "tokens"}
     if stored != wanted:
         differing = sorted(
             k for k in wanted.keys() | stored.keys() if stored.get(k) != wanted.get(k)
@@ -369,7 +375,11 @@ class _Run:
 
         def header() -> dict[str, Any] | None:  # on rank 0, which alone may see the files
             nonlocal found
-            found = read_checkpoint(self.out_dir)
+            try:
+                found = read_checkpoint(self.out_dir)
+            except DamagedCheckpoint as error:  # recomputable: train this run from the start
+                sys.stderr.write(f"! {error}; training {self.out_dir} from the start\n")
+                found = None
             if found is None:
                 # A run killed before its first checkpoint starts over: its logged lines go too.
                 truncate_metrics(self.out_dir, 0)
@@ -516,7 +526,10 @@ class _Run:
         distributed.barrier(self.ctx)
 
     def _fail(self, what: str) -> None:
-        state = read_checkpoint(self.out_dir) if self.ctx.is_main else None
+        try:
+            state = read_checkpoint(self.out_dir) if self.ctx.is_main else None
+        except DamagedCheckpoint:
+            state = None
         kept = f"step {state[1]['step']}" if state else "none yet"
         raise GeospecError(
             f"training {self.out_dir}: {what}. The last good checkpoint ({kept}) is kept; lower "
@@ -549,6 +562,7 @@ class _Run:
                     **result.to_dict(),
                     "widths": self.config.ffn_widths,
                     "fingerprint": self.fingerprint,
+                    "checksums": weights_checksum(self.out_dir),
                 },
             )
         distributed.barrier(self.ctx)

@@ -165,7 +165,9 @@ def comparison_checks(runs: dict[str, list[SeedRun]]) -> dict[str, bool | None]:
         return len({json.dumps(part(fp), sort_keys=True) for _, fp in records}) == 1
 
     return {
-        "same_data_and_validation": same(lambda fp: [fp["data"], fp["eval_tokens"]]),
+        "same_data_and_validation": same(
+            lambda fp: [fp["data"], fp.get("tokens"), fp["eval_tokens"]]
+        ),
         "same_training": same(lambda fp: [fp["steps"], fp["batch_size"], fp["optimizer"]]),
         "same_shape_apart_from_widths": same(
             lambda fp: {k: v for k, v in fp["config"].items() if k != "ffn_widths"}
