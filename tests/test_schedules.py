@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
+from typing import ClassVar, Literal
 
 import numpy as np
 import pytest
@@ -21,8 +23,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from geospec import hookimpl
 from geospec.errors import SpecError, UsageError
-from geospec.kinds import ModelDims
+from geospec.kinds import ModelDims, Smoother, Solver, WidthProblem
+from geospec.plugin import PluginParams, Register
+from geospec.testing import registered
 
 DIMS = ModelDims(n_layers=12, d_model=768, ffn_width=3072, multiple_of=64)
 
@@ -223,3 +228,56 @@ def test_geometric_check_reports_infeasible_solver_bounds() -> None:
     schedule = geometric(solver={"kind": "power_law", "min_ratio": 0.9})
     (problem,) = schedule.check(dims)
     assert "min_ratio <= 0.666667" in problem
+
+
+# -- third-party smoothers and solvers inside the geometric schedule ------------------------------
+
+
+class Reversed(Smoother):
+    """A third-party smoother: the profile back to front."""
+
+    class Params(PluginParams):
+        kind: Literal["testreversed"] = "testreversed"
+
+    def __call__(self, profile: Sequence[float]) -> list[float]:
+        return list(profile)[::-1]
+
+
+class Recording(Solver):
+    """A third-party solver: all spare width to the first layer; remembers its problem."""
+
+    class Params(PluginParams):
+        kind: Literal["testrecording"] = "testrecording"
+
+    asked: ClassVar[list[WidthProblem]] = []
+
+    def solve(self, problem: WidthProblem) -> list[int]:
+        Recording.asked.append(problem)
+        rest = [problem.multiple] * (problem.n_layers - 1)
+        return [problem.budget - sum(rest), *rest]
+
+
+class ThirdParty:
+    @hookimpl
+    def geospec_register_smoothers(self, register: Register) -> None:
+        register(Reversed)
+
+    @hookimpl
+    def geospec_register_solvers(self, register: Register) -> None:
+        register(Recording)
+
+
+def test_a_third_party_smoother_and_solver_work_inside_the_geometric_schedule() -> None:
+    reference = [9.0, 3.0, 6.0, 1.0]
+    dims = ModelDims(7, 64, 640, 64)
+    with registered(ThirdParty()):
+        smoothed = geometric(smoother={"kind": "testreversed"}, solver="testrecording")
+        Recording.asked.clear()
+        widths = smoothed.widths(dims, {"topology/hyperbolic": reference})
+    [problem] = Recording.asked
+    # the solver is asked for the reversed (smoothed) profile resampled to 7 layers
+    expected = np.interp(np.linspace(0, 1, 7), np.linspace(0, 1, 4), reference[::-1])
+    assert problem.work == pytest.approx(tuple(expected))
+    assert (problem.budget, problem.multiple, problem.n_layers) == (7 * 640, 64, 7)
+    assert problem.exponents is None and problem.sensitivities is None
+    assert widths == [7 * 640 - 6 * 64] + [64] * 6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from geospec import hookimpl
 from geospec.cli import cli
-from geospec.errors import SpecError, UsageError
-from geospec.kinds import Geometry, Statistic
+from geospec.errors import PluginError, SpecError, UsageError
+from geospec.kinds import Geometry, ModelDims, Schedule, Statistic
 from geospec.plugin import PluginParams
 from geospec.registry.entries import Provider
 from geospec.registry.hookspecs import Register
@@ -40,6 +40,19 @@ class WorkStatistic(Statistic):
         kind: Literal["testwork"] = "testwork"
 
 
+class Given(Schedule):
+    """A third-party schedule that returns its list unchecked (a broken one, given a bad list)."""
+
+    class Params(PluginParams):
+        kind: Literal["testgiven"] = "testgiven"
+        widths: list[int]
+
+    params: Params
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        return list(self.params.widths)
+
+
 class MeasuresForTests:
     @hookimpl
     def geospec_register_geometries(self, register: Register) -> None:
@@ -48,6 +61,10 @@ class MeasuresForTests:
     @hookimpl
     def geospec_register_statistics(self, register: Register) -> None:
         register(WorkStatistic)
+
+    @hookimpl
+    def geospec_register_schedules(self, register: Register) -> None:
+        register(Given)
 
 
 @pytest.fixture(autouse=True)
@@ -171,10 +188,48 @@ def test_with_profiles_every_arm_has_the_uniform_ffn_parameter_count(
         assert arm["ffn_params"] == uniform_ffn_params(activation)
     geo, anti = data["arms"]["geo"]["widths"], data["arms"]["anti"]["widths"]
     assert geo == sorted(geo, reverse=True) and anti == sorted(anti) and geo != anti
-    assert sorted(data["arms"]["shuffled"]["widths"]) == sorted(
-        spec_widths(load_spec(tmp_path / "spec.toml"), {PROFILE: FRONT_LOADED}).widths["shuffled"]
-    )
+    # the permuted control: the widths of the geometric schedule with its own settings (no
+    # smoother, default solver), in another layer order
+    plain = ARMS + '[[arms]]\nname = "plain"\nschedule = { kind = "geometric", profile = "%s" }\n'
+    (tmp_path / "plain").mkdir()
+    plain_spec = load_spec(write_spec(tmp_path / "plain", activation, arms=plain % PROFILE))
+    unshuffled = spec_widths(plain_spec, {PROFILE: FRONT_LOADED}).widths["plain"]
+    shuffled = data["arms"]["shuffled"]["widths"]
+    assert sorted(shuffled) == sorted(unshuffled) and shuffled != unshuffled
     assert json.loads((tmp_path / "run" / "widths.json").read_text()) == data
+
+
+GIVEN = '[[arms]]\nname = "given"\nschedule = {{ kind = "testgiven", widths = {} }}\n'
+
+
+@pytest.mark.parametrize(
+    ("widths", "problem"),
+    [
+        ([768, 640, 512, 512, 384, 320], "widths sum to 3136, not the budget 3072"),
+        ([768, 640, 512, 512, 640], "5 widths for 6 layers"),
+        ([768, 640, 512, 512, 400, 240], "widths must be positive multiples of 64"),
+        ([1024, 1024, 512, 512, 64, -64], "widths must be positive multiples of 64"),
+        ([1024, 1024, 512, 512, 0, 0], "widths must be positive multiples of 64"),
+    ],
+)
+def test_a_schedule_that_breaks_the_budget_is_stopped(
+    tmp_path: Path, widths: list[int], problem: str
+) -> None:
+    """The budget check on every schedule's output: a plugin cannot smuggle in other widths."""
+    spec = load_spec(write_spec(tmp_path, arms=ARMS + GIVEN.format(widths)))
+    with pytest.raises(PluginError) as raised:
+        spec_widths(spec, {PROFILE: FRONT_LOADED})
+    assert str(raised.value) == f"arm 'given': schedule 'testgiven' returned {widths}: {problem}"
+    result = run(tmp_path / "spec.toml", "--profiles", write_profiles(tmp_path, {"profiles": {}}))
+    assert result.exit_code == 2 and problem in result.output and "Traceback" not in result.output
+
+
+def test_a_third_party_schedule_on_budget_is_an_arm_like_any_other(tmp_path: Path) -> None:
+    widths = [1024, 1024, 512, 256, 128, 128]
+    spec = load_spec(write_spec(tmp_path, arms=ARMS + GIVEN.format(widths)))
+    result = spec_widths(spec, {PROFILE: FRONT_LOADED})
+    assert result.widths["given"] == widths
+    assert result.ffn_params["given"] == uniform_ffn_params("gelu")
 
 
 def test_table_has_a_column_per_arm_and_a_totals_row(tmp_path: Path) -> None:
