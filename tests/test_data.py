@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 from pathlib import Path
@@ -19,7 +20,7 @@ from geospec.spec.sections import DataSpec
 
 pytestmark = pytest.mark.torch
 
-SHARED_GPT2 = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2-tokenizer"
+R50K = Path(__file__).resolve().parent / "fixtures" / "r50k_base.tiktoken.gz"
 WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"]
 
 
@@ -61,11 +62,14 @@ def test_gpt2_matches_transformers_on_real_text() -> None:
     assert gpt2_tokenizer().encode(text).ids == reference.encode(text)
 
 
-@pytest.mark.skipif(not SHARED_GPT2.is_dir(), reason="../shared/data/gpt2-tokenizer not present")
 def test_gpt2_ids_are_the_r50k_ranks() -> None:
-    """tiktoken's r50k_base ranks (an independent file) decode our ids back to the text."""
+    """tiktoken's r50k_base ranks (an independent file, OpenAI's publication of GPT-2's
+    vocabulary, kept in tests/fixtures) decode our ids back to the text."""
     ranks = {}
-    for line in (SHARED_GPT2 / "r50k_base.tiktoken").read_text().splitlines():
+    with gzip.open(R50K, "rt", encoding="ascii") as file:
+        lines = file.read().splitlines()
+    assert len(lines) == 50256  # every id but the end-of-text token
+    for line in lines:
         token, rank = line.split()
         ranks[int(rank)] = base64.b64decode(token)
     text = "It is a truth universally acknowledged — naïve café, 1234 tokens!\n\n\tEnd."
