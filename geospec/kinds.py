@@ -158,6 +158,10 @@ class Schedule(Plugin):
 
     ``profiles`` maps profile names ("topology/hyperbolic") to per-layer work measured on the
     reference model; schedules that need none ignore it.
+
+    A schedule built from other arms' widths (``fitted``, ``sorted``) names those arms in
+    :meth:`required_arms` and implements :meth:`widths_from`, which receives their widths; the
+    core computes the arms it names first and calls :meth:`widths_from` for every schedule.
     """
 
     register_hook: ClassVar[str] = "geospec_register_schedules"
@@ -167,12 +171,35 @@ class Schedule(Plugin):
         """Names of the measured profiles this schedule reads (checked against ``measure``)."""
         return []
 
+    def profiles_file(self) -> str | None:
+        """A profiles file (another run's profiles.json) whose profiles this schedule reads
+        instead of the run's own measurements, or None. The core reads it (the arm is pending
+        while it does not exist) and accepts its profiles at any depth: the schedule resamples
+        them to the model's (the depth-transfer option)."""
+        return None
+
+    def required_arms(self) -> list[str]:
+        """Names of the other arms whose widths this schedule reads (checked: each exists, and no
+        arms depend on each other in a cycle); their widths reach :meth:`widths_from`."""
+        return []
+
     def check(self, dims: ModelDims) -> list[str]:
         """Problems with these params for this model (for example a width list of wrong length)."""
         return []
 
     def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
         raise NotImplementedError
+
+    def widths_from(
+        self,
+        dims: ModelDims,
+        profiles: Mapping[str, Sequence[float]],
+        arms: Mapping[str, Sequence[int]],
+    ) -> list[int]:
+        """The widths given the profiles and ``arms``, the widths of each arm named by
+        :meth:`required_arms` (what the core calls). By default ``widths(dims, profiles)``: a
+        schedule that reads no arm implements :meth:`widths` only."""
+        return self.widths(dims, profiles)
 
 
 __all__ = [

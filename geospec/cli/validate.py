@@ -13,10 +13,17 @@ from geospec.cli.console import escape, stdout, warn_broken_plugins
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 def validate(spec_path: Path) -> None:
     """Check a spec and print what it resolves to."""
+    from geospec.solve.widths import compute_widths
     from geospec.spec.loading import load_spec
     from geospec.spec.summary import spec_summary
 
     warn_broken_plugins()
     spec = load_spec(spec_path)
     stdout().print(spec_summary(spec))
+    # the widths computable without profiles: say which derived arm equals its source
+    computable = compute_widths(
+        spec.model, spec.arms, pretrained_reference=spec.reference.checkpoint is not None
+    )
+    for arm, note in computable.notes.items():
+        stdout().print(f"[cyan]note:[/] arm {escape(arm)} {escape(note)}", highlight=False)
     stdout().print(f"[green]✓[/] {escape(str(spec_path))} is valid", highlight=False)

@@ -39,7 +39,8 @@ def widths(spec_path: Path, profiles_path: Path | None, as_json: bool) -> None:
     """Print every arm's FFN width per layer and write widths.json into the run directory.
 
     Arms whose schedule needs a measured profile (geometric, anti, permuted) are listed as pending
-    unless --profiles gives it.
+    unless --profiles gives it; an arm with exactly the widths of the arm it is derived from (a
+    sorted arm of a monotone one) is noted.
     """
     from geospec.spec.loading import load_spec
 
@@ -63,11 +64,13 @@ def widths(spec_path: Path, profiles_path: Path | None, as_json: bool) -> None:
     console.print(widths_table(spec, result))
     for arm, missing in result.pending.items():
         needs = ", ".join(repr(name) for name in missing)
-        console.print(
-            f"[yellow]pending:[/] {escape(arm)} needs the profile(s) {escape(needs)}; "
-            "give them with --profiles FILE",
-            highlight=False,
+        reason = result.notes.get(arm) or (
+            f"needs the profile(s) {needs}; give them with --profiles FILE"
         )
+        console.print(f"[yellow]pending:[/] {escape(arm)} {escape(reason)}", highlight=False)
+    for arm, note in result.notes.items():
+        if arm not in result.pending:
+            console.print(f"[cyan]note:[/] {escape(arm)} {escape(note)}", highlight=False)
     console.print(f"wrote {escape(str(path))}", highlight=False)
 
 

@@ -2,7 +2,8 @@
 
 :func:`compute_widths` turns the model, the arms and (optional) profiles into integer widths per
 arm with their FFN parameter counts, listing the arms whose profiles are not available yet as
-pending; every schedule's output is checked against the budget (:func:`width_problems`).
+pending; every schedule's output is checked against the budget (:func:`width_problems`). Arms
+derived from other arms (``fitted``, ``sorted``) are computed after them (:func:`arm_order`).
 :func:`write_widths` writes ``widths.json``.
 
 Torch-free: ``geospec widths`` and ``geospec validate`` import this module.
@@ -18,7 +19,7 @@ from typing import Any
 from geospec.atomic import atomic_write_json
 from geospec.engine.model_size import total_ffn_params
 from geospec.errors import GeospecError, PluginError, UsageError
-from geospec.solve.profiles import check_profile
+from geospec.solve.profiles import check_profile, read_profiles
 from geospec.spec.resolve import model_dims
 from geospec.spec.sections import ArmSpec, ModelSpec
 
@@ -27,12 +28,17 @@ from geospec.spec.sections import ArmSpec, ModelSpec
 class WidthsResult:
     """Widths of every arm that could be computed, in spec order, and the arms still pending.
 
-    ``pending`` maps an arm to the profiles it needs that were not given.
+    ``pending`` maps an arm to the profiles it needs that were not given (for an arm derived from
+    a pending arm: the profiles that one needs). ``notes`` maps an arm to a remark for the user:
+    an arm derived from other arms that has exactly its source's widths (a ``sorted`` arm whose
+    source is already monotone), or an arm waiting for a profiles file that does not exist yet.
+    Notes are not part of :meth:`to_json`.
     """
 
     widths: dict[str, list[int]]
     ffn_params: dict[str, int]
     pending: dict[str, list[str]] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The stable shape printed by ``geospec widths --json`` and written to widths.json."""
@@ -59,7 +65,10 @@ def compute_widths(
 
     When the reference model is the spec's own model, every profile an arm reads must have exactly
     ``model.n_layers`` values; profiles of a pretrained reference may have any depth (schedules
-    resample them). Every computed arm is checked to keep the uniform model's FFN parameter count
+    resample them), and so may those of a profiles file an arm names (``profiles_file()``: the
+    arm is pending, with a note, while the file does not exist). Arms are computed in spec
+    order, except that an arm derived from other arms comes after them; the result lists them
+    in spec order. Every computed arm is checked to keep the uniform model's FFN parameter count
     exactly. Errors name the arm (and the profile).
     """
     from geospec.registry.loading import get_registries
@@ -69,37 +78,116 @@ def compute_widths(
     dims = model_dims(m)
     available = dict(profiles or {})
     uniform_params = total_ffn_params(m.d_model, [m.ffn_width] * m.n_layers, m.activation, m.bias)
+    schedules = {arm.name: registries.create("schedule", arm.schedule) for arm in arms}
+    kinds = {arm.name: arm.schedule.kind for arm in arms}
     widths: dict[str, list[int]] = {}
     params: dict[str, int] = {}
     pending: dict[str, list[str]] = {}
-    for arm in arms:
-        schedule = registries.create("schedule", arm.schedule)
+    notes: dict[str, str] = {}
+    files: dict[str, dict[str, list[float]]] = {}  # profiles files arms read, each read once
+    for name in arm_order({arm: s.required_arms() for arm, s in schedules.items()}):
+        schedule = schedules[name]
+        sources = schedule.required_arms()
+        waiting = [source for source in sources if source in pending]
+        if waiting:
+            pending[name] = list(dict.fromkeys(p for source in waiting for p in pending[source]))
+            continue
         needed = schedule.required_profiles()
-        missing = [name for name in needed if name not in available]
+        path = schedule.profiles_file()
+        if path is not None and not Path(path).exists():
+            pending[name] = needed
+            notes[name] = (
+                f"reads its profiles from {path}, which does not exist yet; run the spec that "
+                "measures them first"
+            )
+            continue
+        if path is not None and path not in files:
+            files[path] = read_profiles(path)
+        arm_profiles = available if path is None else files[path]
+        missing = [profile for profile in needed if profile not in arm_profiles]
+        if missing and path is not None:
+            held = ", ".join(repr(p) for p in arm_profiles) or "none"
+            raise UsageError(f"arm {name!r}: {path} has no profile {missing[0]!r} (it has {held})")
         if missing:
-            pending[arm.name] = missing
+            pending[name] = missing
             continue
         try:
-            if not pretrained_reference:
-                for name in needed:
-                    check_profile(name, available[name], length=m.n_layers)
-            arm_widths = [int(w) for w in schedule.widths(dims, available)]
+            if not pretrained_reference and path is None:  # a file may hold another depth
+                for profile in needed:
+                    check_profile(profile, arm_profiles[profile], length=m.n_layers)
+            given = {source: list(widths[source]) for source in sources}
+            arm_widths = [int(w) for w in schedule.widths_from(dims, arm_profiles, given)]
         except GeospecError as error:
             where = f"{profiles_source}: " if profiles_source else ""
-            raise UsageError(f"{where}arm {arm.name!r}: {error}") from error
+            raise UsageError(f"{where}arm {name!r}: {error}") from error
         problems = width_problems(arm_widths, m, multiples=True)
         if problems:  # a schedule plugin (possibly third-party) broke its contract: say which
             raise PluginError(
-                f"arm {arm.name!r}: schedule {arm.schedule.kind!r} returned {arm_widths}: "
+                f"arm {name!r}: schedule {kinds[name]!r} returned {arm_widths}: "
                 + "; ".join(problems)
             )
-        params[arm.name] = total_ffn_params(m.d_model, arm_widths, m.activation, m.bias)
-        if params[arm.name] != uniform_params:  # equal width sums imply this; checked regardless
+        params[name] = total_ffn_params(m.d_model, arm_widths, m.activation, m.bias)
+        if params[name] != uniform_params:  # equal width sums imply this; checked regardless
             raise PluginError(
-                f"arm {arm.name!r}: {params[arm.name]} FFN parameters, uniform has {uniform_params}"
+                f"arm {name!r}: {params[name]} FFN parameters, uniform has {uniform_params}"
             )
-        widths[arm.name] = arm_widths
-    return WidthsResult(widths, params, pending)
+        widths[name] = arm_widths
+        same = next((source for source in sources if widths[source] == arm_widths), None)
+        if same is not None:
+            notes[name] = f"has exactly the widths of its source arm {same!r}"
+    spec_order = [arm.name for arm in arms]
+    return WidthsResult(
+        {name: widths[name] for name in spec_order if name in widths},
+        {name: params[name] for name in spec_order if name in params},
+        {name: pending[name] for name in spec_order if name in pending},
+        {name: notes[name] for name in spec_order if name in notes},
+    )
+
+
+def arm_order(sources: Mapping[str, Sequence[str]]) -> list[str]:
+    """The arms (``sources`` maps each arm, in spec order, to the arms it reads) in the order they
+    are computed: spec order, except that an arm waits until every arm it reads is placed.
+
+    Raises :class:`UsageError` for an arm that reads an unknown arm or arms that read each other
+    in a cycle (spec validation reports both with the key's dotted path first).
+    """
+    for name, reads in sources.items():
+        unknown = [source for source in reads if source not in sources]
+        if unknown:
+            raise UsageError(f"arm {name!r} reads the widths of {unknown[0]!r}, which is no arm")
+    loop = dependency_cycle(sources)
+    if loop:
+        raise UsageError("arms read each other's widths in a cycle: " + " -> ".join(loop))
+    order: list[str] = []
+    while len(order) < len(sources):
+        ready = (n for n in sources if n not in order and all(s in order for s in sources[n]))
+        order.append(next(ready))
+    return order
+
+
+def dependency_cycle(sources: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """A cycle among the arms, as the path ``[a, b, ..., a]``, or None (sources not among the
+    arms are ignored: they are reported on their own)."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once explored
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = "open"
+        for source in sources.get(name, ()):
+            if state.get(source) == "open":  # on the current path: the path closes a cycle
+                return [*path[path.index(source) :], source]
+            if source in sources and source not in state:
+                found = visit(source, [*path, source])
+                if found:
+                    return found
+        state[name] = "done"
+        return None
+
+    for name in sources:
+        if name not in state:
+            found = visit(name, [name])
+            if found:
+                return found
+    return None
 
 
 def width_problems(widths: Sequence[int], model: ModelSpec, multiples: bool) -> list[str]:

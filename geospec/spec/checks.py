@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
+
 from pydantic import BaseModel
 
 from geospec.engine.model_size import attention_problems
 from geospec.registry.loading import get_registries
+from geospec.solve.widths import dependency_cycle
 from geospec.spec.resolve import measures, model_dims
 from geospec.spec.sections import (
     DIAGNOSTIC_PROFILES,
@@ -64,9 +67,11 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
         ]
     registries = get_registries()
     dims = model_dims(spec.model)
+    sources: dict[str, list[str]] = {}
     for i, arm in enumerate(spec.arms):
         schedule = registries.create("schedule", arm.schedule)
-        for profile in schedule.required_profiles():
+        from_file = schedule.profiles_file() is not None  # read from it, not measured here
+        for profile in [] if from_file else schedule.required_profiles():
             if profile in DIAGNOSTIC_PROFILES and spec.diagnose.enabled:
                 continue
             if profile in DIAGNOSTIC_PROFILES:
@@ -87,6 +92,19 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                     )
                 )
         problems += [(f"arms[{i}].schedule", message) for message in schedule.check(dims)]
+        problems += _source_arm_problems(i, arm.name, arm.schedule, schedule.required_arms(), seen)
+        sources[arm.name] = [s for s in schedule.required_arms() if s in seen and s != arm.name]
+    loop = dependency_cycle(sources)
+    if loop:
+        first = next(i for i, arm in enumerate(spec.arms) if arm.name == loop[0])
+        problems.append(
+            (
+                f"arms[{first}].schedule.{_field_naming(spec.arms[first].schedule, loop[1], 'of')}",
+                "arms read each other's widths in a cycle ("
+                + " -> ".join(repr(name) for name in loop)
+                + "); derive each arm from one that is computed on its own",
+            )
+        )
     if spec.reference.checkpoint is not None and not isinstance(tok, PretrainedTokenizer):
         problems.append(
             (
@@ -108,7 +126,29 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
     return problems
 
 
-def _field_naming(schedule: BaseModel, profile: str) -> str:
-    """The schedule parameter that names ``profile`` (for the error's dotted path)."""
+def _source_arm_problems(
+    i: int, name: str, schedule: BaseModel, sources: list[str], arms: dict[str, int]
+) -> list[tuple[str, str]]:
+    """The arms an arm's schedule reads (``fitted``, ``sorted``) must be other arms of the spec."""
+    problems = []
+    for source in sources:
+        path = f"arms[{i}].schedule.{_field_naming(schedule, source, 'of')}"
+        if source == name:
+            problems.append((path, f"arm {name!r} cannot be derived from itself; name another arm"))
+        elif source not in arms:
+            close = difflib.get_close_matches(source, list(arms), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            problems.append(
+                (
+                    path,
+                    f"no arm is named {source!r}; {hint}arms: "
+                    + ", ".join(repr(arm) for arm in arms),
+                )
+            )
+    return problems
+
+
+def _field_naming(schedule: BaseModel, value: str, default: str = "profile") -> str:
+    """The schedule parameter that holds ``value`` (for the error's dotted path)."""
     params = schedule.model_dump()
-    return next((key for key, value in params.items() if value == profile), "profile")
+    return next((key for key, v in params.items() if v == value), default)
