@@ -1,4 +1,6 @@
-"""Paired comparisons of arms across seeds: mean difference, t-interval, bootstrap, wins.
+"""Paired comparisons of arms across seeds: mean difference, t-interval, bootstrap, wins, the
+exact sign-flip test with Holm's adjustment, the seeds a comparison needs (power), and the
+split-half reliability of a profile measured on several token samples.
 
 numpy and scipy are imported by the functions that compute (the pipeline's stages import
 :func:`finite` from here, and ``geospec --help`` loads them without numpy).
@@ -7,7 +9,7 @@ numpy and scipy are imported by the functions that compute (the pipeline's stage
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -75,3 +77,128 @@ def paired_difference(
 def finite(value: float | None) -> float | None:
     """JSON has no NaN or infinity: undefined numbers are stored as null."""
     return None if value is None or not math.isfinite(value) else float(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# exact paired tests, power, and the reliability of a profile
+
+
+#: Up to this many paired seeds the sign-flip test enumerates every sign pattern (2^20, 8 MB);
+#: beyond it the p-value is a Monte Carlo estimate from ``SIGN_FLIP_RESAMPLES`` random patterns.
+EXACT_UP_TO = 20
+SIGN_FLIP_RESAMPLES = 100_000
+
+
+def sign_flip_p(differences: Sequence[float], seed: int = 0) -> float | None:
+    """Two-sided p-value of paired differences under the sign-flip (permutation) null.
+
+    Under the null the arms are exchangeable within each seed, so each difference is as likely
+    with either sign; p is the fraction of the 2^n sign patterns whose |sum| is at least the
+    observed |sum| (the observed pattern counts). Exact for up to :data:`EXACT_UP_TO`
+    differences; beyond, a seeded Monte Carlo estimate ``(k + 1) / (B + 1)``. None without data.
+    """
+    import numpy as np
+
+    d = np.asarray(differences, dtype=np.float64)
+    if len(d) == 0:
+        return None
+    observed = abs(float(d.sum()))
+    tolerance = 1e-9 * float(np.abs(d).sum())  # sums equal up to rounding count as equal
+    if len(d) <= EXACT_UP_TO:
+        sums = np.zeros(1)
+        for value in d:
+            sums = np.concatenate([sums + value, sums - value])
+        return float(np.count_nonzero(np.abs(sums) >= observed - tolerance)) / len(sums)
+    rng = np.random.default_rng(seed)
+    signs = rng.choice(np.array([-1.0, 1.0]), size=(SIGN_FLIP_RESAMPLES, len(d)))
+    extreme = np.count_nonzero(np.abs(signs @ d) >= observed - tolerance)
+    return float(extreme + 1) / (SIGN_FLIP_RESAMPLES + 1)
+
+
+def smallest_sign_flip_p(n: int) -> float:
+    """The smallest two-sided p-value the sign-flip test can give with ``n`` paired seeds,
+    2 / 2^n (every difference of one sign): 5 seeds can never give less than 0.0625."""
+    return 2.0 / 2.0**n if n > 0 else 1.0
+
+
+def seeds_to_reach(alpha: float) -> int:
+    """The fewest paired seeds with which the sign-flip test can reach p <= ``alpha`` at all."""
+    return max(1, math.ceil(math.log2(2.0 / alpha) - 1e-12))
+
+
+def holm(p_values: Mapping[str, float | None]) -> dict[str, float | None]:
+    """Holm's step-down adjustment across the comparisons that have a p-value (None stays None):
+    the i-th smallest of m becomes max over j <= i of min(1, (m - j + 1) p_(j))."""
+    named = sorted(((p, name) for name, p in p_values.items() if p is not None))
+    m = len(named)
+    adjusted: dict[str, float | None] = dict.fromkeys(p_values)
+    running = 0.0
+    for rank, (p, name) in enumerate(named):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[name] = running
+    return adjusted
+
+
+def paired_t_power(n: int, sd: float, effect: float, alpha: float) -> float:
+    """Power of the two-sided paired t-test at level ``alpha`` with ``n`` seeds to detect a mean
+    difference ``effect`` when the paired differences have standard deviation ``sd``: the
+    probability that |T| exceeds the critical value, T noncentral t with n - 1 degrees of freedom
+    and noncentrality effect * sqrt(n) / sd."""
+    from scipy import stats
+
+    critical = float(stats.t.ppf(1 - alpha / 2, df=n - 1))
+    shift = abs(effect) * math.sqrt(n) / sd
+    return float(stats.nct.sf(critical, n - 1, shift) + stats.nct.cdf(-critical, n - 1, shift))
+
+
+def seeds_needed(
+    sd: float, effect: float, alpha: float, power: float = 0.8, most: int = 1_000_000
+) -> int | None:
+    """The fewest paired seeds (at least 2) with which the paired t-test detects ``effect`` with
+    at least ``power`` (:func:`paired_t_power`), or None when the spread is unknown or more than
+    ``most`` seeds would be needed. A spread of 0 needs 2 seeds."""
+    if not math.isfinite(sd) or effect == 0:
+        return None
+    if sd == 0:
+        return 2
+
+    def enough(n: int) -> bool:
+        return paired_t_power(n, sd, effect, alpha) >= power
+
+    low, high = 1, 2  # power grows with n: double until enough, then bisect (low: not enough)
+    while not enough(high):
+        if high >= most:
+            return None
+        low, high = high, min(2 * high, most)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
+
+
+def split_half_reliability(replicates: Sequence[Sequence[float]]) -> float | None:
+    """How reproducible a profile's shape is: Spearman's rank correlation, over layers, between
+    the mean of the even-numbered replicates and the mean of the odd-numbered ones (1: both
+    halves rank the layers alike). None with fewer than two replicates or two layers, or when a
+    half is constant."""
+    import numpy as np
+    from scipy import stats
+
+    values = np.asarray(replicates, dtype=np.float64)
+    if values.ndim != 2 or values.shape[0] < 2 or values.shape[1] < 2:
+        return None
+    first, second = values[0::2].mean(axis=0), values[1::2].mean(axis=0)
+    if np.ptp(first) == 0 or np.ptp(second) == 0:
+        return None
+    return float(stats.spearmanr(first, second).statistic)
+
+
+def standard_errors(replicates: Sequence[Sequence[float]]) -> list[float | None]:
+    """Per layer, the standard error of the mean over replicates (sample sd / sqrt(R)); None
+    per layer with a single replicate."""
+    import numpy as np
+
+    values = np.asarray(replicates, dtype=np.float64)
+    if values.shape[0] < 2:
+        return [None] * values.shape[1]
+    return [float(v) for v in values.std(axis=0, ddof=1) / math.sqrt(values.shape[0])]

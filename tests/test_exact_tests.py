@@ -1,0 +1,174 @@
+"""The exact sign-flip test (against enumeration of every sign pattern and scipy's permutation
+test), Holm's adjustment (against the step-down procedure it summarises), the seeds a comparison
+needs (checked by simulation) and the split-half reliability of a profile."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from geospec.report.stats import (
+    EXACT_UP_TO,
+    holm,
+    paired_t_power,
+    seeds_needed,
+    seeds_to_reach,
+    sign_flip_p,
+    smallest_sign_flip_p,
+    split_half_reliability,
+    standard_errors,
+)
+
+
+def enumerated_p(d: list[float]) -> float:
+    """P(|sum of s_i d_i| >= |sum d_i|) over all 2^n sign patterns, one by one."""
+    observed = abs(sum(d))
+    patterns = list(itertools.product((1, -1), repeat=len(d)))
+    extreme = sum(
+        abs(sum(s * x for s, x in zip(signs, d, strict=True))) >= observed - 1e-12
+        for signs in patterns
+    )
+    return extreme / len(patterns)
+
+
+@pytest.mark.parametrize("n", range(1, 11))
+def test_sign_flip_p_is_the_enumeration_of_every_sign_pattern(n: int) -> None:
+    rng = np.random.default_rng(n)
+    for shift in (0.0, -0.01, 0.03):
+        d = list(rng.normal(shift, 0.02, n))
+        assert sign_flip_p(d) == pytest.approx(enumerated_p(d), abs=1e-15)
+
+
+def test_sign_flip_p_with_ties_and_zeros() -> None:
+    for d in ([0.01, -0.01, 0.01, 0.01], [0.0, -0.02, -0.02, 0.0, -0.01], [0.0, 0.0, 0.0]):
+        assert sign_flip_p(d) == pytest.approx(enumerated_p(d), abs=1e-15)
+
+
+@pytest.mark.parametrize("n", [3, 6, 8])
+def test_sign_flip_p_is_scipys_permutation_test(n: int) -> None:
+    d = np.random.default_rng(10 + n).normal(-0.01, 0.02, n)
+    reference = stats.permutation_test(
+        (d,), np.mean, permutation_type="samples", n_resamples=np.inf, vectorized=True
+    )
+    assert sign_flip_p(list(d)) == pytest.approx(reference.pvalue, rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 5, 6, 8])
+def test_one_sided_data_give_the_smallest_p(n: int) -> None:
+    d = [-0.01 * (k + 1) for k in range(n)]  # every arm seed better than the baseline
+    assert sign_flip_p(d) == smallest_sign_flip_p(n) == 2 / 2**n
+    assert smallest_sign_flip_p(5) == 0.0625  # 5 seeds can never give p < 0.05
+
+
+def test_seeds_to_reach_a_level() -> None:
+    assert seeds_to_reach(0.05) == 6 and seeds_to_reach(0.0625) == 5 and seeds_to_reach(0.01) == 8
+    for alpha in (0.2, 0.1, 0.05, 0.01, 0.001):
+        n = seeds_to_reach(alpha)
+        assert smallest_sign_flip_p(n) <= alpha < smallest_sign_flip_p(n - 1)
+
+
+def test_many_seeds_estimate_the_exact_p_by_monte_carlo() -> None:
+    n = EXACT_UP_TO + 1
+    d = np.random.default_rng(3).normal(0.004, 0.02, n)
+    sums = np.zeros(1)
+    for value in d:  # the exact distribution of the signed sum, 2^21 values
+        sums = np.concatenate([sums + value, sums - value])
+    exact = float(np.mean(np.abs(sums) >= abs(d.sum()) - 1e-12))
+    estimate = sign_flip_p(list(d))
+    assert estimate is not None and abs(estimate - exact) < 4 * math.sqrt(exact / 100_000) + 1e-5
+    assert sign_flip_p([]) is None
+
+
+def holm_rejects(p: dict[str, float], alpha: float) -> set[str]:
+    """Holm's step-down procedure at level alpha: reject the smallest p while p_(i) <= alpha /
+    (m - i + 1)."""
+    ordered = sorted(p, key=p.__getitem__)
+    rejected: set[str] = set()
+    for i, name in enumerate(ordered):
+        if p[name] > alpha / (len(p) - i):
+            break
+        rejected.add(name)
+    return rejected
+
+
+def test_holm_adjusted_p_is_the_smallest_level_at_which_holm_rejects() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        m = int(rng.integers(1, 7))
+        p = {f"arm{k}": float(x) for k, x in enumerate(rng.uniform(0, 0.2, m))}
+        adjusted = holm(p)
+        for name, value in adjusted.items():
+            assert value is not None
+            assert name in holm_rejects(p, value * (1 + 1e-12))
+            assert value >= 1.0 or name not in holm_rejects(p, value * (1 - 1e-9))
+
+
+def test_holm_leaves_missing_p_values_out() -> None:
+    adjusted = holm({"a": 0.01, "b": None, "c": 0.04})
+    assert adjusted == {"a": 0.02, "b": None, "c": 0.04}
+
+
+def simulated_power(n: int, sd: float, effect: float, alpha: float, trials: int) -> float:
+    rng = np.random.default_rng(n)
+    d = rng.normal(effect, sd, size=(trials, n))
+    return float(np.mean(stats.ttest_1samp(d, 0.0, axis=1).pvalue < alpha))
+
+
+@pytest.mark.parametrize(("sd", "effect", "alpha"), [(0.02, 0.015, 0.05), (0.01, 0.01, 0.01)])
+def test_seeds_needed_give_80_percent_power_by_simulation(
+    sd: float, effect: float, alpha: float
+) -> None:
+    trials = 40_000
+    n = seeds_needed(sd, effect, alpha)
+    assert n is not None and n > 2
+    margin = 4 * math.sqrt(0.8 * 0.2 / trials)
+    assert simulated_power(n, sd, effect, alpha, trials) >= 0.8 - margin
+    assert simulated_power(n - 1, sd, effect, alpha, trials) < 0.8 + margin
+    for k in (n - 1, n):  # the formula itself, against the simulation
+        simulated = simulated_power(k, sd, effect, alpha, trials)
+        assert paired_t_power(k, sd, effect, alpha) == pytest.approx(simulated, abs=margin)
+    assert paired_t_power(n - 1, sd, effect, alpha) < 0.8 <= paired_t_power(n, sd, effect, alpha)
+
+
+def test_seeds_needed_edge_cases() -> None:
+    assert seeds_needed(0.0, 0.01, 0.05) == 2
+    assert seeds_needed(math.nan, 0.01, 0.05) is None
+    assert seeds_needed(1.0, 1e-6, 0.05) is None  # beyond a million seeds
+    assert seeds_needed(0.02, -0.01, 0.05) == seeds_needed(0.02, 0.01, 0.05)
+
+
+def spearman_closed_form(a: np.ndarray, b: np.ndarray) -> float:
+    """1 - 6 sum d^2 / (n (n^2 - 1)), d the rank differences (no ties)."""
+    ranks_a, ranks_b = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    n = len(a)
+    return float(1 - 6 * np.sum((ranks_a - ranks_b) ** 2) / (n * (n**2 - 1)))
+
+
+def test_split_half_reliability_is_spearman_between_the_halves() -> None:
+    rng = np.random.default_rng(2)
+    for replicates in (2, 3, 4, 7):
+        values = rng.gamma(2.0, size=(replicates, 12))
+        expected = spearman_closed_form(values[0::2].mean(axis=0), values[1::2].mean(axis=0))
+        assert split_half_reliability(values.tolist()) == pytest.approx(expected, abs=1e-12)
+
+
+def test_split_half_reliability_of_a_stable_and_of_a_noisy_profile() -> None:
+    rng = np.random.default_rng(4)
+    shape = np.linspace(3.0, 1.0, 10)
+    stable = shape + rng.normal(0, 1e-3, size=(4, 10))
+    assert split_half_reliability(stable.tolist()) == pytest.approx(1.0)
+    noise = [split_half_reliability(rng.normal(size=(4, 10)).tolist()) for _ in range(200)]
+    assert abs(float(np.mean([r for r in noise if r is not None]))) < 0.1
+    assert split_half_reliability([[1.0, 2.0, 3.0]]) is None  # one replicate: no halves
+    assert split_half_reliability([[1.0, 1.0], [2.0, 3.0]]) is None  # a constant half
+
+
+def test_standard_errors_per_layer() -> None:
+    values = np.random.default_rng(6).normal(size=(5, 3))
+    expected = values.std(axis=0, ddof=1) / math.sqrt(5)
+    assert standard_errors(values.tolist()) == pytest.approx(list(expected), rel=1e-12)
+    assert standard_errors([[1.0, 2.0]]) == [None, None]
