@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import tomlkit
+import torch
 from click.testing import CliRunner
+from safetensors.torch import load_file
 
 from geospec.cli import cli
 from geospec.locks import claim
@@ -34,9 +38,6 @@ multiple_of = 8
 source = "bundled:austen"
 tokenizer = { kind = "bpe", vocab_size = 400 }
 max_documents = 400
-
-[reference]
-train_steps = 30
 
 [probe]
 tokens = 48
@@ -97,9 +98,11 @@ def run(spec: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The spec run to the end; its output is kept in output.txt. The reference is trained with
+    the train section's steps and seed 0, so it is exactly the uniform arm's seed-0 run."""
     directory = tmp_path_factory.mktemp("pipeline")
     spec = write_spec(directory)
-    run(spec)
+    (directory / "output.txt").write_text(run(spec))
     return directory
 
 
@@ -150,8 +153,64 @@ def test_equal_budgets_and_report_numbers_match_per_seed_results(finished: Path)
             diffs = [arm["val_loss"]["seeds"][s] - base[s] for s in ("0", "1")]
             assert arm["vs_uniform"]["mean"] == pytest.approx(sum(diffs) / 2)
             assert arm["vs_uniform"]["improved"] == sum(d < 0 for d in diffs)
-    # the anti control inverts the profile: where one schedule is widest the other is narrowest
-    assert results["arms"]["anti"]["widths"] != results["arms"]["uniform"]["widths"]
+    # the anti control inverts its profile: more work, never more width; the layer with the
+    # most work is the narrowest and the one with the least the widest
+    work, anti = results["profiles"]["gw/hyperbolic"], results["arms"]["anti"]["widths"]
+    assert len(set(work)) == 4
+    for i, j in itertools.permutations(range(4), 2):
+        if work[i] > work[j]:
+            assert anti[i] <= anti[j], (work, anti)
+    most, least = work.index(max(work)), work.index(min(work))
+    assert anti[most] == min(anti) < max(anti) == anti[least]
+
+
+def test_the_reference_is_reused_as_the_uniform_arms_seed_0_and_equals_a_fresh_run(
+    finished: Path, tmp_path: Path
+) -> None:
+    output = (finished / "output.txt").read_text()
+    assert output.count("identical to the reference run: reused") == 1  # seed 0, not seed 1
+    copied = finished / "run" / "arms" / "uniform" / "seed-0"
+    fresh = tmp_path / "fresh"
+    command = ["train", str(finished / "spec.toml"), "--arm", "uniform", "--seed", "0"]
+    result = CliRunner().invoke(cli, [*command, "--out", str(fresh)])
+    assert result.exit_code == 0, result.output
+    assert "identical to the reference run" not in result.output  # trained, not copied
+    loss = json.loads((copied / "result.json").read_text())["final_val_loss"]
+    assert loss == json.loads((fresh / "result.json").read_text())["final_val_loss"]
+    a, b = load_file(copied / "model.safetensors"), load_file(fresh / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _cosine_widths(run_dir: Path) -> list[int]:
+    return json.loads((run_dir / "widths.json").read_text())["arms"]["cosine"]["widths"]
+
+
+def test_until_stops_after_the_stage_it_names(finished: Path, tmp_path: Path) -> None:
+    """A copy of the finished run whose cosine arm changes: --until solve writes the new widths
+    and trains nothing."""
+    shutil.copytree(finished / "run", tmp_path / "run")
+    changed = SPEC.replace("start = 1.5, end = 0.5", "start = 1.75, end = 0.25")
+    spec = write_spec(tmp_path, changed)
+    results = tmp_path / "run" / "results.json"
+    stamps = {p: p.stat().st_mtime_ns for p in [results, *(tmp_path / "run").rglob("result.json")]}
+    output = run(spec, "--until", "solve")
+    assert "train [" not in output
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
+    widths = _cosine_widths(tmp_path / "run")
+    assert widths != _cosine_widths(finished / "run")  # the new taper, from the solve stage
+    expected = CliRunner().invoke(cli, ["widths", str(spec), "--json"])
+    assert widths == json.loads(expected.stdout)["arms"]["cosine"]["widths"]
+
+
+def test_from_redoes_the_stage_it_names_and_the_later_ones(finished: Path) -> None:
+    run_dir = finished / "run"
+    trained = {p: p.stat().st_mtime_ns for p in (run_dir / "arms").rglob("result.json")}
+    report = (run_dir / "results.json").stat().st_mtime_ns
+    output = run(finished / "spec.toml", "--from", "report")
+    assert "nothing to do" not in output and "train [" not in output
+    assert {p: p.stat().st_mtime_ns for p in trained} == trained
+    assert (run_dir / "results.json").stat().st_mtime_ns != report
+    assert "nothing to do" in run(finished / "spec.toml")
 
 
 def test_second_run_does_nothing_and_one_changed_arm_retrains_alone(finished: Path) -> None:
@@ -286,6 +345,8 @@ def test_runs_claimed_by_another_process_are_left_to_it(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, SMALL)
     run_dir = tmp_path / "run"
     held = run_dir / "arms" / "cosine" / "seed-0"
+    held.parent.mkdir(parents=True)
+    (run_dir / "run.json").write_text("{}")  # the other `geospec run` made the run directory
     with claim(held) as granted:  # this test process plays the other `geospec run`
         assert granted
         output = run(spec)
