@@ -5,12 +5,16 @@ needs (checked by simulation) and the split-half reliability of a profile."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 from scipy import stats
 
+from geospec.cli import cli
 from geospec.report.stats import (
     EXACT_UP_TO,
     holm,
@@ -22,6 +26,7 @@ from geospec.report.stats import (
     split_half_reliability,
     standard_errors,
 )
+from geospec.report.write import write_report
 
 
 def enumerated_p(d: list[float]) -> float:
@@ -172,3 +177,131 @@ def test_standard_errors_per_layer() -> None:
     expected = values.std(axis=0, ddof=1) / math.sqrt(5)
     assert standard_errors(values.tolist()) == pytest.approx(list(expected), rel=1e-12)
     assert standard_errors([[1.0, 2.0]]) == [None, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# in the report: results.json and report.md of a run written by hand
+
+CONFIG = {
+    "vocab_size": 300,
+    "n_layers": 4,
+    "d_model": 32,
+    "n_heads": 4,
+    "seq_len": 16,
+    "activation": "gelu",
+    "norm": "layernorm",
+    "positions": "learned",
+    "rope_theta": 1e4,
+    "bias": True,
+    "tie_embeddings": True,
+    "dropout": 0.0,
+}
+SCHEDULES = {
+    "uniform": {"kind": "uniform"},
+    "gw": {"kind": "geometric", "profile": "gw/spherical"},
+    "fitted-gw": {"kind": "fitted", "of": "gw"},
+    "sorted-gw": {"kind": "sorted", "of": "gw"},
+}
+
+
+def write_run(run_dir: Path, losses: dict[str, list[float]]) -> None:
+    """A finished run directory: run.json and every arm's result.json and config.json."""
+    seeds = list(range(len(losses["uniform"])))
+    run_dir.mkdir()
+    run = {
+        "name": "synthetic",
+        "baseline": "uniform",
+        "confidence": 0.95,
+        "bootstrap": 0,
+        "arms": [{"name": arm, "schedule": SCHEDULES[arm]} for arm in losses],
+        "seeds": seeds,
+    }
+    (run_dir / "run.json").write_text(json.dumps(run))
+    for arm, values in losses.items():
+        for seed, loss in zip(seeds, values, strict=True):
+            out = run_dir / "arms" / arm / f"seed-{seed}"
+            out.mkdir(parents=True)
+            (out / "result.json").write_text(json.dumps({"final_val_loss": loss}))
+            (out / "config.json").write_text(json.dumps({**CONFIG, "ffn_widths": [64] * 4}))
+
+
+def test_report_gives_exact_and_holm_p_values_and_compares_derived_arms(
+    tmp_path: Path, geospec_registries: object
+) -> None:
+    rng = np.random.default_rng(8)
+    base = rng.normal(4.5, 0.02, 5)
+    losses = {
+        "uniform": list(base),
+        "gw": list(base - 0.05 + rng.normal(0, 0.01, 5)),
+        "fitted-gw": list(base - 0.03 + rng.normal(0, 0.02, 5)),
+        "sorted-gw": list(base + rng.normal(0, 0.02, 5)),
+    }
+    write_run(tmp_path / "run", losses)
+    results = write_report(tmp_path / "run", plots=False)
+    arms = results["arms"]
+    p = {}
+    for arm in ("gw", "fitted-gw", "sorted-gw"):
+        d = [a - b for a, b in zip(losses[arm], losses["uniform"], strict=True)]
+        vs = arms[arm]["vs_uniform"]
+        assert vs["p_exact"] == pytest.approx(enumerated_p(d), abs=1e-15)
+        assert vs["p_min"] == 0.0625
+        p[arm] = vs["p_exact"]
+    for arm in p:  # each Holm-adjusted p is where Holm's procedure starts to reject the arm
+        adjusted = arms[arm]["vs_uniform"]["p_holm"]
+        assert arm in holm_rejects(p, adjusted * (1 + 1e-12))
+        assert adjusted >= 1.0 or arm not in holm_rejects(p, adjusted * (1 - 1e-9))
+    assert arms["uniform"]["vs_uniform"] is None and arms["gw"]["vs_source"] is None
+    for arm in ("fitted-gw", "sorted-gw"):
+        d = [a - b for a, b in zip(losses[arm], losses["gw"], strict=True)]
+        vs = arms[arm]["vs_source"]
+        assert vs["arm"] == "gw" and vs["mean"] == pytest.approx(float(np.mean(d)))
+        assert vs["p_exact"] == pytest.approx(enumerated_p(d), abs=1e-15)
+    [note] = results["notes"]
+    assert "5 paired seeds" in note and "below 0.0625" in note and "at least 6" in note
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "p (sign-flip)" in report and "p (Holm)" in report
+    assert "| fitted-gw | gw |" in report and "| sorted-gw | gw |" in report
+    assert f"- {note}" in report
+
+    six = {arm: [*values, values[0] - 0.01] for arm, values in losses.items()}
+    write_run(tmp_path / "six", six)
+    assert write_report(tmp_path / "six", plots=False)["notes"] == []
+
+
+def test_plan_gives_the_seeds_each_comparison_needs(
+    tmp_path: Path, geospec_registries: object
+) -> None:
+    rng = np.random.default_rng(9)
+    base = rng.normal(4.5, 0.02, 5)
+    losses = {
+        "uniform": list(base),
+        "gw": list(base - 0.04 + rng.normal(0, 0.01, 5)),
+        "fitted-gw": list(base - 0.03 + rng.normal(0, 0.02, 5)),
+    }
+    write_run(tmp_path / "run", losses)
+    runner = CliRunner()
+    for holm_flag, level in (([], 0.05), (["--holm"], 0.05 / 2)):
+        result = runner.invoke(
+            cli, ["plan", str(tmp_path / "run"), "--effect", "0.01", "--json", *holm_flag]
+        )
+        assert result.exit_code == 0, result.output
+        planned = json.loads(result.output)
+        assert planned["exact_minimum"] == seeds_to_reach(planned["exact_level"])
+        rows = {(r["arm"], r["against"]): r for r in planned["comparisons"]}
+        assert set(rows) == {("gw", "uniform"), ("fitted-gw", "uniform"), ("fitted-gw", "gw")}
+        for (arm, against), row in rows.items():
+            d = np.subtract(losses[arm], losses[against])
+            sd = float(np.std(d, ddof=1))
+            family_level = level if against == "uniform" else 0.05  # one derived arm: no split
+            assert row["sd"] == pytest.approx(sd) and row["pilot_seeds"] == 5
+            assert row["alpha"] == pytest.approx(family_level)
+            assert row["seeds"] == seeds_needed(sd, 0.01, family_level)
+            assert paired_t_power(row["seeds"], sd, 0.01, family_level) >= 0.8
+    table = runner.invoke(cli, ["plan", str(tmp_path / "run"), "--effect", "0.01"])
+    assert table.exit_code == 0 and "seeds needed" in table.output
+    assert "at least 6 paired seeds" in table.output
+    for bad in (["--effect", "0"], ["--effect", "-0.01"]):
+        refused = runner.invoke(cli, ["plan", str(tmp_path / "run"), *bad])
+        assert refused.exit_code == 2 and "--effect" in refused.output
+    missing = runner.invoke(cli, ["plan", str(tmp_path / "nothing"), "--effect", "0.01"])
+    assert missing.exit_code == 2 and "no such run directory" in missing.output

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "train": "geospec.cli.train:train",
     "diagnose": "geospec.cli.diagnose:diagnose",
     "report": "geospec.cli.report:report",
+    "plan": "geospec.cli.plan:plan",
 }
 
 

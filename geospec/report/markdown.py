@@ -21,26 +21,41 @@ def _fmt(value: float | None, digits: int = 4, signed: bool = False) -> str:
     return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def comparison_cells(vs: dict[str, Any] | None) -> list[str]:
+    """Δ, CI (and bootstrap CI), wins, exact p and Holm-adjusted p of one paired comparison."""
+    if vs is None:
+        return ["-"] * 5
+    low, high = vs["ci95"]
+    ci_text = f"[{_fmt(low, signed=True)}, {_fmt(high, signed=True)}]"
+    if vs["bootstrap_ci95"]:
+        b_low, b_high = vs["bootstrap_ci95"]
+        ci_text += f" (bootstrap [{_fmt(b_low, signed=True)}, {_fmt(b_high, signed=True)}])"
+    wins = f"{vs['improved']}/{vs['n']}"
+    # results.json written before the exact test existed has no p-values
+    return [
+        _fmt(vs["mean"], signed=True),
+        ci_text,
+        wins,
+        _p(vs.get("p_exact")),
+        _p(vs.get("p_holm")),
+    ]
+
+
 def table_rows(results: dict[str, Any]) -> list[list[str]]:
-    """One row per arm: arm, params, val loss mean +/- sd, diff vs baseline with CI, wins."""
+    """One row per arm: arm, params, val loss mean +/- sd, diff vs baseline with CI, wins, exact
+    p-value and its Holm adjustment."""
     rows = []
     for name, arm in results["arms"].items():
         loss = arm["val_loss"]
         n_seeds = len(loss["seeds"])
         loss_text = f"{_fmt(loss['mean'])} ± {_fmt(loss['sd'])}" if n_seeds else "(not trained)"
-        vs = arm["vs_uniform"]
-        if vs is None:
-            diff_text, ci_text, wins = "-", "-", "-"
-        else:
-            diff_text = _fmt(vs["mean"], signed=True)
-            low, high = vs["ci95"]
-            ci_text = f"[{_fmt(low, signed=True)}, {_fmt(high, signed=True)}]"
-            if vs["bootstrap_ci95"]:
-                b_low, b_high = vs["bootstrap_ci95"]
-                ci_text += f" (bootstrap [{_fmt(b_low, signed=True)}, {_fmt(b_high, signed=True)}])"
-            wins = f"{vs['improved']}/{vs['n']}"
         params = f"{arm['params']:,}" if arm["params"] is not None else "-"
-        rows.append([name, params, loss_text, str(n_seeds), diff_text, ci_text, wins])
+        cells = comparison_cells(arm["vs_uniform"])
+        rows.append([name, params, loss_text, str(n_seeds), *cells])
     return rows
 
 
@@ -52,12 +67,56 @@ HEADERS = [
     "Δ vs {baseline}",
     "{level}% CI",
     "improved",
+    "p (sign-flip)",
+    "p (Holm)",
 ]
+SOURCE_HEADERS = [
+    "arm",
+    "source",
+    "Δ vs source",
+    "{level}% CI",
+    "improved",
+    "p (sign-flip)",
+    "p (Holm)",
+]
+RELIABILITY_HEADERS = ["profile", "replicates", "split-half ρ", "largest SE / mean", "flag"]
 
 
-def headers(results: dict[str, Any]) -> list[str]:
+def source_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per arm derived from another (``fitted``, ``sorted``): the paired comparison
+    ``arm - source``."""
+    return [
+        [name, arm["vs_source"]["arm"], *comparison_cells(arm["vs_source"])]
+        for name, arm in results["arms"].items()
+        if arm.get("vs_source")
+    ]
+
+
+def reliability_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per profile measured on several token samples."""
+    reliability = results.get("reliability")
+    if not reliability:
+        return []
+    rows = []
+    for name, entry in reliability["profiles"].items():
+        means = results["profiles"].get(name, [])
+        relative = [se / m for se, m in zip(entry["se"], means, strict=False) if se and m]
+        rho = entry["split_half"]
+        rows.append(
+            [
+                name,
+                str(entry["replicates"]),
+                "-" if rho is None else f"{rho:+.2f}",
+                f"{max(relative):.2f}" if relative else "-",
+                f"**below {reliability['threshold']:g}**" if entry["below_threshold"] else "",
+            ]
+        )
+    return rows
+
+
+def headers(results: dict[str, Any], columns: list[str] = HEADERS) -> list[str]:
     level = round(results["confidence"] * 100)
-    return [h.format(baseline=results["baseline"], level=level) for h in HEADERS]
+    return [h.format(baseline=results["baseline"], level=level) for h in columns]
 
 
 PLOT_TITLES = {
@@ -73,10 +132,23 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
     lines.append(
         "Final validation loss per arm. "
         f"Δ is the paired difference against `{results['baseline']}` (negative = better), "
-        "averaged over seeds, with a t-interval (and a bootstrap interval with 5 or more seeds)."
+        "averaged over seeds, with a t-interval (and a bootstrap interval with 5 or more seeds), "
+        "the exact two-sided sign-flip p-value of the paired differences and that p-value "
+        "Holm-adjusted across the arms."
     )
     lines.append("")
     lines += markdown_table(headers(results), table_rows(results))
+    derived = source_rows(results)
+    if derived:
+        lines += [
+            "Arms derived from another arm (`fitted`, `sorted`) against that arm, on the same "
+            "seeds (negative = the derived arm is better; Holm across these comparisons):",
+            "",
+            *markdown_table(headers(results, SOURCE_HEADERS), derived),
+        ]
+    lines += [f"- {note}" for note in results.get("notes", [])]
+    if results.get("notes"):
+        lines.append("")
     if not results["equal_params"]:
         lines.append("**Warning: the arms do not have equal parameter counts.**")
         lines.append("")
@@ -90,6 +162,19 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
         widths = arm["widths"]
         lines.append(f"- `{name}`: {' '.join(map(str, widths)) if widths else '(pending)'}")
     lines.append("")
+    reliability = reliability_rows(results)
+    if reliability:
+        lines += [
+            "## Profile reliability",
+            "",
+            "Each profile was measured on several disjoint token samples (replicates); the "
+            "solver used their mean. Split-half ρ is Spearman's correlation over layers between "
+            "the means of the even- and the odd-numbered replicates (1: both halves rank the "
+            "layers alike); the largest SE / mean is the widest per-layer error bar relative to "
+            "the layer's value.",
+            "",
+            *markdown_table(RELIABILITY_HEADERS, reliability),
+        ]
     for image in images:
         stem = Path(image).stem
         title = PLOT_TITLES.get(stem, stem.replace("_", " ").capitalize())

@@ -47,6 +47,8 @@ def write_plots(
     plt, save = plots.plt, plots.save
 
     profiles = results["profiles"]
+    reliability = (results.get("reliability") or {}).get("profiles", {})
+    errors_of = {name: entry["se"] for name, entry in reliability.items()}
     if profiles:
         statistics = _ordered({p.split("/")[0] for p in profiles}, ("shift", "gw", "topology"))
         geometries = _ordered(
@@ -65,11 +67,17 @@ def write_plots(
                 if values is None:
                     ax.axis("off")
                     continue
-                ax.plot(range(len(values)), values, marker="o", ms=3)
+                errors = errors_of.get(f"{statistic}/{geometry}")
+                if errors is not None:  # the mean of the replicates, +/- its standard error
+                    bars = [e if e is not None else 0.0 for e in errors]
+                    ax.errorbar(range(len(values)), values, yerr=bars, marker="o", ms=3, capsize=2)
+                else:
+                    ax.plot(range(len(values)), values, marker="o", ms=3)
                 ax.set_title(f"{statistic} / {geometry}", fontsize=9)
                 ax.set_xlabel("layer", fontsize=8)
                 ax.tick_params(labelsize=7)
-        fig.suptitle("Geometric work per layer (reference model)")
+        note = " (mean ± SE over token samples)" if errors_of else ""
+        fig.suptitle(f"Geometric work per layer (reference model){note}")
         fig.tight_layout()
         save(fig, "profiles.png")
 

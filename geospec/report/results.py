@@ -10,14 +10,23 @@ results.json::
                         "val_loss": {"seeds": {"<seed>": loss}, "mean": m, "sd": s},
                         "vs_uniform": {"mean": d, "ci95": [lo, hi],
                                        "bootstrap_ci95": [lo, hi] | null,
-                                       "improved": k, "n": n} | null}},
+                                       "improved": k, "n": n,
+                                       "p_exact": p, "p_holm": p, "p_min": p} | null,
+                        "vs_source": {"arm": "<source>", ...as vs_uniform} | null}},
      "equal_params": bool,
      "checks": {"same_data_and_validation": bool | null, "same_training": ...,
                 "same_shape_apart_from_widths": ..., "seeds_paired": ...},
-     "profiles": {"topology/hyperbolic": [...], ...}}
+     "profiles": {"topology/hyperbolic": [...], ...},
+     "notes": ["..."],
+     "reliability": {"threshold": 0.8,          (only when profiles have replicates)
+                     "profiles": {"<profile>": {"replicates": R, "se": [...],
+                                                "split_half": rho, "below_threshold": bool}}}}
 
 ``vs_uniform`` compares with the spec's baseline arm (``report.baseline``, "uniform" by default),
 paired by seed; ``ci95`` holds the interval at ``confidence`` (0.95 unless the spec says otherwise).
+``p_exact`` is the exact sign-flip p-value, ``p_holm`` the same Holm-adjusted across the arms,
+``p_min`` the smallest p-value the number of seeds allows. ``vs_source`` compares an arm derived
+from another (``fitted``, ``sorted``) with that arm (Holm across those comparisons).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from typing import Any
 
 from geospec.engine.model_size import Shape, count_params, total_ffn_params
 from geospec.engine.run_files import CONFIG_FILE, METRICS_FILE, RESULT_FILE
-from geospec.errors import UsageError
+from geospec.errors import GeospecError, UsageError
 from geospec.pipeline.run_dir import (
     PROFILES_FILE,
     RUN_FILE,
@@ -37,7 +46,18 @@ from geospec.pipeline.run_dir import (
     arm_seed_dir,
     read_json,
 )
-from geospec.report.stats import finite, paired_difference, summarize
+from geospec.report.stats import (
+    MIN_RELIABILITY,
+    finite,
+    holm,
+    paired_difference,
+    seeds_to_reach,
+    sign_flip_p,
+    smallest_sign_flip_p,
+    split_half_reliability,
+    standard_errors,
+    summarize,
+)
 
 
 @dataclass(frozen=True)
@@ -110,6 +130,7 @@ def build_results(run_dir: Path) -> dict[str, Any]:
                 "sd": finite(summary.sd),
             },
             "vs_uniform": None,
+            "vs_source": None,
         }
     base_losses = {
         int(s): v for s, v in arms.get(baseline, {}).get("val_loss", {}).get("seeds", {}).items()
@@ -117,22 +138,24 @@ def build_results(run_dir: Path) -> dict[str, Any]:
     for name, entry in arms.items():
         if name == baseline or not base_losses:
             continue
-        losses = {int(s): v for s, v in entry["val_loss"]["seeds"].items()}
-        diff = paired_difference(
-            losses, base_losses, confidence=confidence, bootstrap=resolved["bootstrap"]
-        )
-        if diff.n == 0:
-            continue
-        entry["vs_uniform"] = {
-            "mean": diff.mean,
-            "sd": finite(diff.sd),
-            "ci95": [finite(diff.ci[0]), finite(diff.ci[1])],
-            "bootstrap_ci95": list(diff.bootstrap_ci) if diff.bootstrap_ci else None,
-            "improved": diff.improved,
-            "n": diff.n,
-        }
+        entry["vs_uniform"] = comparison(_losses(entry), base_losses, confidence, resolved)
+    reads = {arm["name"]: schedule_reads(arm["schedule"]) for arm in resolved["arms"]}
+    for name, entry in arms.items():
+        source = next((arm for arm in reads[name][0] if arm in arms), None)
+        entry["vs_source"] = None
+        if source is not None:
+            against = comparison(_losses(entry), _losses(arms[source]), confidence, resolved)
+            entry["vs_source"] = {"arm": source, **against} if against else None
+    for key in ("vs_uniform", "vs_source"):  # Holm across each family of comparisons
+        tests = {name: entry[key]["p_exact"] for name, entry in arms.items() if entry[key]}
+        for name, adjusted in holm(tests).items():
+            arms[name][key]["p_holm"] = adjusted
     counts = {a["params"] for a in arms.values() if a["params"] is not None}
-    return {
+    stored = read_json(run_dir / PROFILES_FILE)
+    replicates = stored.get("replicates") if isinstance(stored, dict) else None
+    threshold = resolved.get("min_reliability", MIN_RELIABILITY)
+    reliability = profile_reliability(replicates or {}, threshold)
+    results = {
         "name": resolved["name"],
         "baseline": baseline,
         "confidence": confidence,
@@ -140,10 +163,117 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         "checks": comparison_checks(runs),
         "arms": arms,
         "profiles": profiles,
+        "notes": exact_test_notes(arms, 1 - confidence)
+        + reliability_notes(reliability, {name: r[1] for name, r in reads.items()}),
         "curves": {
             name: {str(r.seed): r.curve for r in seed_runs} for name, seed_runs in runs.items()
         },
     }
+    if reliability is not None:
+        results["reliability"] = reliability
+    return results
+
+
+def _losses(entry: dict[str, Any]) -> dict[int, float]:
+    return {int(seed): loss for seed, loss in entry["val_loss"]["seeds"].items()}
+
+
+def comparison(
+    losses: dict[int, float],
+    other: dict[int, float],
+    confidence: float,
+    resolved: dict[str, Any],
+) -> dict[str, Any] | None:
+    """``losses - other`` over their shared seeds: mean, intervals, wins, and the exact sign-flip
+    p-value with the smallest one this many seeds can give (``p_holm`` is filled in across the
+    arms); None when no seed is shared."""
+    diff = paired_difference(losses, other, confidence=confidence, bootstrap=resolved["bootstrap"])
+    if diff.n == 0:
+        return None
+    return {
+        "mean": diff.mean,
+        "sd": finite(diff.sd),
+        "ci95": [finite(diff.ci[0]), finite(diff.ci[1])],
+        "bootstrap_ci95": list(diff.bootstrap_ci) if diff.bootstrap_ci else None,
+        "improved": diff.improved,
+        "n": diff.n,
+        "p_exact": sign_flip_p([losses[s] - other[s] for s in diff.seeds]),
+        "p_holm": None,
+        "p_min": smallest_sign_flip_p(diff.n),
+    }
+
+
+def schedule_reads(table: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The arms and profiles a schedule reads (its ``required_arms``, ``required_profiles``);
+    nothing when its plugin is not installed here."""
+    from geospec.registry.loading import get_registries
+
+    try:
+        schedule = get_registries().create("schedule", table)
+    except (GeospecError, ValueError):
+        return [], []
+    return schedule.required_arms(), schedule.required_profiles()
+
+
+def exact_test_notes(arms: dict[str, Any], alpha: float) -> list[str]:
+    """A plain note for every number of seeds too small for the sign-flip test to reach the
+    level at all."""
+    too_few = sorted(
+        {
+            entry[key]["n"]
+            for entry in arms.values()
+            for key in ("vs_uniform", "vs_source")
+            if entry.get(key) and entry[key]["p_min"] > alpha
+        }
+    )
+    return [
+        f"With {n} paired seed{'s' if n > 1 else ''} the exact sign-flip test cannot give a "
+        f"p-value below {smallest_sign_flip_p(n):.4g} (2/2^{n}), so no comparison on {n} "
+        f"seed{'s' if n > 1 else ''} can reach p ≤ {alpha:.3g}; that takes at least "
+        f"{seeds_to_reach(alpha)} paired seeds."
+        for n in too_few
+    ]
+
+
+def profile_reliability(
+    replicates: dict[str, list[list[float]]], threshold: float
+) -> dict[str, Any] | None:
+    """Per profile measured on several token samples: the number of replicates, per-layer
+    standard errors, the split-half reliability and whether it is below ``threshold``; None when
+    no profile has replicates."""
+    if not replicates:
+        return None
+    profiles = {}
+    for name, values in replicates.items():
+        rho = split_half_reliability(values)
+        profiles[name] = {
+            "replicates": len(values),
+            "se": standard_errors(values),
+            "split_half": rho,
+            "below_threshold": rho is None or rho < threshold,
+        }
+    return {"threshold": threshold, "profiles": profiles}
+
+
+def reliability_notes(reliability: dict[str, Any] | None, reads: dict[str, list[str]]) -> list[str]:
+    """A note per profile whose split-half reliability is below the threshold, naming the arms
+    that read it."""
+    if reliability is None:
+        return []
+    notes = []
+    for name, entry in reliability["profiles"].items():
+        if not entry["below_threshold"]:
+            continue
+        rho = entry["split_half"]
+        value = "undefined" if rho is None else f"{rho:.2f}"
+        users = [arm for arm, profiles in reads.items() if name in profiles]
+        used = f"; arms reading it: {', '.join(users)}" if users else ""
+        notes.append(
+            f"Profile {name}: split-half reliability {value} over {entry['replicates']} "
+            f"replicates is below {reliability['threshold']:g}: its shape over the layers is "
+            f"largely sampling noise{used}."
+        )
+    return notes
 
 
 #: What makes the comparison fair, each checked on the finished runs' own records (None when

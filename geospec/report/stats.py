@@ -83,6 +83,8 @@ def finite(value: float | None) -> float | None:
 # exact paired tests, power, and the reliability of a profile
 
 
+#: A profile whose split-half reliability is below this is flagged (``report.min_reliability``).
+MIN_RELIABILITY = 0.8
 #: Up to this many paired seeds the sign-flip test enumerates every sign pattern (2^20, 8 MB);
 #: beyond it the p-value is a Monte Carlo estimate from ``SIGN_FLIP_RESAMPLES`` random patterns.
 EXACT_UP_TO = 20

@@ -15,7 +15,7 @@ from geospec.report.diagnostics import (
     profile_rows,
     summary_lines,
 )
-from geospec.report.markdown import headers, table_rows
+from geospec.report.markdown import SOURCE_HEADERS, headers, source_rows, table_rows
 from geospec.report.results import CHECKS
 
 
@@ -32,6 +32,16 @@ def print_table(results: dict[str, Any]) -> None:
     if not console.is_terminal:
         console = Console(width=140)  # logs and pipes: don't wrap the table at 80 columns
     console.print(table)
+    derived = source_rows(results)
+    if derived:
+        against = Table(title="derived arms against their source")
+        for header in headers(results, SOURCE_HEADERS):
+            against.add_column(header, justify="left" if header in ("arm", "source") else "right")
+        for row in derived:
+            against.add_row(*row)
+        console.print(against)
+    for note in results.get("notes", []):
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
     if not results["equal_params"]:
         console.print("[bold red]warning:[/] arms do not have equal parameter counts")
     for key, value in results.get("checks", {}).items():
