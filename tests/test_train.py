@@ -313,6 +313,52 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
         assert (out / MODEL_FILE).read_bytes() == weights_before
 
 
+def test_weights_that_become_non_finite_stop_training(
+    workspace: tuple[Path, Spec, TokenData], killed_run: tuple[Path, int], tmp_path: Path
+) -> None:
+    """The check on the weights at every checkpoint, which the loss check cannot replace: a
+    step's loss is computed before its update, so an update that breaks the weights shows
+    first in the weights. Resumed with a checkpoint after every step (bookkeeping, not a
+    different run), the poisoned update of the first step is caught there."""
+    _, spec, data = workspace
+    out = tmp_path / "poisoned"
+    shutil.copytree(killed_run[0], out)
+    _, state = read_checkpoint(out) or (None, {})
+    for moments in state["optimizer"]["state"].values():
+        moments["exp_avg"].fill_(math.inf)
+    state["checksums"]["optimizer"] = tensor_digest(state["optimizer"])
+    torch.save(state, out / STATE_FILE)
+    step = killed_run[1]
+    train = spec.train.model_copy(update={"checkpoint_interval": 1})
+    with pytest.raises(
+        GeospecError,
+        match=rf"weights became non-finite by step {step + 1}\. The last good checkpoint "
+        rf"\(step {step}\) is kept",
+    ):
+        train_model(train, cosine_config(spec, data), data, out, seed=0, progress=False)
+    last = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == step + 1 and math.isfinite(last["loss"])  # the loss saw nothing
+    after = read_checkpoint(out)
+    assert after is not None and after[1]["step"] == step
+    assert not (out / "result.json").exists()
+
+
+def test_a_checkpoint_of_other_settings_is_refused(
+    workspace: tuple[Path, Spec, TokenData], tmp_path: Path
+) -> None:
+    """An unfinished run (a checkpoint, no result) is resumed only with its own settings."""
+    _, spec, data = workspace
+    config = cosine_config(spec, data)
+    train = spec.train.model_copy(update={"checkpoint_interval": 5, "eval_interval": 0})
+    train_model(train, config, data, tmp_path, seed=0, steps=5, progress=False)
+    (tmp_path / "result.json").unlink()  # as if killed after its last checkpoint
+    with pytest.raises(UsageError, match=r"holds a run with different settings \(seed\)"):
+        train_model(train, config, data, tmp_path, seed=1, steps=5, progress=False)
+    with pytest.raises(UsageError, match=r"holds a run with different settings \(steps\)"):
+        train_model(train, config, data, tmp_path, seed=0, steps=6, progress=False)
+    assert read_checkpoint(tmp_path) is not None  # nothing was overwritten
+
+
 def test_checkpoint_pairs_survive_a_kill_between_the_two_files(tmp_path: Path) -> None:
     config = GPTConfig(vocab_size=10, n_layers=1, d_model=4, n_heads=1, seq_len=4, ffn_widths=[4])
     model = GPT(config)
@@ -332,12 +378,15 @@ def test_checkpoint_pairs_survive_a_kill_between_the_two_files(tmp_path: Path) -
     assert not (tmp_path / PREVIOUS_MODEL_FILE).exists()
 
 
+def _torchrun_command(spec_path: Path, out: Path, steps: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", "2", "-m", "geospec", "train", str(spec_path), "--arm",
+            "cosine", "--seed", "0", "--out", str(out), "--steps", str(steps)]  # fmt: skip
+
+
 def _torchrun(spec_path: Path, out: Path, steps: int) -> tuple[int, str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "2", "-m", "geospec", "train", str(spec_path), "--arm",
-               "cosine", "--seed", "0", "--out", str(out), "--steps", str(steps)]  # fmt: skip
     process = subprocess.Popen(
-        command,
+        _torchrun_command(spec_path, out, steps),
         env=_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -374,6 +423,36 @@ def test_two_processes_match_one(mode: str, tmp_path: Path) -> None:
     a, b = load_file(tmp_path / "two" / MODEL_FILE), load_file(tmp_path / "one" / MODEL_FILE)
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_killed_torchrun_run_resumes_under_torchrun_to_the_same_result(
+    workspace: tuple[Path, Spec, TokenData], tmp_path: Path
+) -> None:
+    """2 processes killed (launcher and workers, SIGKILL) after a checkpoint, resumed by 2 new
+    processes: the same model as one uninterrupted process."""
+    spec_path, spec, data = workspace
+    out = tmp_path / "two"
+    step = _kill_after_first_checkpoint(_torchrun_command(spec_path, out, 100), out, _env())
+    assert 0 < step < 100 and not (out / "result.json").exists()
+    status, stderr = _torchrun(spec_path, out, steps=100)
+    assert status == 0, stderr[-3000:]
+    single = train_model(
+        spec.train,
+        cosine_config(spec, data),
+        data,
+        tmp_path / "one",
+        seed=0,
+        steps=100,
+        progress=False,
+    )
+    two = json.loads((out / "result.json").read_text())
+    assert abs(two["final_val_loss"] - single.final_val_loss) < 1e-5
+    a, b = load_file(out / MODEL_FILE), load_file(tmp_path / "one" / MODEL_FILE)
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [25, 50, 75, 100]
 
 
 # -- the CLI ------------------------------------------------------------------------------------
@@ -442,6 +521,21 @@ def test_train_command_trains_and_reports(tmp_path: Path) -> None:
     stored = json.loads((out / "result.json").read_text())
     assert f"final validation loss {stored['final_val_loss']:.6f} after 5 steps" in result.output
     assert stored["widths"] == [64, 64] and np.isfinite(stored["final_val_loss"])
+
+
+def test_train_command_refuses_a_directory_holding_another_run(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, steps=5)
+    out = tmp_path / "named"
+    command = ["train", str(path), "--arm", "uniform", "--seed", "3", "--out", str(out)]
+    assert CliRunner().invoke(cli, command).exit_code == 0
+    stored = (out / "result.json").read_bytes()
+    for other in (["--seed", "4"], ["--steps", "6"], ["--widths", "48,80"]):
+        changed = [*command[:4], *command[6:], *other] if other[0] == "--seed" else command + other
+        result = CliRunner().invoke(cli, changed)
+        assert result.exit_code == 2, (other, result.output)
+        assert "holds a run with different settings" in result.output, other
+        assert "Traceback" not in result.output
+    assert (out / "result.json").read_bytes() == stored  # the run it holds is left alone
 
 
 def test_train_command_refuses_a_directory_another_process_trains_into(tmp_path: Path) -> None:
