@@ -41,6 +41,7 @@ from geospec.engine.checkpoint import (
     write_checkpoint,
     write_config,
 )
+from geospec.engine.compiling import compile_for_training, recompile_limit
 from geospec.engine.distributed import DistContext
 from geospec.engine.model import GPT, GPTConfig
 from geospec.engine.progress import TrainProgress
@@ -137,6 +138,14 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
         {"params": list(decay.values()), "weight_decay": weight_decay},
         {"params": list(no_decay.values()), "weight_decay": 0.0},
     ]
+
+
+def use_fused_adamw(device: torch.device, fsdp: bool) -> bool:
+    """Fused AdamW (one kernel for all parameters) on CUDA; under FSDP2 (DTensor parameters)
+    from torch 2.5, whose DTensor rules shard the fused kernel. CPU keeps the default kernels, so
+    CPU runs stay bit-identical to earlier versions."""
+    release = tuple(int(part) for part in torch.__version__.split(".")[:2])
+    return device.type == "cuda" and (not fsdp or release >= (2, 5))
 
 
 def fingerprint(
@@ -344,13 +353,12 @@ class _Run:
         raw.to(self.device)
         self.raw = raw
         fsdp = self.ctx.enabled and self.train.distributed == "fsdp2"
-        if self.train.compile:
-            for block in raw.blocks if fsdp else [raw]:
-                block.compile()
+        # each run compiles from an empty cache, with room for its shapes (engine.compiling)
+        limit = compile_for_training(raw, per_block=fsdp) if self.train.compile else None
         self.model = distributed.wrap_model(
             raw, self.ctx, self.train.distributed, self.bf16, self.device
         )
-        fused = self.device.type == "cuda" and not fsdp
+        fused = use_fused_adamw(self.device, fsdp)
         self.optimizer = torch.optim.AdamW(
             parameter_groups(raw, self.train.weight_decay),
             lr=self.train.lr,
@@ -368,7 +376,8 @@ class _Run:
         self._resume()
         if self.ctx.is_main:
             write_config(self.out_dir, self.config)
-        return self._loop()
+        with recompile_limit(limit):
+            return self._loop()
 
     def _resume(self) -> None:
         found: tuple[Path, dict[str, Any]] | None = None
