@@ -140,6 +140,7 @@ def sample_tokens(
     sequences: int | None = None,
     skip_first: int = 0,
     skip_ids: Sequence[int] = (),
+    replicates: int = 1,
 ) -> TokenSample:
     """Deterministically choose ``n_tokens`` token positions from non-overlapping windows.
 
@@ -147,33 +148,51 @@ def sample_tokens(
     positions before ``skip_first`` and tokens in ``skip_ids`` (special tokens) are never chosen.
     By default about a quarter of each window's eligible positions are used, so clouds span many
     contexts.
+
+    With ``replicates`` R > 1 it draws R disjoint samples of ``n_tokens`` positions, each from its
+    own ``sequences`` windows (R x ``sequences`` windows drawn at once, without overlap), one
+    after the other in the result: token j belongs to replicate j // n_tokens. R = 1 is the single
+    sample, drawn exactly as before replicates existed.
     """
     if skip_first >= seq_len:
         raise ProbeError(f"probe.skip_first {skip_first} leaves no positions in seq_len {seq_len}")
     available = len(tokens) // seq_len
     per_window = seq_len - skip_first
     if sequences is None:
-        sequences = min(available, max(1, math.ceil(4 * n_tokens / per_window)))
-    if sequences > available:
+        sequences = min(available // replicates, max(1, math.ceil(4 * n_tokens / per_window)))
+    if sequences * replicates > available or sequences == 0:
+        wanted = (
+            f"probe.sequences {sequences}"
+            if replicates == 1
+            else (f"probe.replicates {replicates} x {max(sequences, 1)} windows")
+        )
         raise ProbeError(
-            f"probe.sequences {sequences} exceeds the {available} validation windows of {seq_len} "
+            f"{wanted} exceeds the {available} validation windows of {seq_len} "
             "tokens; lower it or use more data"
         )
     rng = np.random.default_rng(seed)
-    windows = np.sort(rng.choice(available, size=sequences, replace=False)) * seq_len
-    grid = windows[:, None] + np.arange(seq_len)[None, :]
-    eligible = np.ones((sequences, seq_len), dtype=bool)
-    eligible[:, :skip_first] = False
-    if len(skip_ids):
-        eligible &= ~np.isin(tokens[grid], np.asarray(skip_ids))
-    candidates = np.flatnonzero(eligible)
-    if len(candidates) < n_tokens:
-        raise ProbeError(
-            f"probe.tokens {n_tokens} exceeds the {len(candidates)} eligible tokens in "
-            f"{sequences} windows; raise probe.sequences or lower probe.tokens"
-        )
-    chosen = np.sort(rng.choice(candidates, size=n_tokens, replace=False))
-    return TokenSample(windows, chosen // seq_len, chosen % seq_len)
+    drawn = rng.choice(available, size=sequences * replicates, replace=False)
+    windows, window_index, positions = [], [], []
+    for replicate in range(replicates):
+        own = np.sort(drawn[replicate * sequences : (replicate + 1) * sequences]) * seq_len
+        grid = own[:, None] + np.arange(seq_len)[None, :]
+        eligible = np.ones((sequences, seq_len), dtype=bool)
+        eligible[:, :skip_first] = False
+        if len(skip_ids):
+            eligible &= ~np.isin(tokens[grid], np.asarray(skip_ids))
+        candidates = np.flatnonzero(eligible)
+        if len(candidates) < n_tokens:
+            raise ProbeError(
+                f"probe.tokens {n_tokens} exceeds the {len(candidates)} eligible tokens in "
+                f"{sequences} windows; raise probe.sequences or lower probe.tokens"
+            )
+        chosen = np.sort(rng.choice(candidates, size=n_tokens, replace=False))
+        windows.append(own)
+        window_index.append(chosen // seq_len + replicate * sequences)
+        positions.append(chosen % seq_len)
+    return TokenSample(
+        np.concatenate(windows), np.concatenate(window_index), np.concatenate(positions)
+    )
 
 
 @contextmanager

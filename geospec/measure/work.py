@@ -157,6 +157,35 @@ def measure_profiles(
     return results
 
 
+def measure_replicates(
+    clouds: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    replicates: int,
+    pairs: Sequence[MeasureLike | str] | None = None,
+    *,
+    workers: int | None = None,
+    progress: bool | None = None,
+) -> dict[str, list[list[float]]]:
+    """Every profile on each of ``replicates`` token samples: ``{profile: [[one float per layer]
+    per replicate]}``.
+
+    Each layer's clouds hold the replicates' tokens one after the other in equal parts (as the
+    probe stage stores them with ``probe.replicates``). All layers x replicates are measured in
+    one :func:`measure_profiles` call, so they share its workers.
+    """
+    rows = len(clouds[0][0]) if clouds else 0
+    if replicates < 1 or rows % replicates:
+        raise UsageError(f"{rows} tokens per cloud cannot be split into {replicates} replicates")
+    part = rows // replicates
+    split = [
+        (x[r * part : (r + 1) * part], y[r * part : (r + 1) * part])
+        for r in range(replicates)
+        for x, y in clouds
+    ]
+    flat = measure_profiles(split, pairs, workers=workers, progress=progress)
+    n = len(clouds)
+    return {name: [v[r * n : (r + 1) * n] for r in range(replicates)] for name, v in flat.items()}
+
+
 # Resolving plugins ------------------------------------------------------------------------
 
 
