@@ -61,18 +61,21 @@ def train_bpe(spec: BPETokenizer, texts: Iterable[str]) -> Tokenizer:
     return tokenizer
 
 
-def pretrained_tokenizer(path: Path) -> tuple[Tokenizer, int]:
+def pretrained_tokenizer(path: Path, trust_remote_code: bool = False) -> tuple[Tokenizer, int]:
     """The fast tokenizer in a local directory (anything transformers' AutoTokenizer loads) and
-    its EOS id, which separates documents."""
+    its EOS id, which separates documents. Code shipped with the tokenizer runs only with
+    ``trust_remote_code``."""
     from transformers import AutoTokenizer
 
     if not path.is_dir():
         raise UsageError(f"data.tokenizer.path: {path} is not a directory")
     try:
-        loaded = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as error:
+        loaded = AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except Exception as error:  # transformers raises many kinds; each is the user's file
         raise UsageError(
-            f"data.tokenizer.path: cannot load a tokenizer from {path}: {error}"
+            f"data.tokenizer.path: cannot load a tokenizer from {path}: {load_error(error)}"
         ) from None
     backend = getattr(loaded, "backend_tokenizer", None)
     if not isinstance(backend, Tokenizer):
@@ -94,7 +97,7 @@ def build_tokenizer(
     must be trained. Relative paths are taken from ``spec_dir`` (default: the working directory)."""
     base = spec_dir or Path.cwd()
     if isinstance(spec, PretrainedTokenizer):
-        return pretrained_tokenizer(base / spec.path)
+        return pretrained_tokenizer(base / spec.path, spec.trust_remote_code)
     if isinstance(spec, GPT2Tokenizer):
         tokenizer = gpt2_tokenizer(base / spec.path if spec.path else None)
     else:
@@ -102,6 +105,17 @@ def build_tokenizer(
     eot = tokenizer.token_to_id(EOT)
     assert eot is not None  # both kinds register EOT as a special token
     return tokenizer, eot
+
+
+def load_error(error: BaseException) -> str:
+    """One line about why transformers could not load a checkpoint or tokenizer."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    if "trust_remote_code" in text:
+        return (
+            "it ships its own Python code (auto_map), which geospec does not run unless told to; "
+            "set trust_remote_code = true only if you trust its source"
+        )
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def vocab_size(tokenizer: Tokenizer) -> int:

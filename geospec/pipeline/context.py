@@ -61,15 +61,18 @@ class Plan:
     """What the executor needs to decide about one stage and to carry it out.
 
     The stage is up to date when ``current`` says so, or (``current`` None) when it is not forced,
-    its stored key equals ``key`` and every artifact exists. ``key`` None means the stage does not
-    apply (nothing is recorded or said). ``note`` replaces the "up to date" line. ``main_only``
-    stages run on rank 0 while the other ranks wait; those ranks then ``load`` the outputs.
+    its stored key equals ``key``, every artifact exists and ``problem`` is None (an artifact that
+    exists but cannot be trusted: damaged, or changed behind geospec's back; it is said and the
+    stage runs again). ``key`` None means the stage does not apply (nothing is recorded or said).
+    ``note`` replaces the "up to date" line. ``main_only`` stages run on rank 0 while the other
+    ranks wait; those ranks then ``load`` the outputs.
     """
 
     key: str | None
     run: Callable[[], Any] = lambda: None
     load: Callable[[], Any] = lambda: None
     artifacts: tuple[Path, ...] = ()
+    problem: str | None = None
     current: bool | None = None
     note: str | None = None
     main_only: bool = True

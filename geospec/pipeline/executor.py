@@ -21,7 +21,12 @@ from rich.console import Console
 
 from geospec.errors import UsageError
 from geospec.pipeline.context import INCOMPLETE, Done, RunContext, Stage
-from geospec.pipeline.run_dir import STAGES_FILE, StageLog, write_run_metadata
+from geospec.pipeline.run_dir import (
+    STAGES_FILE,
+    StageLog,
+    prepare_run_dir,
+    write_run_metadata,
+)
 from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.measure import Measure
 from geospec.pipeline.stages.probe import Probe
@@ -59,14 +64,14 @@ def run_pipeline(
 
     with process_group():
         run = RunContext(
-            run_dir or Path(spec.run_dir),
+            Path(run_dir or spec.run_dir),
             spec_path.parent,
             console or Console(),
             context(),
             spec.train.device,
         )
         if run.is_main:
-            run.run_dir.mkdir(parents=True, exist_ok=True)
+            prepare_run_dir(run.run_dir)
             write_run_metadata(run.run_dir, spec, spec_path)
         barrier(run.dist)
         log = StageLog(run.run_dir / STAGES_FILE)
@@ -85,6 +90,9 @@ def run_pipeline(
                     and log.keys().get(stage.name) == plan.key
                     and all(path.exists() for path in plan.artifacts)
                 )
+                if current and plan.problem is not None:
+                    run.say(f"[yellow]![/] {stage.name}: {plan.problem}; running it again")
+                    current = False
             if current:
                 run.say(
                     plan.note

@@ -11,7 +11,9 @@ import hashlib
 import json
 from typing import Any
 
-from geospec.spec.sections import DataSpec, ModelSpec, TrainSpec
+from pydantic import BaseModel
+
+from geospec.spec.sections import DataSpec, ModelSpec, Section, TrainSpec
 
 
 def digest(*parts: Any) -> str:
@@ -21,8 +23,10 @@ def digest(*parts: Any) -> str:
 
 
 def section(model: Any) -> Any:
-    """A spec section (or any value) as keys see it: its JSON form."""
-    return model.model_dump(mode="json") if hasattr(model, "model_dump") else model
+    """A spec section (or any value) as keys see it (:meth:`Section.key_form`)."""
+    if isinstance(model, Section):
+        return model.key_form()
+    return model.model_dump(mode="json") if isinstance(model, BaseModel) else model
 
 
 def data_key(data: DataSpec) -> str:

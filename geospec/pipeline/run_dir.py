@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 from geospec import __version__
 from geospec.atomic import atomic_write_json, atomic_write_text
-from geospec.engine.run_files import RESULT_FILE
+from geospec.digests import file_digest
+from geospec.engine.run_files import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    MODEL_FILE,
+    PREVIOUS_MODEL_FILE,
+    RESULT_FILE,
+    STATE_FILE,
+)
 from geospec.errors import UsageError
 
 if TYPE_CHECKING:
@@ -57,6 +65,29 @@ def read_json(path: Path) -> Any:
         raise UsageError(f"{path}: not valid JSON ({error}); delete it and rerun") from None
 
 
+def read_json_or_none(path: Path) -> Any:
+    """A recomputable JSON artifact's content, or None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def json_problem(path: Path, *keys: str) -> str | None:
+    """What keeps a recomputable JSON artifact from being trusted (missing, unreadable, not an
+    object, or without ``keys``), or None when it is sound."""
+    shown = path.name
+    if not path.is_file():
+        return f"{shown} is missing"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return f"{shown} is unreadable"
+    if not isinstance(data, dict) or any(key not in data for key in keys):
+        return f"{shown} does not hold what geospec wrote"
+    return None
+
+
 @dataclass(frozen=True)
 class StageLog:
     """The stages' keys as ``stages.json`` records them (read afresh each time: several
@@ -84,14 +115,80 @@ class StageLog:
 # training directories
 
 
+#: What the trainer writes into a training directory (removed when geospec redoes a run in a
+#: directory it did not mark as its own).
+TRAINING_FILES = (
+    CONFIG_FILE,
+    MODEL_FILE,
+    PREVIOUS_MODEL_FILE,
+    STATE_FILE,
+    RESULT_FILE,
+    METRICS_FILE,
+    RUN_KEY_FILE,
+)
+
+
+def prepare_run_dir(path: Path) -> Path:
+    """Check that ``path`` can be (or already is) a run directory, create it, return it resolved.
+
+    geospec writes and deletes inside a run directory, so it refuses ``/``, the home directory,
+    a file, and an existing folder that holds files but no ``run.json`` (the user's files).
+    """
+    resolved = path.expanduser().resolve()
+    shown = f"{path} (that is {resolved})" if ".." in path.parts else str(path)
+    if resolved == Path(resolved.anchor) or resolved == Path.home().resolve():
+        raise UsageError(
+            f"out: {shown} is the root or home directory; give the run a folder of its own"
+        )
+    if resolved.exists() and not resolved.is_dir():
+        raise UsageError(f"out: {shown} is a file; give a folder for the run directory")
+    if resolved.is_dir() and any(resolved.iterdir()) and not (resolved / RUN_FILE).exists():
+        raise UsageError(
+            f"out: {shown} already holds files that geospec did not make (no {RUN_FILE}); "
+            "choose a new or empty folder"
+        )
+    try:
+        resolved.mkdir(parents=True, exist_ok=True)
+        probe = resolved / ".geospec-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise UsageError(
+            f"out: {shown} cannot be written ({reason}); choose another folder"
+        ) from None
+    return resolved
+
+
 def stored_run_key(out: Path) -> str | None:
-    record = read_json(out / RUN_KEY_FILE)
-    return record.get("key") if isinstance(record, dict) else None
+    """The key recorded in a training directory; None when there is none or it is unreadable
+    (the run then resumes, and the trainer's own fingerprint check guards what it resumes)."""
+    try:
+        record = json.loads((out / RUN_KEY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    key = record.get("key") if isinstance(record, dict) else None
+    return key if isinstance(key, str) else None
 
 
 def is_trained(out: Path, key: str) -> bool:
-    """``out`` holds the finished run ``key``."""
-    return stored_run_key(out) == key and (out / RESULT_FILE).exists()
+    """``out`` holds the finished run ``key`` (with a readable result)."""
+    return stored_run_key(out) == key and json_problem(out / RESULT_FILE, "final_val_loss") is None
+
+
+def finished_model_problem(out: Path) -> str | None:
+    """What keeps a finished run's model from being trusted: an unreadable result, a missing
+    weights file, or weights that changed after training (against the hash in result.json)."""
+    problem = json_problem(out / RESULT_FILE, "final_val_loss")
+    if problem is not None:
+        return problem
+    if not (out / MODEL_FILE).is_file():
+        return f"{MODEL_FILE} is missing"
+    checksums = json.loads((out / RESULT_FILE).read_text()).get("checksums") or {}
+    recorded = checksums.get(MODEL_FILE) if isinstance(checksums, dict) else None
+    if recorded is not None and file_digest(out / MODEL_FILE) != recorded:
+        return f"{MODEL_FILE} changed after training (it does not match {RESULT_FILE})"
+    return None
 
 
 def own_training_dir(
@@ -121,9 +218,19 @@ def own_training_dir(
             )
         if out.exists() and (redo or other):
             run.say(f"[yellow]![/] {_shown(out, run.run_dir)}: inputs changed, starting over")
-            shutil.rmtree(out)
+            empty_training_dir(out)
         atomic_write_json(out / RUN_KEY_FILE, {"key": key, "widths": widths})
     barrier(run.dist)
+
+
+def empty_training_dir(out: Path) -> None:
+    """Remove a training run: the whole directory when geospec marked it as its own (it holds
+    run_key.json), else only the files the trainer writes (the user's other files stay)."""
+    if (out / RUN_KEY_FILE).exists():
+        shutil.rmtree(out)
+        return
+    for name in TRAINING_FILES:
+        (out / name).unlink(missing_ok=True)
 
 
 def _shown(path: Path, run_dir: Path) -> Path:
@@ -155,6 +262,7 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
             "baseline": spec.report.baseline,
             "confidence": spec.report.confidence,
             "bootstrap": spec.report.bootstrap,
+            "min_reliability": spec.report.min_reliability,
             "arms": [{"name": a.name, "schedule": section(a.schedule)} for a in spec.arms],
             "seeds": list(spec.train.seeds),
             "geospec": __version__,

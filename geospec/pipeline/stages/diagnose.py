@@ -26,7 +26,7 @@ from geospec.atomic import atomic_write_json
 from geospec.errors import GeospecError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.run_dir import CLOUDS_DIR, DIAGNOSTICS_FILE, read_json
+from geospec.pipeline.run_dir import CLOUDS_DIR, DIAGNOSTICS_FILE, json_problem, read_json
 from geospec.pipeline.stages.probe import Probe
 from geospec.report.stats import finite
 from geospec.spec.resolve import measures
@@ -54,9 +54,10 @@ class Diagnose:
         path = run.run_dir / DIAGNOSTICS_FILE
         probe_key = done["probe"].key
         if not self.diagnose.enabled:
-            stale = read_diagnostics(run.run_dir) if run.is_main else None
-            if stale is not None and stale.get("keys", {}).get("probe") != probe_key:
-                path.unlink()  # made from another reference or probe: it would be reported wrongly
+            if run.is_main and path.exists():
+                stale = read_diagnostics(run.run_dir)
+                if stale is None or stale["keys"].get("probe") != probe_key:
+                    path.unlink()  # from another reference or probe, or damaged: not reported
             return Plan(None, current=True)
         settings = self.diagnose.model_dump(mode="json", exclude={"enabled"})
         compute_key = digest(
@@ -70,6 +71,7 @@ class Diagnose:
             run=lambda: self.write(run, path, keys, profiles, reuse=not forced),
             load=lambda: diagnostic_profiles(run.run_dir),
             artifacts=(path,),
+            problem=json_problem(path, *DIAGNOSTICS_KEYS) if path.exists() else None,
         )
 
     def write(
@@ -125,7 +127,7 @@ class Diagnose:
         settings = self.diagnose
         seq_len = self.probe.seq_len
         data = run.token_data(self.probe.data)
-        model, width = load_reference(run, self.probe.checkpoint)
+        model, width = load_reference(run, self.probe.reference)
         device = next(model.parameters()).device
         batches = loss_batches(data.val, seq_len, settings.windows, settings.batch_size, device)
         sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
@@ -214,10 +216,17 @@ def _pair(effect: Any) -> dict[str, Any]:
     }
 
 
+#: What diagnostics.json holds at the top level (an unreadable or partial one is recomputed).
+DIAGNOSTICS_KEYS = ("profiles", "loss", "layers", "additivity", "correlations", "keys")
+
+
 def read_diagnostics(run_dir: Path) -> dict[str, Any] | None:
-    """The run's diagnostics.json, or None when the diagnose stage has not written one."""
-    data = read_json(Path(run_dir) / DIAGNOSTICS_FILE)
-    return data if isinstance(data, dict) else None
+    """The run's diagnostics.json, or None when the diagnose stage has not written a sound one."""
+    path = Path(run_dir) / DIAGNOSTICS_FILE
+    if json_problem(path, *DIAGNOSTICS_KEYS) is not None:
+        return None
+    data: dict[str, Any] = read_json(path)
+    return data
 
 
 def diagnostic_profiles(run_dir: Path) -> dict[str, list[float]]:

@@ -15,7 +15,7 @@ from geospec.engine.run_files import RESULT_FILE
 from geospec.errors import UsageError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest, section, training_settings
-from geospec.pipeline.run_dir import REFERENCE_DIR
+from geospec.pipeline.run_dir import REFERENCE_DIR, finished_model_problem
 from geospec.pipeline.training import train_into
 from geospec.spec.sections import DataSpec, ModelSpec, ReferenceSpec, Spec, TrainSpec
 
@@ -36,10 +36,10 @@ class Reference:
     def from_spec(cls, spec: Spec) -> Reference:
         return cls(spec.reference, spec.model, spec.data, spec.train)
 
-    def key(self) -> str:
+    def key(self, spec_dir: Path) -> str:
         ref = self.reference
         if ref.checkpoint is not None:
-            path = Path(ref.checkpoint)
+            path = checkpoint_path(spec_dir, ref.checkpoint)
             stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _files(path)]
             return digest("reference-checkpoint", str(path.resolve()), stamp)
         return digest(
@@ -53,19 +53,22 @@ class Reference:
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         checkpoint = self.reference.checkpoint
         if checkpoint is not None:
-            if not Path(checkpoint).exists():
+            path = checkpoint_path(run.spec_dir, checkpoint)
+            if not path.exists():
                 raise UsageError(
-                    f"reference.checkpoint: {checkpoint} does not exist; give a local Hugging "
-                    "Face model directory or .gguf file"
+                    f"reference.checkpoint: {path} does not exist; give a local Hugging Face "
+                    "model directory or .gguf file (relative paths are relative to the spec file)"
                 )
-            note = f"[green]✓[/] reference: pretrained checkpoint {checkpoint}"
-            return Plan(self.key(), current=True, note=note, main_only=False)
+            note = f"[green]✓[/] reference: pretrained checkpoint {path}"
+            return Plan(self.key(run.spec_dir), current=True, note=note, main_only=False)
         out = run.run_dir / REFERENCE_DIR
-        key = self.key()
+        key = self.key(run.spec_dir)
+        problem = finished_model_problem(out) if (out / RESULT_FILE).exists() else None
         return Plan(
             key,
-            run=lambda: self._train(run, out, key, forced),
+            run=lambda: self._train(run, out, key, redo=forced or problem is not None),
             artifacts=(out / RESULT_FILE,),
+            problem=problem,
             main_only=False,
         )
 
@@ -98,20 +101,30 @@ class Reference:
             )
 
 
-def load_reference(run: RunContext, checkpoint: str | None) -> tuple[nn.Module, int]:
+def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module, int]:
     """The reference model on the run's device, and its residual width."""
     from geospec.engine.train import resolve_device
 
     device = resolve_device(run.device)
+    checkpoint = reference.checkpoint
     if checkpoint is not None:
         from geospec.engine.pretrained import hidden_width, load_pretrained
 
-        model = load_pretrained(checkpoint, device=str(device))
+        model = load_pretrained(
+            checkpoint_path(run.spec_dir, checkpoint), str(device), reference.trust_remote_code
+        )
         return model, hidden_width(model)
     from geospec.engine.checkpoint import load_model
 
     model = load_model(run.run_dir / REFERENCE_DIR).to(device).eval()
     return model, model.config.d_model
+
+
+def checkpoint_path(spec_dir: Path, checkpoint: str) -> Path:
+    """A pretrained checkpoint's path; relative paths are relative to the spec file, like every
+    other path in a spec."""
+    path = Path(checkpoint).expanduser()
+    return path if path.is_absolute() else spec_dir / path
 
 
 def _files(path: Path) -> list[Path]:

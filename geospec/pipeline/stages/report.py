@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import digest, section
-from geospec.pipeline.run_dir import REPORT_FILE, RESULTS_FILE, read_json
+from geospec.pipeline.run_dir import REPORT_FILE, RESULTS_FILE, json_problem, read_json
 from geospec.spec.sections import ReportSpec, Spec
 
 
@@ -41,6 +41,7 @@ class Report:
             run=lambda: self.show(run, self.write(run)),
             load=lambda: self.show(run, read_json(run.run_dir / RESULTS_FILE)),
             artifacts=(run.run_dir / RESULTS_FILE,),
+            problem=json_problem(run.run_dir / RESULTS_FILE, "arms", "checks"),
             current=False if any(d.ran for d in done.values()) else None,
         )
 

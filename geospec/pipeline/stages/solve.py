@@ -14,7 +14,7 @@ from typing import ClassVar
 from geospec.errors import GeospecError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import digest
-from geospec.pipeline.run_dir import WIDTHS_FILE
+from geospec.pipeline.run_dir import WIDTHS_FILE, read_json_or_none
 from geospec.solve.widths import WidthsResult, compute_widths, write_widths
 from geospec.spec.sections import ArmSpec, ModelSpec, Spec
 
@@ -38,11 +38,16 @@ class Solve:
         )
         if result.pending:
             raise GeospecError(f"solve: profiles missing for arms {sorted(result.pending)}")
+        path = run.run_dir / WIDTHS_FILE
+        rewrite = read_json_or_none(path) != result.to_json()
         return Plan(
             digest("solve", result.to_json()),
             run=lambda: self.write(run, result),
             load=lambda: result.widths,
-            artifacts=(run.run_dir / WIDTHS_FILE,),
+            artifacts=(path,),
+            problem=f"{WIDTHS_FILE} does not hold the widths these profiles give"
+            if rewrite
+            else None,
             main_only=False,
         )
 
