@@ -12,6 +12,7 @@ import inspect
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -80,6 +81,29 @@ def process_group() -> Iterator[tuple[int, int]]:
 def barrier(ctx: DistContext) -> None:
     if ctx.enabled:
         dist.barrier()
+
+
+#: How long the other ranks wait for a stage that runs on rank 0 alone (probe, measure: a
+#: 24-layer measurement can take hours). ``GEOSPEC_STAGE_TIMEOUT_HOURS`` changes it.
+STAGE_TIMEOUT = timedelta(hours=float(os.environ.get("GEOSPEC_STAGE_TIMEOUT_HOURS", "48")))
+_waiting: tuple[Any, Any] | None = None  # (the default group it belongs to, the gloo group)
+
+
+def wait_for_main(ctx: DistContext) -> None:
+    """A barrier that waits up to :data:`STAGE_TIMEOUT` while rank 0 works alone.
+
+    The default group's barrier would time out after its collective timeout (10 minutes under
+    NCCL, whose watchdog then kills the job). This one runs on a gloo group of its own, created
+    once per process group with the long timeout: the waiting ranks sit in a CPU barrier with no
+    NCCL operation pending.
+    """
+    global _waiting
+    if not ctx.enabled:
+        return
+    world = dist.group.WORLD
+    if _waiting is None or _waiting[0] is not world:
+        _waiting = (world, dist.new_group(backend="gloo", timeout=STAGE_TIMEOUT))
+    dist.barrier(group=_waiting[1])
 
 
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:

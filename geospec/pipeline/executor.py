@@ -9,8 +9,8 @@ does nothing, changing one arm retrains only that arm, and a run killed at any m
 again ends with the same results (training resumes from its last checkpoint).
 
 Under ``torchrun`` every arm-seed run is trained with DDP across all processes (one run at a time,
-all GPUs on it); stages marked ``main_only`` run on rank 0 while the others wait, then read the
-outputs back.
+all GPUs on it); stages marked ``main_only`` run on rank 0 while the others wait (for hours if need
+be: :func:`geospec.engine.distributed.wait_for_main`), then read the outputs back.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def run_pipeline(
     last = STAGES.index(until_stage) if until_stage else len(STAGES) - 1
     if from_stage and first > last:
         raise UsageError(f"--from {from_stage} comes after --until {until_stage}")
-    from geospec.engine.distributed import barrier, context, process_group
+    from geospec.engine.distributed import context, process_group, wait_for_main
 
     with process_group():
         run = RunContext(
@@ -73,7 +73,7 @@ def run_pipeline(
         if run.is_main:
             prepare_run_dir(run.run_dir)
             write_run_metadata(run.run_dir, spec, spec_path)
-        barrier(run.dist)
+        wait_for_main(run.dist)
         log = StageLog(run.run_dir / STAGES_FILE)
         done: dict[str, Done] = {}
         for index, stage_type in enumerate(STAGE_TYPES[: last + 1]):
@@ -100,7 +100,7 @@ def run_pipeline(
                     else f"[dim]✓ {stage.name}: up to date (skipped)[/]"
                 )
             output = (plan.load if current else plan.run)() if works_here else None
-            barrier(run.dist)
+            wait_for_main(run.dist)  # rank 0 may work alone for hours (probe, measure)
             if not works_here:
                 output = plan.load()  # rank 0 has written the stage's artifacts
             if run.is_main and output is not INCOMPLETE:
