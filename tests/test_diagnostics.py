@@ -77,7 +77,8 @@ def test_twonn_fit_is_exact_on_pareto_quantiles() -> None:
 
 @pytest.mark.parametrize("d", [2, 5, 10])
 def test_twonn_matches_scikit_dimension(d: int) -> None:
-    skdim = pytest.importorskip("skdim")
+    import skdim  # the test extra installs scikit-dimension: no silent skip
+
     cloud = subspace_cloud(d, n=800, seed=d)
     cloud[10] = cloud[11]  # an exact duplicate: both implementations drop the pair
     with pytest.warns(UserWarning, match="duplicate"):
