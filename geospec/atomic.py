@@ -22,6 +22,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
+    tmp.chmod(0o666 & ~_umask())  # mkstemp makes it private; an artifact is an ordinary file
     try:
         yield tmp
         with open(tmp, "rb") as handle:
@@ -30,6 +31,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager

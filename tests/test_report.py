@@ -137,6 +137,7 @@ def test_checks_read_every_runs_fingerprint(tmp_path: Path) -> None:
     record("uniform", 0, steps=99)
     checks = write_report(run_dir)["checks"]
     assert checks == {
+        "seeds_share_widths": True,
         "same_data_and_validation": False,
         "same_training": False,
         "same_shape_apart_from_widths": True,
@@ -155,7 +156,8 @@ UNFAIR: dict[str, tuple[dict[str, object], str | None]] = {
     "optimizer": ({"optimizer": [1e-3, 0.1, 5, 0.1, [0.9, 0.95], 1e-8, 1.0]}, "same_training"),
     "d_model": ({"config": {**TAPER, "d_model": 64}}, "same_shape_apart_from_widths"),
     "activation": ({"config": {**TAPER, "activation": "swiglu"}}, "same_shape_apart_from_widths"),
-    "widths": ({"config": {**TAPER, "ffn_widths": [80, 80, 64, 32]}}, None),  # the experiment
+    # one seed of an arm trained with other widths than its other seeds
+    "widths": ({"config": {**TAPER, "ffn_widths": [80, 80, 64, 32]}}, "seeds_share_widths"),
     "seed": ({"seed": 2}, "seeds_paired"),
 }
 

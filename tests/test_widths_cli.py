@@ -170,7 +170,10 @@ def test_json_without_profiles_lists_geometric_arms_as_pending(tmp_path: Path) -
         assert set(arm) == {"widths", "ffn_params"}
         assert arm["ffn_params"] == uniform_ffn_params("gelu")
     assert data["arms"]["manual"]["widths"] == [768, 640, 512, 512, 384, 256]
-    assert json.loads((tmp_path / "run" / "widths.json").read_text()) == data
+    assert not (tmp_path / "run").exists()  # geospec widths never writes into a run directory
+    written = run(write_spec(tmp_path), "--json", "--output", tmp_path / "planned.json")
+    assert written.exit_code == 0, written.output
+    assert json.loads((tmp_path / "planned.json").read_text()) == data
 
 
 @pytest.mark.parametrize("activation", ["gelu", "swiglu"])
@@ -196,7 +199,7 @@ def test_with_profiles_every_arm_has_the_uniform_ffn_parameter_count(
     unshuffled = spec_widths(plain_spec, {PROFILE: FRONT_LOADED}).widths["plain"]
     shuffled = data["arms"]["shuffled"]["widths"]
     assert sorted(shuffled) == sorted(unshuffled) and shuffled != unshuffled
-    assert json.loads((tmp_path / "run" / "widths.json").read_text()) == data
+    assert not (tmp_path / "run" / "widths.json").exists()
 
 
 GIVEN = '[[arms]]\nname = "given"\nschedule = {{ kind = "testgiven", widths = {} }}\n'
@@ -238,7 +241,7 @@ def test_table_has_a_column_per_arm_and_a_totals_row(tmp_path: Path) -> None:
     out = result.stdout
     for text in ("uniform", "cosine", "manual", "total", "512 · 66,112", "3,072 · 396,672"):
         assert text in out
-    assert "pending:" in out and "'testwork/testflat'" in out and "widths.json" in out
+    assert "pending:" in out and "'testwork/testflat'" in out and "wrote" not in out
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from geospec.engine.model_size import ffn_params
-from geospec.pipeline.run_dir import WIDTHS_FILE
+from geospec.errors import UsageError
+from geospec.pipeline.run_dir import RUN_FILE, WIDTHS_FILE
 from geospec.solve.profiles import read_profiles
 from geospec.solve.widths import WidthsResult, compute_widths, write_widths
 from geospec.spec.sections import Spec
@@ -35,8 +36,17 @@ from geospec.spec.sections import Spec
     is_flag=True,
     help='Print {"arms": {ARM: {"widths": [...], "ffn_params": N}}, "pending": [ARM, ...]}.',
 )
-def widths(spec_path: Path, profiles_path: Path | None, as_json: bool) -> None:
-    """Print every arm's FFN width per layer and write widths.json into the run directory.
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Also write the --json shape to this file (never into a run directory's widths.json).",
+)
+def widths(spec_path: Path, profiles_path: Path | None, as_json: bool, output: Path | None) -> None:
+    """Print every arm's FFN width per layer, without training or writing anything.
+
+    A run directory's widths.json is written only by ``geospec run`` (its solve stage), so a
+    report never shows widths its models were not trained with.
 
     Arms whose schedule needs a measured profile (geometric, anti, permuted) are listed as pending
     unless --profiles gives it; an arm with exactly the widths of the arm it is derived from (a
@@ -56,7 +66,15 @@ def widths(spec_path: Path, profiles_path: Path | None, as_json: bool) -> None:
         pretrained_reference=spec.reference.checkpoint is not None,
         profiles_source=source,
     )
-    path = write_widths(Path(spec.run_dir) / WIDTHS_FILE, result)
+    if profiles is not None:
+        check_profile_names(result, profiles, str(source))
+    if output is not None:
+        if output.name == WIDTHS_FILE and (output.parent / RUN_FILE).exists():
+            raise UsageError(
+                f"--output {output}: that is a run directory's {WIDTHS_FILE}, which only "
+                "geospec run writes; give another file name"
+            )
+        write_widths(output, result)
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
@@ -71,7 +89,27 @@ def widths(spec_path: Path, profiles_path: Path | None, as_json: bool) -> None:
     for arm, note in result.notes.items():
         if arm not in result.pending:
             console.print(f"[cyan]note:[/] {escape(arm)} {escape(note)}", highlight=False)
-    console.print(f"wrote {escape(str(path))}", highlight=False)
+    if output is not None:
+        console.print(f"wrote {escape(str(output))}", highlight=False)
+
+
+def check_profile_names(
+    result: WidthsResult, profiles: dict[str, list[float]], source: str
+) -> None:
+    """An arm left pending for a profile that the file has under a close, misspelt name is an
+    error with a did-you-mean, not a silent "pending"."""
+    import difflib
+
+    for arm, missing in result.pending.items():
+        for name in missing:
+            close = difflib.get_close_matches(name, list(profiles), n=1, cutoff=0.6)
+            if close:
+                raise UsageError(
+                    f"{source}: arm {arm!r} needs the profile {name!r}, which the file does not "
+                    f"have; did you mean {close[0]!r}? (profiles in the file: "
+                    + ", ".join(repr(p) for p in profiles)
+                    + ")"
+                )
 
 
 def widths_table(spec: Spec, result: WidthsResult) -> Table:

@@ -143,7 +143,7 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
 
 def cache_key(data: DataSpec, digests: list[str]) -> str:
     payload = json.dumps(
-        {"format": FORMAT_VERSION, "data": data.model_dump(mode="json"), "files": digests},
+        {"format": FORMAT_VERSION, "data": data.key_form(), "files": digests},
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -45,6 +45,7 @@ from geospec.pipeline.run_dir import (
     WIDTHS_FILE,
     arm_seed_dir,
     read_json,
+    read_json_or_none,
 )
 from geospec.report.stats import (
     MIN_RELIABILITY,
@@ -59,6 +60,9 @@ from geospec.report.stats import (
     summarize,
 )
 
+#: What run.json must hold for the report to be built from it.
+RUN_KEYS = {"name", "baseline", "confidence", "bootstrap", "arms", "seeds"}
+
 
 @dataclass(frozen=True)
 class SeedRun:
@@ -67,9 +71,8 @@ class SeedRun:
     final_val_loss: float | None
     curve: list[tuple[int, float]]  # (step, validation loss)
     config: dict[str, Any] | None
-    fingerprint: (
-        dict[str, Any] | None
-    )  # what the run was trained on (geospec.engine.train.fingerprint)
+    fingerprint: dict[str, Any] | None
+    """What the run was trained on (:func:`geospec.engine.train.fingerprint`)."""
 
 
 def read_seed_run(directory: Path, seed: int) -> SeedRun:
@@ -78,7 +81,7 @@ def read_seed_run(directory: Path, seed: int) -> SeedRun:
     curve: list[tuple[int, float]] = []
     metrics = directory / METRICS_FILE
     if metrics.exists():
-        for line in metrics.read_text().splitlines():
+        for line in metrics.read_text(errors="replace").splitlines():
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
@@ -103,7 +106,12 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         raise UsageError(
             f"{run_dir}: not a geospec run directory (no run.json); run the spec first"
         )
-    widths_file = read_json(run_dir / WIDTHS_FILE) or {"arms": {}}
+    if not isinstance(resolved, dict) or not set(resolved) >= RUN_KEYS:
+        raise UsageError(
+            f"{run_dir / RUN_FILE}: does not hold what geospec writes; run the spec again "
+            "(geospec run rewrites it)"
+        )
+    widths_file = read_json_or_none(run_dir / WIDTHS_FILE) or {"arms": {}}
     profiles = (read_json(run_dir / PROFILES_FILE) or {}).get("profiles", {})
     baseline = resolved["baseline"]
     confidence = resolved["confidence"]
@@ -119,9 +127,12 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         summary = summarize(list(losses.values()))
         config = next((r.config for r in seed_runs if r.config), None)
         params, ffn_params = _params(config) if config else (None, None)
+        trained = [r.fingerprint["config"]["ffn_widths"] for r in seed_runs if r.fingerprint]
+        planned = (widths_file.get("arms") or {}).get(name) or {}
         arms[name] = {
             "schedule": arm["schedule"],
-            "widths": widths_file["arms"].get(name, {}).get("widths"),
+            # what the models were trained with, from their own records; the plan otherwise
+            "widths": trained[0] if trained else planned.get("widths"),
             "params": params,
             "ffn_params": ffn_params,
             "val_loss": {
@@ -279,6 +290,7 @@ def reliability_notes(reliability: dict[str, Any] | None, reads: dict[str, list[
 #: What makes the comparison fair, each checked on the finished runs' own records (None when
 #: no run recorded a fingerprint). The labels are what report.md prints.
 CHECKS = {
+    "seeds_share_widths": "every seed of an arm trained with the same widths",
     "same_data_and_validation": "same training data and validation tokens",
     "same_training": "same steps, batch and optimizer",
     "same_shape_apart_from_widths": "same model apart from FFN widths",
@@ -295,6 +307,11 @@ def comparison_checks(runs: dict[str, list[SeedRun]]) -> dict[str, bool | None]:
         return len({json.dumps(part(fp), sort_keys=True) for _, fp in records}) == 1
 
     return {
+        "seeds_share_widths": all(
+            len({json.dumps(r.fingerprint["config"]["ffn_widths"]) for r in rs if r.fingerprint})
+            <= 1
+            for rs in runs.values()
+        ),
         "same_data_and_validation": same(
             lambda fp: [fp["data"], fp.get("tokens"), fp["eval_tokens"]]
         ),

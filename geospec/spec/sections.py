@@ -7,19 +7,42 @@ reading a file and turning errors into messages lives in :mod:`geospec.spec.load
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from geospec.plugin import GeometryRef, ScheduleRef, StatisticRef
+from geospec.report.stats import MIN_RELIABILITY
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+"""Seeds are what torch and numpy accept: integers in [0, 2**32)."""
+
+
+class AddedLater:
+    """Marks an option added after run keys were first recorded: keys leave it out while it has
+    its default (the behaviour from before it existed), so adding it retrains nothing."""
+
+
+ADDED_LATER = AddedLater()
 
 
 class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, frozen=True, allow_inf_nan=False
     )
+
+    def key_form(self) -> dict[str, Any]:
+        """The section's JSON form as run keys and caches see it: options added later
+        (:class:`AddedLater`) are left out while they have their default."""
+        dumped = self.model_dump(mode="json")
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if any(isinstance(m, AddedLater) for m in field.metadata) and value == field.default:
+                dumped.pop(name, None)
+            elif isinstance(value, Section):
+                dumped[name] = value.key_form()
+        return dumped
 
 
 class ModelSpec(Section):
@@ -73,6 +96,8 @@ class PretrainedTokenizer(Section):
 
     kind: Literal["pretrained"] = "pretrained"
     path: str
+    trust_remote_code: Annotated[bool, ADDED_LATER] = False
+    """Run Python code shipped with the tokenizer (its auto_map). Only for sources you trust."""
 
 
 Tokenizer = Annotated[
@@ -98,7 +123,7 @@ class DataSpec(Section):
     """Use only the first N documents (useful with huge hub datasets)."""
     val_fraction: float = Field(0.05, gt=0.0, lt=0.5)
     """Fraction of documents held out for validation (deterministic by split_seed)."""
-    split_seed: int = Field(0, ge=0)
+    split_seed: Seed = 0
     tokenizer: Tokenizer = Field(default_factory=BPETokenizer)
 
     @model_validator(mode="after")
@@ -124,7 +149,10 @@ class ReferenceSpec(Section):
     """A local Hugging Face model directory or .gguf file; omit to train the spec's model."""
     train_steps: int | None = Field(None, ge=1, le=100_000_000)
     """Steps to train the reference (default: train.steps)."""
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
+    trust_remote_code: Annotated[bool, ADDED_LATER] = False
+    """Run Python code shipped with the checkpoint (its auto_map) to build the model. This executes
+    the checkpoint's own code: only for checkpoints you trust."""
 
     @model_validator(mode="after")
     def _one_of(self) -> ReferenceSpec:
@@ -146,9 +174,12 @@ class ProbeSpec(Section):
     """Skip the first positions of each sequence (attention-sink tokens)."""
     skip_special: bool = True
     """Never sample special tokens (such as the end-of-text separator)."""
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
     batch_size: int = Field(8, ge=1, le=65536)
     """Sequences per forward pass while probing."""
+    replicates: Annotated[int, ADDED_LATER, Field(ge=1, le=1000)] = 1
+    """Measure every profile on this many disjoint token samples (each of `tokens` positions
+    from its own validation windows); the solver uses their mean and the report their spread."""
 
 
 class MeasureSpec(Section):
@@ -192,7 +223,7 @@ class TrainSpec(Section):
     eps: float = Field(1e-8, gt=0.0)
     grad_clip: float = Field(1.0, ge=0.0)
     """Gradient-norm clipping (0 disables)."""
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, max_length=1000)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=1000)
     device: str = "auto"
     """'auto' (cuda when available), 'cpu', 'cuda', 'cuda:1', 'mps'."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
@@ -231,6 +262,9 @@ class ReportSpec(Section):
     bootstrap: int = Field(10000, ge=0, le=10_000_000)
     """Bootstrap resamples for the paired difference (used with 5 or more seeds; 0 disables)."""
     plots: bool = True
+    min_reliability: Annotated[float, ADDED_LATER, Field(ge=-1.0, le=1.0)] = MIN_RELIABILITY
+    """Flag a profile measured with probe.replicates > 1 whose split-half reliability (Spearman
+    between the means of two halves of its replicates) is below this: mostly sampling noise."""
 
 
 class DiagnoseSpec(Section):
@@ -249,7 +283,7 @@ class DiagnoseSpec(Section):
     """Windows per forward pass while measuring the loss."""
     pairs: int = Field(32, ge=0, le=1_000_000)
     """Layer pairs sampled for local additivity (all pairs when there are fewer; 0 skips it)."""
-    seed: int = Field(0, ge=0)
+    seed: Seed = 0
     """Seed of the pair sample."""
     twonn_discard: float = Field(0.1, gt=0.0, lt=1.0)
     """Fraction of the largest nearest-neighbour ratios TwoNN discards (the paper's 0.1)."""
