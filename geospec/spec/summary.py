@@ -49,6 +49,13 @@ def spec_summary(spec: Spec) -> Group:
         )
     profiles = [entry.profile for entry in measures(spec)]
     head.add_row("measures", ", ".join(profiles) if profiles else "(none)")
+    if spec.probe.replicates > 1:
+        head.add_row(
+            "replicates",
+            f"every profile on {spec.probe.replicates} disjoint samples of {spec.probe.tokens} "
+            f"tokens (the solver uses their mean; flagged below split-half "
+            f"{spec.report.min_reliability:g})",
+        )
     if spec.diagnose.enabled:
         settings = spec.diagnose.model_dump(mode="json", exclude={"enabled"})
         head.add_row("diagnose", ", ".join(f"{k}={v}" for k, v in settings.items()))

@@ -37,7 +37,10 @@ class Solve:
             self.model, self.arms, profiles, pretrained_reference=self.pretrained_reference
         )
         if result.pending:
-            raise GeospecError(f"solve: profiles missing for arms {sorted(result.pending)}")
+            why = "".join(
+                f"; {arm} {result.notes[arm]}" for arm in result.pending if arm in result.notes
+            )
+            raise GeospecError(f"solve: profiles missing for arms {sorted(result.pending)}{why}")
         path = run.run_dir / WIDTHS_FILE
         rewrite = read_json_or_none(path) != result.to_json()
         return Plan(
@@ -56,4 +59,6 @@ class Solve:
             write_widths(run.run_dir / WIDTHS_FILE, result)
             for arm, values in result.widths.items():
                 run.say(f"  {arm:<24} {' '.join(str(w) for w in values)}")
+            for arm, note in result.notes.items():  # a derived arm equal to its source
+                run.say(f"  [cyan]note:[/] {arm} {note}")
         return result.widths
