@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import base64
+import bz2
 import gzip
+import io
 import json
+import lzma
 import os
+import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from geospec.engine.batches import TrainOrder, validation_windows, window_tensors
 from geospec.engine.corpus import Corpus
@@ -258,3 +265,84 @@ def test_windows_give_next_token_targets() -> None:
     assert validation_windows(1000, 8, 40).tolist() == list(range(5))
     with pytest.raises(UsageError, match="validation split has 5 tokens"):
         validation_windows(5, 8, None)
+
+
+# -- text without datasets ----------------------------------------------------------------------
+
+TRICKY = (
+    "\ufeffFirst block, Windows lines\r\nstill first\r\n\r\nsecond\rold Mac line\r\r"
+    "\n\n\nthird after a run of blank lines\n  \n\n  \n\nλόγος, naïve — 42\n\n"
+    "last block without a newline"
+)
+
+
+def _datasets_texts(path: Path, sample_by: str, cache: Path) -> list[str]:
+    """What datasets' text builder reads from ``path`` (the reference: the reader geospec used)."""
+    import datasets
+
+    dataset = datasets.load_dataset(
+        "text", data_files=str(path), split="train", cache_dir=str(cache), sample_by=sample_by
+    )
+    return list(dataset["text"])
+
+
+def _documents_of(corpus: Corpus) -> list[str]:
+    return [d for batch in corpus.batches() for d in batch]
+
+
+@pytest.mark.parametrize("name", ["austen", "shakespeare"])
+def test_bundled_corpora_read_as_datasets_read_them(name: str, tmp_path: Path) -> None:
+    from geospec.engine.corpus import BUNDLED, bundled_path
+
+    (text,) = _datasets_texts(bundled_path(name), "document", tmp_path)
+    expected = [d for d in re.split(BUNDLED[name][1], text) if d.strip()]
+    assert _documents_of(Corpus(DataSpec(source=f"bundled:{name}"))) == expected
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".txt.gz", ".txt.bz2", ".txt.xz"])
+def test_text_files_read_as_datasets_reads_them(suffix: str, tmp_path: Path) -> None:
+    opener = {".txt": open, ".txt.gz": gzip.open, ".txt.bz2": bz2.open, ".txt.xz": lzma.open}
+    path = tmp_path / f"doc{suffix}"
+    with opener[suffix](path, "wb") as handle:
+        handle.write(TRICKY.encode("utf-8"))
+    expected = [d for d in _datasets_texts(path, "paragraph", tmp_path / "cache") if d.strip()]
+    assert len(expected) >= 4
+    assert _documents_of(Corpus(DataSpec(files=[path.name]), spec_dir=tmp_path)) == expected
+
+
+@given(
+    text=st.text(alphabet=st.sampled_from("ab \n\r"), max_size=80),
+    chunk=st.integers(min_value=1, max_value=9),
+)
+def test_paragraphs_read_in_chunks_are_the_blocks_of_the_whole_text(text: str, chunk: int) -> None:
+    from geospec.engine.corpus import _paragraphs
+
+    whole = io.StringIO(text, newline=None).read()  # universal newlines, as a text file
+    blocks = list(_paragraphs(io.StringIO(text, newline=None), chunk_size=chunk))
+    assert blocks == [block for block in whole.split("\n\n") if block]
+
+
+def test_token_cache_is_byte_identical_to_the_datasets_reading(tmp_path: Path) -> None:
+    """The packed tokens of a bundled corpus and of a .txt.gz file, against tokens built from the
+    documents datasets reads (split by the same seeded hash, GPT-2 ids, EOT after each)."""
+    from geospec.engine.corpus import BUNDLED, bundled_path
+
+    (text,) = _datasets_texts(bundled_path("shakespeare"), "document", tmp_path / "c1")
+    scenes = [d for d in re.split(BUNDLED["shakespeare"][1], text) if d.strip()][:60]
+    with gzip.open(tmp_path / "notes.txt.gz", "wb") as handle:
+        handle.write(("\n\n".join(scenes[:25]) + "\r\n\r\n" + TRICKY).encode("utf-8"))
+    notes = _datasets_texts(tmp_path / "notes.txt.gz", "paragraph", tmp_path / "c2")
+    blocks = [d for d in notes if d.strip()]
+    tokenizer = gpt2_tokenizer()
+    common: dict[str, Any] = {"val_fraction": 0.2, "tokenizer": {"kind": "gpt2"}}
+    for data, documents in (
+        (DataSpec(source="bundled:shakespeare", max_documents=60, **common), scenes),
+        (DataSpec(files=["notes.txt.gz"], **common), blocks),
+    ):
+        prepared = prepare_data(data, tmp_path / "cache", spec_dir=tmp_path)
+        is_val = split_fractions(np.arange(len(documents)), data.split_seed) < 0.2
+        for split in ("train", "val"):
+            chosen = [d for d, v in zip(documents, is_val, strict=True) if v == (split == "val")]
+            ids = [t for d in chosen for t in [*tokenizer.encode(d).ids, 50256]]
+            expected = np.array(ids, dtype=np.uint16).tobytes()
+            assert (prepared.directory / f"{split}.bin").read_bytes() == expected

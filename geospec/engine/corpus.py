@@ -1,28 +1,35 @@
-"""Where documents come from: the bundled corpora, local files or a hub dataset, via `datasets`.
+"""Where documents come from: the bundled corpora, local files or a hub dataset.
 
-- ``bundled:austen`` / ``bundled:shakespeare``: public-domain text shipped in the package, read with
-  datasets' ``text`` builder and cut into documents at chapter (Austen) or scene (Shakespeare)
-  headings.
+- ``bundled:austen`` / ``bundled:shakespeare``: public-domain text shipped in the package, cut into
+  documents at chapter (Austen) or scene (Shakespeare) headings.
 - ``files``: ``.txt`` (documents are blank-line separated blocks), ``.json``/``.jsonl`` and
-  ``.parquet`` (one document per row, from ``data.text_field``); gzip/bz2/xz/zstd compressed files
-  are read transparently by datasets.
+  ``.parquet`` (one document per row, from ``data.text_field``); compressed files (gzip, bz2, xz,
+  zstd) are read transparently.
 - anything else in ``source`` is a Hugging Face hub dataset name (``hub_config``, ``hub_split``,
   ``hub_revision``, ``streaming``); it needs network access unless it is already in the datasets
   cache.
+
+Text (the bundled corpora and ``.txt``, plain or gzip/bz2/xz) is read here, exactly as datasets'
+``text`` builder reads it (UTF-8, universal newlines; a whole file per document, or blocks split
+at blank lines), so the core path needs no ``datasets``; rows (json, parquet), zstd and the hub go
+through ``datasets``.
 
 Empty documents are dropped; ``max_documents`` keeps the first N of the rest.
 """
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
 import hashlib
+import lzma
 import re
 import tempfile
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from geospec.errors import UsageError
 from geospec.spec.sections import DataSpec
@@ -35,7 +42,11 @@ BUNDLED: dict[str, tuple[str, str]] = {
 }
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".zstd")
+#: compressed text read without datasets (zstd needs a package: datasets reads it)
+OPENERS: dict[str, Any] = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}
 BATCH = 1000
+#: characters read at a time when splitting a text file into paragraphs (datasets' chunk size)
+CHUNK = 10 << 20
 
 
 def bundled_path(name: str) -> Path:
@@ -116,9 +127,29 @@ class Corpus:
         if not self.files:
             yield from self._hub_texts()
             return
-        with tempfile.TemporaryDirectory(prefix="geospec-datasets-") as cache, _quiet_datasets():
-            for path in self.files:
-                yield from self._file_texts(path, cache)
+        for path in self.files:
+            if _text_opener(path) is not None:
+                yield from self._plain_texts(path)
+            else:
+                with (
+                    tempfile.TemporaryDirectory(prefix="geospec-datasets-") as cache,
+                    _quiet_datasets(),
+                ):
+                    yield from self._file_texts(path, cache)
+
+    def _plain_texts(self, path: Path) -> Iterator[str]:
+        """A text file's documents, as datasets' text builder would give them."""
+        opener = _text_opener(path)
+        assert opener is not None
+        try:
+            # text mode: universal newlines ("\r\n" and "\r" become "\n"), as in datasets
+            with opener(path, "rt", encoding="utf-8") as handle:
+                if self.bundled:
+                    yield from re.split(BUNDLED[self.bundled][1], handle.read())
+                else:
+                    yield from _paragraphs(handle)
+        except UnicodeDecodeError as error:
+            raise UsageError(f"data.files: {path} is not UTF-8 text ({error})") from None
 
     def _file_texts(self, path: Path, cache: str) -> Iterator[str]:
         import datasets
@@ -126,18 +157,14 @@ class Corpus:
         builder = _builder(path)
         options: dict[str, Any] = {}
         if builder == "text":
-            options["sample_by"] = "document" if self.bundled else "paragraph"
+            options["sample_by"] = "paragraph"  # zstd text: bundled corpora are gzip
         dataset = datasets.load_dataset(
             builder, data_files=str(path), split="train", cache_dir=cache, **options
         )
         field = "text" if builder == "text" else self.data.text_field
         _check_field(dataset.column_names, field, str(path))
         for batch in dataset.iter(batch_size=BATCH):
-            for text in batch[field]:
-                if self.bundled:
-                    yield from re.split(BUNDLED[self.bundled][1], text)
-                else:
-                    yield text
+            yield from batch[field]
 
     def _hub_texts(self) -> Iterator[str]:
         import datasets
@@ -160,6 +187,27 @@ class Corpus:
         _check_field(list(dataset.column_names or []), d.text_field, repr(d.corpus))
         for batch in dataset.iter(batch_size=BATCH):
             yield from batch[d.text_field]
+
+
+def _text_opener(path: Path) -> Any:
+    """How to open ``path`` as text without datasets (``open`` or a decompressor), or None."""
+    suffixes = [s.lower() for s in path.suffixes]
+    compression = suffixes.pop() if suffixes and suffixes[-1] in COMPRESSION else None
+    if not suffixes or BUILDERS.get(suffixes[-1]) != "text":
+        return None
+    return open if compression is None else OPENERS.get(compression)
+
+
+def _paragraphs(handle: IO[str], chunk_size: int = CHUNK) -> Iterator[str]:
+    """The non-empty blocks between ``"\n\n"``, read a chunk at a time (datasets' paragraph
+    sampling: the same blocks as splitting the whole text)."""
+    rest = ""
+    while chunk := handle.read(chunk_size):
+        blocks = (rest + chunk + handle.readline()).split("\n\n")
+        yield from (block for block in blocks[:-1] if block)
+        rest = blocks[-1]
+    if rest:
+        yield rest
 
 
 @contextlib.contextmanager
