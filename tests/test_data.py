@@ -346,3 +346,26 @@ def test_token_cache_is_byte_identical_to_the_datasets_reading(tmp_path: Path) -
             ids = [t for d in chosen for t in [*tokenizer.encode(d).ids, 50256]]
             expected = np.array(ids, dtype=np.uint16).tobytes()
             assert (prepared.directory / f"{split}.bin").read_bytes() == expected
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_step_batches_hold_this_process_share_of_each_step(prefetch: bool) -> None:
+    """Step s, rank r of 2 (batch 6, 3 sequences each): the windows of global sequences
+    6s + 3r .. 6s + 3r + 2, read ahead or not, from the first step or from a resumed one."""
+    import torch
+
+    from geospec.engine.batches import StepBatches
+
+    tokens = np.arange(2000, dtype=np.uint16)
+    order = TrainOrder(len(tokens), seq_len=10, seed=4)
+    for start in (0, 7):  # a fresh run, and one resumed at step 7
+        batches = StepBatches(
+            tokens, TrainOrder(len(tokens), 10, 4), seq_len=10, batch_size=6, first=3, count=3,
+            steps=40, device=torch.device("cpu"), prefetch=prefetch,
+        )  # fmt: skip
+        for step in range(start, 40):
+            batch = batches.get(step)
+            assert batch.dtype == torch.int64 and batch.shape == (3, 11)
+            for row, sequence in zip(batch, range(6 * step + 3, 6 * step + 6), strict=True):
+                window = int(order.windows(sequence, 1)[0])
+                assert row.tolist() == list(range(10 * window, 10 * window + 11))

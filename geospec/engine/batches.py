@@ -53,13 +53,70 @@ class TrainOrder:
         return out
 
 
+def window_batch(
+    tokens: np.ndarray, windows: np.ndarray, seq_len: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The given windows as one int64 tensor of windows x (seq_len + 1) tokens: inputs are
+    ``[:, :-1]``, next-token targets ``[:, 1:]``. Written into ``out`` (a CPU tensor) if given."""
+    index = windows[:, None] * seq_len + np.arange(seq_len + 1)
+    if out is None:
+        return torch.from_numpy(np.asarray(tokens[index], dtype=np.int64))
+    out.numpy()[...] = tokens[index]
+    return out
+
+
 def window_tensors(
     tokens: np.ndarray, windows: np.ndarray, seq_len: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets (each windows x seq_len, int64) of the given windows."""
-    index = windows[:, None] * seq_len + np.arange(seq_len + 1)
-    chunk = torch.from_numpy(np.asarray(tokens[index], dtype=np.int64))
+    chunk = window_batch(tokens, windows, seq_len)
     return chunk[:, :-1], chunk[:, 1:]
+
+
+class StepBatches:
+    """Each training step's sequences for this process, as one tensor on the device.
+
+    Step s reads the global sequences ``s * batch_size + first`` onwards, ``count`` of them (this
+    process's share; the caller slices it into micro-batches on the device). On CUDA they are
+    gathered into one pinned buffer and copied in one non-blocking transfer, and (``prefetch``,
+    default on CUDA) the next step's batch is gathered and its copy queued when a step's batch is
+    handed out, so the host work overlaps the GPU's. The values never depend on either.
+    """
+
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        order: TrainOrder,
+        seq_len: int,
+        batch_size: int,
+        first: int,
+        count: int,
+        steps: int,
+        device: torch.device,
+        prefetch: bool | None = None,
+    ) -> None:
+        self.tokens, self.order, self.seq_len = tokens, order, seq_len
+        self.batch_size, self.first, self.count, self.steps = batch_size, first, count, steps
+        self.device = device
+        self.prefetch = device.type == "cuda" if prefetch is None else prefetch
+        self._ahead: tuple[int, torch.Tensor] | None = None
+
+    def _load(self, step: int) -> torch.Tensor:
+        windows = self.order.windows(step * self.batch_size + self.first, self.count)
+        if self.device.type != "cuda":
+            return window_batch(self.tokens, windows, self.seq_len).to(self.device)
+        pinned = torch.empty((self.count, self.seq_len + 1), dtype=torch.int64, pin_memory=True)
+        window_batch(self.tokens, windows, self.seq_len, out=pinned)
+        # the caching host allocator keeps the pinned block until this copy has completed
+        return pinned.to(self.device, non_blocking=True)
+
+    def get(self, step: int) -> torch.Tensor:
+        """Step ``step``'s batch (count x (seq_len + 1) token ids on the device)."""
+        ahead, self._ahead = self._ahead, None
+        batch = ahead[1] if ahead is not None and ahead[0] == step else self._load(step)
+        if self.prefetch and step + 1 < self.steps:
+            self._ahead = (step + 1, self._load(step + 1))
+        return batch
 
 
 def validation_windows(n_tokens: int, seq_len: int, eval_tokens: int | None) -> np.ndarray:

@@ -29,7 +29,7 @@ from torch import nn
 
 from geospec.atomic import atomic_write_json
 from geospec.engine import distributed
-from geospec.engine.batches import TrainOrder, validation_windows, window_tensors
+from geospec.engine.batches import StepBatches, TrainOrder, validation_windows, window_tensors
 from geospec.engine.checkpoint import (
     DamagedCheckpoint,
     append_metrics,
@@ -368,6 +368,11 @@ class _Run:
         )
         self.state_io = _StateIO(raw, self.optimizer, self.ctx)
         self.order = TrainOrder(len(self.data.train), self.config.seq_len, self.seed)
+        per_rank = self.micro * self.accum
+        self.batches = StepBatches(
+            self.data.train, self.order, self.config.seq_len, self.train.batch_size,
+            first=self.ctx.rank * per_rank, count=per_rank, steps=self.total, device=self.device,
+        )  # fmt: skip
         self.val_windows = validation_windows(
             len(self.data.val), self.config.seq_len, self.train.eval_tokens
         )
@@ -484,12 +489,11 @@ class _Run:
         """One optimizer step over the global batch; returns this process's mean loss."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        first = self.step * self.train.batch_size + self.ctx.rank * self.micro * self.accum
+        batch = self.batches.get(self.step)  # one copy to the device, sliced there
         total = torch.zeros((), device=self.device)
         for i in range(self.accum):
-            windows = self.order.windows(first + i * self.micro, self.micro)
-            x, y = window_tensors(self.data.train, windows, self.config.seq_len)
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            rows = batch[i * self.micro : (i + 1) * self.micro]
+            x, y = rows[:, :-1], rows[:, 1:]
             with distributed.gradient_sync(self.model, i == self.accum - 1):
                 with _autocast(self.device, self.bf16):
                     _, loss = self.model(x, y)
