@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
 import tempfile
 
 # Nothing in the test suite may reach a model or dataset hub.
@@ -9,6 +11,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Tests see only the builtins unless a test registers plugins itself.
 os.environ.setdefault("GEOSPEC_DISABLE_PLUGIN_AUTOLOAD", "1")
+# The shared token cache (geospec.engine.token_data.shared_cache_dir) is the session's own, never
+# the user's ~/.cache/geospec (subprocesses inherit it).
+os.environ["GEOSPEC_CACHE"] = tempfile.mkdtemp(prefix="geospec-test-cache-")
+atexit.register(shutil.rmtree, os.environ["GEOSPEC_CACHE"], True)
 
 # In CI (CI set, as CI services do): Hypothesis draws the same examples on every run, so a failure
 # reproduces from the log alone, keeps no example database, and puts what it still caches in the

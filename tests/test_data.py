@@ -369,3 +369,36 @@ def test_step_batches_hold_this_process_share_of_each_step(prefetch: bool) -> No
             for row, sequence in zip(batch, range(6 * step + 3, 6 * step + 6), strict=True):
                 window = int(order.windows(sequence, 1)[0])
                 assert row.tolist() == list(range(10 * window, 10 * window + 11))
+
+
+def test_specs_with_the_same_data_share_one_token_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two run directories, one data section: tokenized once, in the shared cache; a run directory
+    whose data/ an earlier geospec filled keeps reading its own copy."""
+    from rich.console import Console
+
+    from geospec.engine.distributed import DistContext
+    from geospec.engine.token_data import shared_cache_dir
+    from geospec.pipeline.context import RunContext
+
+    monkeypatch.setenv("GEOSPEC_CACHE", str(tmp_path / "cache"))
+    assert shared_cache_dir() == tmp_path / "cache" / "tokens"
+    data = DataSpec(source="bundled:austen", max_documents=20, tokenizer={"kind": "gpt2"})
+
+    def run(name: str) -> RunContext:
+        return RunContext(tmp_path / name, tmp_path, Console(quiet=True), DistContext())
+
+    first = run("121m").token_data(data)
+    assert first.directory.parent == tmp_path / "cache" / "tokens"
+    stamp = os.stat(first.directory / "train.bin").st_mtime_ns
+    second = run("256m").token_data(data)
+    assert second.directory == first.directory
+    assert os.stat(second.directory / "train.bin").st_mtime_ns == stamp  # not rebuilt
+    assert not (tmp_path / "121m" / "data").exists() and not (tmp_path / "256m" / "data").exists()
+    # a run directory of an earlier version, whose tokens lie in its own data/
+    legacy = prepare_data(data, tmp_path / "old" / "data")
+    assert run("old").token_data(data).directory == legacy.directory
+    monkeypatch.delenv("GEOSPEC_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert shared_cache_dir() == tmp_path / "xdg" / "geospec" / "tokens"

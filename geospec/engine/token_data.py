@@ -149,20 +149,38 @@ def cache_key(data: DataSpec, digests: list[str]) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def shared_cache_dir() -> Path:
+    """The token cache every run on this machine shares: ``$GEOSPEC_CACHE/tokens``, else
+    ``$XDG_CACHE_HOME/geospec/tokens`` (``~/.cache/geospec/tokens``). Specs whose data sections
+    are equal (the 121m, 256m and 440m specs all read OpenWebText alike) tokenize once."""
+    root = os.environ.get("GEOSPEC_CACHE")
+    if not root:
+        root = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "geospec")
+    return Path(root) / "tokens"
+
+
 def prepare_data(
     data: DataSpec,
     cache_dir: Path,
     spec_dir: Path | None = None,
     say: Callable[[str], None] | None = None,
+    earlier: Iterable[Path] = (),
 ) -> TokenData:
     """Tokenize and pack the corpus once; later calls (any process) open the cached result.
 
     Relative paths in ``data.files`` and ``data.tokenizer.path`` are taken from ``spec_dir``. A
     cache whose files no longer match its meta.json (length, content hash) is rebuilt, and
-    ``say`` is told why.
+    ``say`` is told why. ``earlier``: cache directories where an earlier geospec may have built
+    the same tokens (a run directory's ``data/``); a sound copy there is used as it is.
     """
     corpus = Corpus(data, spec_dir)
     key = cache_key(data, corpus.digests())
+    for directory in earlier:
+        if (Path(directory) / key / META_FILE).exists():
+            try:
+                return TokenData.open(Path(directory) / key, verify=True)
+            except DamagedCache:
+                pass  # cache_dir serves the tokens (and rebuilds them there if need be)
     cache_dir = Path(cache_dir)
     final = cache_dir / key
     damaged = False

@@ -44,11 +44,19 @@ class RunContext:
             self.console.print(message, highlight=False, soft_wrap=True)  # logs: no 80-col wrap
 
     def token_data(self, data: DataSpec) -> TokenData:
-        """Tokens of a data section, prepared once (cached under the run directory's data/,
-        keyed by the section and the source files' contents)."""
-        from geospec.engine.token_data import prepare_data
+        """Tokens of a data section, prepared once per machine in the shared token cache
+        (:func:`geospec.engine.token_data.shared_cache_dir`), keyed by the section and the source
+        files' contents. A run directory's own data/ (where earlier versions kept them) is
+        still read."""
+        from geospec.engine.token_data import prepare_data, shared_cache_dir
 
-        return prepare_data(data, self.run_dir / "data", spec_dir=self.spec_dir, say=self.say)
+        return prepare_data(
+            data,
+            shared_cache_dir(),
+            spec_dir=self.spec_dir,
+            say=self.say,
+            earlier=[self.run_dir / "data"],
+        )
 
 
 #: What a stage's ``run`` returns when it did only part of its work (runs held by another
