@@ -4,7 +4,9 @@ cache, a checkpoint whose weights were overwritten)."""
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
+from typing import Any
 
 
 def file_digest(path: Path) -> str:
@@ -14,3 +16,31 @@ def file_digest(path: Path) -> str:
         while chunk := handle.read(1 << 24):
             digest.update(chunk)
     return f"blake2b:{digest.hexdigest()}"
+
+
+#: The key under which a JSON artifact carries the digest of the rest of its content.
+SEAL = "digest"
+
+
+def json_digest(data: Any) -> str:
+    """A content hash of JSON-serialisable data (canonical form: sorted keys, no spaces)."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return f"blake2b:{hashlib.blake2b(text.encode(), digest_size=16).hexdigest()}"
+
+
+def sealed(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with the digest of its content added (see :func:`seal_broken`)."""
+    content = {k: v for k, v in data.items() if k != SEAL}
+    return {**content, SEAL: json_digest(content)}
+
+
+def seal_broken(data: dict[str, Any]) -> bool:
+    """The content of a sealed artifact changed after geospec wrote it (an artifact written
+    before seals existed has none and is not judged)."""
+    if SEAL not in data:
+        return False
+    content = {k: v for k, v in data.items() if k != SEAL}
+    try:
+        return data[SEAL] != json_digest(content)
+    except ValueError:  # NaN or infinity: geospec never writes them
+        return True

@@ -68,7 +68,12 @@ def arm_widths(spec: Spec, arm: str, given: str | None) -> list[int]:
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 @click.option("--arm", required=True, help="The arm to train (its name in the spec).")
-@click.option("--seed", type=int, required=True, help="Seed: initial weights and data order.")
+@click.option(
+    "--seed",
+    type=click.IntRange(0, 2**32 - 1),
+    required=True,
+    help="Seed: initial weights and data order (0 to 2**32 - 1).",
+)
 @click.option("--widths", "widths_text", metavar="W1,W2,...", help="FFN width of every layer.")
 @click.option(
     "--out",

@@ -187,11 +187,13 @@ def _check_same_run(out_dir: Path, stored: dict[str, Any], wanted: dict[str, Any
 
 def finished_result(out_dir: Path, wanted: dict[str, Any]) -> TrainResult | None:
     path = out_dir / RESULT_FILE
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+        result = TrainResult.from_dict(data)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None  # missing or damaged: the run finishes again from its last checkpoint
     _check_same_run(out_dir, data.get("fingerprint", {}), wanted)
-    return TrainResult.from_dict(data)
+    return result
 
 
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:

@@ -419,7 +419,7 @@ def _run(tasks: list[_Task], workers: int) -> Iterator[tuple[_Task, list[float]]
     threads = max(1, _available_cpus() // workers)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_init_worker, initargs=(threads,)
+        workers, mp_context=context, initializer=_init_worker, initargs=(threads, os.getpid())
     ) as pool:
         pending: dict[Future[list[float]], _Task] = {
             pool.submit(_run_task, task): task for task in tasks
@@ -435,14 +435,40 @@ def _run(tasks: list[_Task], workers: int) -> Iterator[tuple[_Task, list[float]]
                 future.cancel()
 
 
-def _init_worker(threads: int) -> None:
-    """Give each worker its share of the cores (torch and the BLAS numpy and POT use)."""
+def _init_worker(threads: int, parent: int) -> None:
+    """Give each worker its share of the cores (torch and the BLAS numpy and POT use), and end
+    it with its parent: a parent killed (SIGTERM, SIGKILL) runs no clean-up, and a worker left
+    behind would measure on for nobody."""
+    _end_with_parent(parent)
     torch.set_num_threads(threads)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:
         return
     threadpool_limits(threads)
+
+
+def _end_with_parent(parent: int) -> None:
+    import signal
+    import threading
+    import time
+
+    try:  # Linux: the kernel signals this process when its parent dies
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+    def watch() -> None:  # elsewhere (and as a second guard): notice the parent is gone
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="geospec-parent-watch", daemon=True).start()
 
 
 @contextmanager

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from geospec import __version__
 from geospec.atomic import atomic_write_json, atomic_write_text
-from geospec.digests import file_digest
+from geospec.digests import file_digest, seal_broken
 from geospec.engine.run_files import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -75,7 +74,7 @@ def read_json_or_none(path: Path) -> Any:
 
 def json_problem(path: Path, *keys: str) -> str | None:
     """What keeps a recomputable JSON artifact from being trusted (missing, unreadable, not an
-    object, or without ``keys``), or None when it is sound."""
+    object, without ``keys``, or its content changed after geospec sealed it), or None."""
     shown = path.name
     if not path.is_file():
         return f"{shown} is missing"
@@ -85,6 +84,8 @@ def json_problem(path: Path, *keys: str) -> str | None:
         return f"{shown} is unreadable"
     if not isinstance(data, dict) or any(key not in data for key in keys):
         return f"{shown} does not hold what geospec wrote"
+    if seal_broken(data):
+        return f"{shown} was changed after geospec wrote it"
     return None
 
 
@@ -224,13 +225,13 @@ def own_training_dir(
 
 
 def empty_training_dir(out: Path) -> None:
-    """Remove a training run: the whole directory when geospec marked it as its own (it holds
-    run_key.json), else only the files the trainer writes (the user's other files stay)."""
-    if (out / RUN_KEY_FILE).exists():
-        shutil.rmtree(out)
-        return
+    """Remove a training run: the files the trainer writes and its own temporary files; anything
+    else in the directory is the user's and stays."""
     for name in TRAINING_FILES:
         (out / name).unlink(missing_ok=True)
+    for name in TRAINING_FILES:
+        for partial in out.glob(f".{name}.*.tmp"):  # left by a crash in an atomic write
+            partial.unlink(missing_ok=True)
 
 
 def _shown(path: Path, run_dir: Path) -> Path:

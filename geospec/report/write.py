@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from geospec.atomic import atomic_write_json, atomic_write_text
+from geospec.digests import sealed
 from geospec.pipeline.run_dir import REPORT_FILE, RESULTS_FILE
 from geospec.report.results import build_results
 
@@ -20,6 +21,7 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
 
     results = build_results(run_dir)
     curves = results.pop("curves")
+    results = sealed(results)  # report.md and the table show exactly what results.json holds
     atomic_write_json(run_dir / RESULTS_FILE, results)
     images: list[str] = []
     if plots:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from geospec.atomic import atomic_write_json
+from geospec.digests import sealed
 from geospec.errors import GeospecError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest
@@ -103,7 +104,7 @@ class Diagnose:
             "settings": self.diagnose.model_dump(mode="json", exclude={"enabled"}),
             "keys": keys,
         }
-        atomic_write_json(path, diagnostics)
+        atomic_write_json(path, sealed(diagnostics))
         diagnostic_plots(run.run_dir, diagnostics)
         return dict(diagnostics["profiles"])
 
