@@ -37,6 +37,7 @@ CORE_TESTS = [
     "tests/test_plugins.py",
     "tests/test_cli_core.py",
     "tests/test_architecture.py",
+    "tests/test_plugin_edges.py",
 ]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 

@@ -1,24 +1,17 @@
-"""A small pytest plugin for geospec plugin authors (loaded through the ``pytest11`` entry point).
+"""Helpers for testing geospec plugins, importable without pytest.
 
-Fixtures:
-
-- ``geospec_registries``: fresh registries holding only geospec's builtins (installed third-party
-  plugins are not loaded), in effect for the test.
-- ``register_plugin``: a context manager factory; ``with register_plugin(my_module): ...`` makes
-  ``my_module``'s hook implementations visible to validation and the pipeline inside the block only.
-
-Helpers (importable): :func:`minimal_spec` builds a valid spec dictionary, :func:`registered`
-is the context manager behind ``register_plugin``.
+:func:`minimal_spec` builds a valid spec dictionary to modify; :func:`registered` makes a plugin
+object's hook implementations visible to validation and the pipeline inside a ``with`` block.
+The pytest fixtures built on them (``register_plugin``, ``geospec_registries``) live in
+:mod:`geospec.pytest_plugin`, which pytest loads through the ``pytest11`` entry point.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from geospec.registry.entries import Provider
 from geospec.registry.loading import Registries, build_registries, use_registries
@@ -59,16 +52,3 @@ def registered(
     extra = [(plugin, Provider(name, "0.0.0")) for plugin in plugins]
     with use_registries(build_registries(builtins=builtins, entry_points=False, extra=extra)) as r:
         yield r
-
-
-@pytest.fixture
-def geospec_registries() -> Iterator[Registries]:
-    """Fresh registries with geospec's builtins only, in effect for the test."""
-    with registered() as registries:
-        yield registries
-
-
-@pytest.fixture
-def register_plugin() -> Callable[..., contextlib.AbstractContextManager[Registries]]:
-    """``with register_plugin(obj): ...`` registers ``obj``'s hooks inside the block only."""
-    return registered

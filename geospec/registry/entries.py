@@ -9,6 +9,10 @@ from geospec.errors import PluginError
 from geospec.plugin import Plugin, kind_of
 
 
+def _first_words(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class Provider:
     """Who provided a plugin: the plugin's registered name and its distribution's version."""
@@ -29,11 +33,13 @@ class Entry:
 
 @dataclass(frozen=True)
 class BrokenPlugin:
-    """A plugin that failed to load; kinds it might have provided are unknown."""
+    """A plugin that failed to load, and the kinds it implements hooks for (None when it failed
+    before that was known, at import: it might have provided any kind)."""
 
     name: str
     version: str | None
     error: str
+    kinds: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -79,18 +85,20 @@ class Registry:
 
     def unknown_message(self, name: str) -> str:
         """Explain an unknown name: what is available, the closest match, broken plugins."""
+        close = difflib.get_close_matches(name, list(self.entries), n=1, cutoff=0.6)
         if not self.entries:
             message = f"unknown {self.kind} {name!r}: no {self.kind} plugins are registered"
         else:
             available = ", ".join(repr(n) for n in self.entries)
             message = f"unknown {self.kind} {name!r}; available: {available}"
-            close = difflib.get_close_matches(name, list(self.entries), n=1, cutoff=0.6)
             if close:
-                message += f"; did you mean {close[0]!r}?"
+                return message + f"; did you mean {close[0]!r}?"
+        # only plugins that could have provided this kind, briefly (geospec plugins says why)
         for plugin in self.broken:
-            version = f" {plugin.version}" if plugin.version else ""
-            message += (
-                f"; note: plugin {plugin.name}{version} failed to load and may provide it "
-                f"({plugin.error})"
-            )
+            if plugin.kinds is None or self.kind in plugin.kinds:
+                version = f" {plugin.version}" if plugin.version else ""
+                message += (
+                    f"; plugin {plugin.name}{version} failed to load and may provide it: "
+                    f"{_first_words(plugin.error)} (see geospec plugins)"
+                )
         return message

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import difflib
 import importlib
 import os
+import re
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ from typing import Any
 import pluggy
 
 from geospec import __version__
+from geospec.errors import PluginError
 from geospec.kinds import KINDS
 from geospec.plugin import Plugin, PluginParams, as_table
 from geospec.registry import hookspecs
@@ -92,11 +95,17 @@ class Registries:
         }
 
 
+def normalized(name: str) -> str:
+    """A distribution or entry-point name as PEP 503 compares them: case, ``-``, ``_`` and ``.``
+    do not matter (``GEOSPEC_PLUGINS=Geospec_CKA`` names ``geospec-cka``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _env_list(name: str) -> set[str] | None:
     value = os.environ.get(name)
     if value is None:
         return None
-    return {item.strip() for item in value.split(",") if item.strip()}
+    return {normalized(item.strip()) for item in value.split(",") if item.strip()}
 
 
 def _truthy(name: str) -> bool:
@@ -128,6 +137,10 @@ class _Loader:
         self.errors: list[BrokenPlugin] = []
 
     def add(self, obj: Any, plugin_name: str, provider: Provider) -> None:
+        problem = _hook_problem(obj, provider)
+        if problem is not None:
+            self.errors.append(BrokenPlugin(provider.name, provider.version, problem))
+            return
         try:
             self.pm.register(obj, name=plugin_name)
             self.pm.check_pending()  # a hook implementation with no matching spec: misspelled
@@ -145,7 +158,7 @@ class _Loader:
             dist = ep.dist
             dist_name = dist.metadata["Name"] if dist is not None else ep.name
             version = dist.version if dist is not None else None
-            names = {ep.name, dist_name}
+            names = {normalized(ep.name), normalized(dist_name)}
             if names & block or (allow is not None and not names & allow):
                 continue
             provider = Provider(dist_name, version)
@@ -155,6 +168,26 @@ class _Loader:
                 self.errors.append(BrokenPlugin(dist_name, version, _describe(error)))
                 continue
             self.add(obj, f"{dist_name}:{ep.name}", provider)
+
+
+def _hook_problem(obj: Any, provider: Provider) -> str | None:
+    """A hook a plugin meant to implement but that pluggy would not call: a function named like a
+    hook but not marked ``@geospec.hookimpl``, or a marked one whose name is no hook."""
+    for name in sorted(n for n in dir(obj) if n.startswith("geospec_")):
+        function = getattr(obj, name, None)
+        if not callable(function):
+            continue
+        marked = hasattr(function, "geospec_impl")  # what pluggy's HookimplMarker sets
+        if name in REGISTER_HOOKS and not marked:
+            return (
+                f"{name} in {provider.name} is not marked with @geospec.hookimpl, so it would "
+                "never be called; add the decorator"
+            )
+        if name not in REGISTER_HOOKS and marked:
+            close = difflib.get_close_matches(name, list(REGISTER_HOOKS), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            return f"unknown hook {name!r} in {provider.name}{hint}"
+    return None
 
 
 def _describe(error: BaseException) -> str:
@@ -177,7 +210,7 @@ def build_registries(
     pm = pm or new_plugin_manager()
     loader = _Loader(pm)
     block = _env_list("GEOSPEC_BLOCK_PLUGINS") or set()
-    if builtins and BUILTIN_PROVIDER.name not in block:
+    if builtins and normalized(BUILTIN_PROVIDER.name) not in block:
         for module in _builtin_modules():
             loader.add(module, module.__name__, BUILTIN_PROVIDER)
     if entry_points is None:
@@ -190,40 +223,45 @@ def build_registries(
 
 
 def _collect(pm: pluggy.PluginManager, loader: _Loader) -> Registries:
+    """Call each plugin's hooks, in load order (the builtins first, so they claim their names
+    first). A plugin is registered whole or not at all: if one of its hooks raises, or one of its
+    classes is refused (a duplicate name, not a subclass of its kind), none of its classes stay."""
     registries = {kind: Registry(kind, base) for kind, base in KINDS.items()}
     errors = list(loader.errors)
-    kinds_by_provider: dict[Provider, dict[str, list[str]]] = {}
-    for provider in loader.providers.values():
-        kinds_by_provider.setdefault(provider, {kind: [] for kind in KINDS})
-    for hook_name, kind in REGISTER_HOOKS.items():
-        registry = registries[kind]
-        hook = getattr(pm.hook, hook_name)
-        # get_hookimpls() lists implementations in load order (pluggy's own calls run LIFO);
-        # registering in load order means the builtins claim their names first.
-        for impl in hook.get_hookimpls():
-            provider = loader.providers[impl.plugin_name]
-
-            def register(
-                cls: type[Plugin],
-                provider: Provider = provider,
-                registry: Registry = registry,
-                kind: str = kind,
-            ) -> None:
-                registry.register(cls, provider)
-                kinds_by_provider[provider][kind].append(cls.kind_name())
-
-            try:
-                impl.function(register=register)
-            except Exception as error:
-                errors.append(
-                    BrokenPlugin(
-                        provider.name, provider.version, f"{hook_name}: {_describe(error)}"
-                    )
-                )
+    plugins: dict[Provider, dict[str, list[str]]] = {}
+    for plugin_name, provider in loader.providers.items():
+        staged: list[tuple[str, type[Plugin]]] = []
+        implemented: list[str] = []
+        registered: list[tuple[str, str]] = []
+        try:
+            for hook_name, kind in REGISTER_HOOKS.items():
+                for impl in getattr(pm.hook, hook_name).get_hookimpls():
+                    if impl.plugin_name != plugin_name:
+                        continue
+                    implemented.append(kind)
+                    try:
+                        impl.function(
+                            register=lambda cls, k=kind, into=staged: into.append((k, cls))
+                        )
+                    except Exception as error:
+                        raise PluginError(f"{hook_name}: {_describe(error)}") from error
+            for kind, cls in staged:
+                registries[kind].register(cls, provider)
+                registered.append((kind, cls.kind_name()))
+        except PluginError as error:
+            for kind, name in registered:  # all or nothing
+                del registries[kind].entries[name]
+            errors.append(
+                BrokenPlugin(provider.name, provider.version, str(error), tuple(implemented))
+            )
+            continue
+        kinds = plugins.setdefault(provider, {kind: [] for kind in KINDS})
+        for kind, name in registered:
+            kinds[kind].append(name)
     for registry in registries.values():
         registry.broken = errors
-    plugins = [PluginInfo(p.name, p.version, kinds) for p, kinds in kinds_by_provider.items()]
-    return Registries(registries, plugins, errors)
+    infos = [PluginInfo(p.name, p.version, kinds) for p, kinds in plugins.items()]
+    return Registries(registries, infos, errors)
 
 
 _current: contextvars.ContextVar[Registries | None] = contextvars.ContextVar(
