@@ -100,7 +100,7 @@ def weights_step(path: Path) -> int | None:
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-    except (OSError, ValueError, RuntimeError):
+    except (OSError, ValueError, RuntimeError, SafetensorError):
         return None
     step = metadata.get("step")
     return int(step) if step is not None else None

@@ -218,7 +218,8 @@ def own_training_dir(
                 "directory"
             )
         if out.exists() and (redo or other):
-            run.say(f"[yellow]![/] {_shown(out, run.run_dir)}: inputs changed, starting over")
+            why = "inputs changed, starting over" if other else "starting over"
+            run.say(f"[yellow]![/] {_shown(out, run.run_dir)}: {why}")
             empty_training_dir(out)
         atomic_write_json(out / RUN_KEY_FILE, {"key": key, "widths": widths})
     barrier(run.dist)

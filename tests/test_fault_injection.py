@@ -1,0 +1,401 @@
+"""Fault injection: every kind of artifact of a finished run directory, damaged as a careless or
+hostile user would (cut short, garbage bytes, the wrong JSON type, deleted, its content changed
+with its key intact), and the documented outcome for each (docs/pipeline.md, "Damaged
+artifacts"): geospec recomputes it and ends with the same results, or stops with one line naming
+the file (exit status 2). Never a traceback, never a report that differs from an undamaged run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from geospec.cli import cli
+
+pytestmark = pytest.mark.torch
+
+CORPUS = Path(__file__).parent / "fixtures" / "legacy-run" / "corpus.txt"
+SPEC = """
+name = "faults"
+out = "{out}"
+
+[model]
+n_layers = 3
+d_model = 16
+n_heads = 2
+ffn_width = 32
+seq_len = 16
+multiple_of = 8
+
+[data]
+files = ["corpus.txt"]
+tokenizer = { kind = "bpe", vocab_size = 300 }
+
+[probe]
+tokens = 32
+
+[[measure]]
+geometry = { kind = "spherical" }
+statistic = { kind = "shift" }
+
+[diagnose]
+enabled = true
+windows = 2
+pairs = 2
+
+[[arms]]
+name = "uniform"
+schedule = { kind = "uniform" }
+
+[[arms]]
+name = "cosine"
+schedule = { kind = "cosine", start = 1.5, end = 0.5 }
+
+[[arms]]
+name = "shift-spherical"
+schedule = { kind = "geometric", profile = "shift/spherical", solver = { kind = "power_law" } }
+
+[train]
+steps = 4
+batch_size = 4
+seeds = [0]
+eval_tokens = 256
+checkpoint_interval = 2
+threads = 1
+
+[report]
+plots = false
+"""
+
+
+def write_spec(folder: Path, text: str = SPEC, out: str | None = None) -> Path:
+    """The spec in ``folder``, its run directory ``folder/run`` unless ``out`` says otherwise."""
+    path = folder / "spec.toml"
+    path.write_text(text.replace("{out}", out if out is not None else str(folder / "run")))
+    return path
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.fixture(scope="module")
+def token_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A token cache of this module's own, so damaging it touches no other test."""
+    cache = tmp_path_factory.mktemp("token-cache")
+    before = os.environ.get("GEOSPEC_CACHE")
+    os.environ["GEOSPEC_CACHE"] = str(cache)
+    yield cache
+    if before is None:
+        del os.environ["GEOSPEC_CACHE"]
+    else:
+        os.environ["GEOSPEC_CACHE"] = before
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory, token_cache: Path) -> Path:
+    """A finished run directory (beside its spec and corpus), made once."""
+    folder = tmp_path_factory.mktemp("finished")
+    write_spec(folder)
+    shutil.copy(CORPUS, folder / "corpus.txt")
+    result = invoke("run", str(folder / "spec.toml"))
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+@pytest.fixture
+def copy(finished: Path, tmp_path: Path) -> Path:
+    shutil.copytree(finished, tmp_path / "copy")
+    write_spec(tmp_path / "copy")
+    return tmp_path / "copy"
+
+
+def results_of(run_dir: Path) -> dict[str, Any]:
+    """What a report claims: per arm its widths, parameters and losses, and the checks."""
+    results = json.loads((run_dir / "results.json").read_text())
+    arms = {
+        name: (arm["widths"], arm["params"], arm["val_loss"]["seeds"])
+        for name, arm in results["arms"].items()
+    }
+    return {"arms": arms, "checks": results["checks"], "profiles": results["profiles"]}
+
+
+# -- how to damage a file ------------------------------------------------------------------------
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 2)])
+
+
+def garbage(path: Path) -> None:
+    path.write_bytes(random.Random(0).randbytes(max(64, path.stat().st_size)))
+
+
+def wrong_type(path: Path) -> None:
+    path.write_text("[]")
+
+
+def delete(path: Path) -> None:
+    path.unlink()
+
+
+def zero_data(path: Path) -> None:
+    """Zero a safetensors file's tensors, keeping its header intact (it still loads)."""
+    raw = bytearray(path.read_bytes())
+    header = 8 + int.from_bytes(raw[:8], "little")
+    raw[header:] = bytes(len(raw) - header)
+    path.write_bytes(bytes(raw))
+
+
+def edit_json(change: Callable[[Any], None]) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data))
+
+    return damage
+
+
+def _scale_first_profile(data: Any) -> None:
+    data["profiles"]["shift/spherical"][0] *= 3.0
+
+
+def _change_widths(data: Any) -> None:
+    data["arms"]["shift-spherical"]["widths"] = [48, 32, 16]
+
+
+def _change_diagnostics(data: Any) -> None:
+    data["profiles"]["residual_norm/mean"][0] += 1.0
+
+
+def _change_loss(data: Any) -> None:
+    data["arms"]["cosine"]["val_loss"]["seeds"]["0"] -= 0.5
+
+
+ARM = "run/arms/cosine/seed-0"
+#: (file in the copied folder, damage, what geospec says) -> geospec run recomputes what it must
+#: (and says so) and ends with the same results.
+RECOMPUTED = {
+    "stages.json truncated": ("run/stages.json", truncate, "probe:"),
+    "stages.json a list": ("run/stages.json", wrong_type, "probe:"),
+    "stages.json garbage": ("run/stages.json", garbage, "probe:"),
+    "run.json a list": ("run/run.json", wrong_type, "nothing to do"),
+    "run_key.json of an arm truncated": (f"{ARM}/run_key.json", truncate, "arm cosine, seed 0"),
+    "run_key.json of the reference garbage": ("run/reference/run_key.json", garbage, "✓ probe"),
+    "reference weights zeroed, header intact": (
+        "run/reference/model.safetensors",
+        zero_data,
+        "! reference: model.safetensors changed after training",
+    ),
+    "reference weights truncated": (
+        "run/reference/model.safetensors",
+        truncate,
+        "! reference: model.safetensors changed after training",
+    ),
+    "reference result.json a list": (
+        "run/reference/result.json",
+        wrong_type,
+        "! reference: result.json does not hold what geospec wrote",
+    ),
+    "profiles.json truncated": ("run/profiles.json", truncate, "! measure: profiles.json is"),
+    "profiles.json a list": ("run/profiles.json", wrong_type, "! measure: profiles.json does"),
+    "profiles.json edited, key intact": (
+        "run/profiles.json",
+        edit_json(_scale_first_profile),
+        "! measure: profiles.json was changed after geospec wrote it",
+    ),
+    "a cloud deleted": (
+        "run/clouds/layer-001.safetensors",
+        delete,
+        "holds 2 layer files, meta.json says 3",
+    ),
+    "a cloud truncated": ("run/clouds/layer-001.safetensors", truncate, "is unreadable"),
+    "a cloud zeroed, header intact": (
+        "run/clouds/layer-001.safetensors",
+        zero_data,
+        "layer-001.safetensors changed after it was probed",
+    ),
+    "clouds/meta.json garbage": ("run/clouds/meta.json", garbage, "meta.json is unreadable"),
+    "widths.json truncated": ("run/widths.json", truncate, "! solve: widths.json does not hold"),
+    "widths.json edited": (
+        "run/widths.json",
+        edit_json(_change_widths),
+        "! solve: widths.json does not hold",
+    ),
+    "diagnostics.json truncated": ("run/diagnostics.json", truncate, "! diagnose: diagnostics"),
+    "diagnostics.json edited": (
+        "run/diagnostics.json",
+        edit_json(_change_diagnostics),
+        "! diagnose: diagnostics.json was changed",
+    ),
+    "results.json truncated": ("run/results.json", truncate, "! report: results.json is"),
+    "results.json edited": (
+        "run/results.json",
+        edit_json(_change_loss),
+        "! report: results.json was changed",
+    ),
+    "result.json of an arm truncated": (f"{ARM}/result.json", truncate, "arm cosine, seed 0"),
+    "result.json of an arm a list": (f"{ARM}/result.json", wrong_type, "arm cosine, seed 0"),
+    "metrics.jsonl garbage": (f"{ARM}/metrics.jsonl", garbage, "nothing to do"),
+}
+
+
+@pytest.mark.parametrize("case", list(RECOMPUTED))
+def test_damaged_artifacts_are_recomputed_to_the_same_results(
+    finished: Path, copy: Path, case: str
+) -> None:
+    name, damage, said = RECOMPUTED[case]
+    damage(copy / name)
+    result = invoke("run", str(copy / "spec.toml"))
+    assert result.exit_code == 0, result.output
+    assert result.exception is None and "Traceback" not in result.output
+    assert said in result.output
+    assert results_of(copy / "run") == results_of(finished / "run")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param({"trainer_state.pt": truncate}, id="checkpoint state truncated"),
+        pytest.param({"trainer_state.pt": garbage}, id="checkpoint state garbage"),
+        pytest.param({"model.safetensors": zero_data}, id="checkpoint weights zeroed"),
+        pytest.param({"model.safetensors": truncate}, id="checkpoint weights truncated"),
+    ],
+)
+def test_an_interrupted_run_with_a_damaged_checkpoint_starts_over(
+    finished: Path, copy: Path, damage: dict[str, Callable[[Path], None]]
+) -> None:
+    """A run interrupted after a checkpoint (no result.json yet) whose checkpoint was damaged:
+    resuming from it would be wrong, so the run trains from the start (and says so)."""
+    arm = copy / ARM
+    (arm / "result.json").unlink()
+    for name, change in damage.items():
+        change(arm / name)
+    result = invoke("run", str(copy / "spec.toml"))
+    assert result.exit_code == 0, result.output
+    assert "arm cosine, seed 0" in result.output and "from the start" in result.output
+    assert results_of(copy / "run") == results_of(finished / "run")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(("val.bin", "shuffle"), id="val.bin shuffled"),
+        pytest.param(("train.bin", "cut"), id="train.bin cut in half"),
+        pytest.param(("val.bin", "delete"), id="val.bin deleted"),
+        pytest.param(("meta.json", "cut"), id="meta.json truncated"),
+    ],
+)
+def test_a_damaged_token_cache_is_rebuilt_before_training_on_it(
+    finished: Path, copy: Path, token_cache: Path, damage: tuple[str, str]
+) -> None:
+    name, how = damage
+    [cache] = {path.parent for path in token_cache.rglob("meta.json")}
+    path = cache / name
+    if how == "shuffle":
+        values = bytearray(path.read_bytes())
+        random.Random(1).shuffle(values)
+        path.write_bytes(bytes(values))
+    elif how == "cut":
+        truncate(path)
+    else:
+        delete(path)
+    result = invoke("run", str(copy / "spec.toml"), "--from", "train")
+    assert result.exit_code == 0, result.output
+    assert "preparing the tokens again" in result.output
+    assert results_of(copy / "run") == results_of(finished / "run")
+
+
+def test_a_damaged_run_json_stops_geospec_report_with_one_line(copy: Path) -> None:
+    (copy / "run" / "run.json").write_text("[]")
+    result = invoke("report", str(copy / "run"))
+    assert result.exit_code == 2
+    assert "run.json" in result.output and "Traceback" not in result.output
+
+
+def test_geospec_train_names_a_damaged_widths_json(copy: Path) -> None:
+    truncate(copy / "run" / "widths.json")
+    result = invoke("train", str(copy / "spec.toml"), "--arm", "shift-spherical", "--seed", "1")
+    assert result.exit_code == 2
+    assert "widths.json" in result.output and "Traceback" not in result.output
+    assert not (copy / "run" / "arms" / "shift-spherical" / "seed-1").exists()
+
+
+# -- the run directory itself --------------------------------------------------------------------
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    write_spec(tmp_path)
+    shutil.copy(CORPUS, tmp_path / "corpus.txt")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("/", "root or home"),
+        ("~", "root or home"),
+        ("corpus.txt", "is a file"),
+        ("corpus.txt/run", "cannot be written"),
+        ("/proc/geospec-run", "cannot be written"),
+        (".", "did not make"),
+    ],
+)
+def test_an_unusable_out_is_refused_with_one_line(folder: Path, out: str, message: str) -> None:
+    spec = write_spec(folder, out=out if out.startswith(("/", "~")) else str(folder / out))
+    before = sorted(p.name for p in folder.iterdir())
+    result = invoke("run", str(spec))
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+def test_out_with_dot_dot_is_shown_resolved(folder: Path) -> None:
+    (folder / "sub").mkdir()
+    (folder / "mine.txt").write_text("the user's")
+    spec = write_spec(folder, out=str(folder / "sub" / ".."))
+    result = invoke("run", str(spec))
+    assert result.exit_code == 2
+    assert f"(that is {folder.resolve()})" in result.output
+
+
+def test_files_the_user_put_in_a_run_directory_survive_a_redo(copy: Path) -> None:
+    """geospec deletes only what it wrote: a note beside the clouds or in a training directory
+    stays when those are made again."""
+    notes = [copy / "run" / "clouds" / "keep.txt", copy / "run" / "reference" / "notes.txt"]
+    for note in notes:
+        note.write_text("mine")
+    result = invoke("run", str(copy / "spec.toml"), "--from", "reference")
+    assert result.exit_code == 0, result.output
+    assert all(note.read_text() == "mine" for note in notes)
+
+
+def test_seeds_outside_what_torch_accepts_are_refused(folder: Path) -> None:
+    for seeds in ("[-1]", "[4294967296]"):
+        spec = write_spec(folder, SPEC.replace("seeds = [0]", f"seeds = {seeds}"))
+        result = invoke("validate", str(spec))
+        assert result.exit_code == 2 and "train.seeds[0]" in result.output, result.output
+    spec = write_spec(folder)
+    result = invoke("train", str(spec), "--arm", "uniform", "--seed", "-1")
+    assert result.exit_code == 2 and "--seed" in result.output
+    assert not (folder / "run").exists()
+
+
+def test_artifacts_are_written_with_the_umask(copy: Path, finished: Path) -> None:
+    mode = (finished / "run" / "results.json").stat().st_mode & 0o777
+    assert mode == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
