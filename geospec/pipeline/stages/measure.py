@@ -2,20 +2,26 @@
 
 ``profiles.json`` holds ``{"profiles": {name: [one value per layer]}, "keys": {name: key}}``;
 a profile measured before on the same clouds with the same settings is kept, so adding one
-measure measures only that one.
+measure measures only that one. With ``probe.replicates`` R > 1 every profile is measured on each
+of the R token samples: ``"replicates": {name: [[one value per layer] x R]}`` keeps them and
+``"profiles"`` holds their per-layer mean (what the solver uses).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 from geospec.atomic import atomic_write_json
+from geospec.digests import sealed
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import digest, section
-from geospec.pipeline.run_dir import CLOUDS_DIR, PROFILES_FILE, read_json
+from geospec.pipeline.run_dir import CLOUDS_DIR, PROFILES_FILE, json_problem, read_json
+from geospec.report.stats import MIN_RELIABILITY
 from geospec.spec.resolve import measures
 from geospec.spec.sections import MeasureSpec, Spec
 
@@ -27,10 +33,13 @@ class Measure:
     name: ClassVar[str] = "measure"
     entries: tuple[MeasureSpec, ...]
     """The measures in effect (``measure = "all"`` expanded)."""
+    min_reliability: float = MIN_RELIABILITY
+    """Profiles measured on replicates whose split-half reliability is below this are named in
+    a warning (it changes no artifact, so no key)."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Measure:
-        return cls(tuple(measures(spec)))
+        return cls(tuple(measures(spec)), spec.report.min_reliability)
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         probe_key = done["probe"].key
@@ -41,28 +50,85 @@ class Measure:
             run=lambda: self.measure(run, path, keys, keep=not forced),
             load=lambda: read_profiles(run.run_dir),
             artifacts=(path,),
+            problem=self.problem(path) if path.exists() else None,
         )
 
+    def problem(self, path: Path) -> str | None:
+        """What keeps profiles.json from being trusted: unreadable, or a profile missing or
+        not a list of finite numbers."""
+        problem = json_problem(path, "profiles", "keys")
+        if problem is not None:
+            return problem
+        profiles = json.loads(path.read_text())["profiles"]
+        for entry in self.entries:
+            values = profiles.get(entry.profile) if isinstance(profiles, dict) else None
+            if not isinstance(values, list) or not all(_is_number(v) for v in values):
+                return f"{PROFILES_FILE} has no valid profile {entry.profile!r}"
+        return None
+
     def measure(self, run: RunContext, path: Path, keys: dict[str, str], keep: bool) -> Profiles:
-        previous = read_json(path) if keep else None
+        readable = json_problem(path, "profiles", "keys") is None
+        previous = read_json(path) if keep and readable else None
         kept: Profiles = {}
+        replicates: dict[str, list[list[float]]] = {}  # per profile, when measured on replicates
         if isinstance(previous, dict):
             kept = {
                 name: values
                 for name, values in previous.get("profiles", {}).items()
                 if previous.get("keys", {}).get(name) == keys.get(name)
+                and isinstance(values, list)
+                and all(_is_number(v) for v in values)
             }
+            stored = previous.get("replicates") or {}
+            replicates = {name: stored[name] for name in kept if name in stored}
         todo = [e for e in self.entries if e.profile not in kept]
         if todo:
-            from geospec.measure.work import measure_profiles
-            from geospec.pipeline.stages.probe import load_clouds
+            from geospec.measure.work import measure_profiles, measure_replicates
+            from geospec.pipeline.stages.probe import cloud_replicates, load_clouds
 
             clouds = load_clouds(run.run_dir / CLOUDS_DIR)
-            run.say(f"[bold]measure[/]: {len(todo)} profiles x {len(clouds)} layers")
-            kept.update(measure_profiles(clouds, todo, progress=True))
+            samples = cloud_replicates(run.run_dir / CLOUDS_DIR)
+            times = f" x {samples} token samples" if samples > 1 else ""
+            run.say(f"[bold]measure[/]: {len(todo)} profiles x {len(clouds)} layers{times}")
+            if samples == 1:
+                kept.update(measure_profiles(clouds, todo, progress=True))
+            else:  # the solver takes the mean; profiles.json keeps every replicate
+                measured = measure_replicates(clouds, samples, todo, progress=True)
+                replicates.update(measured)
+                kept.update({name: _mean(values) for name, values in measured.items()})
         profiles = {e.profile: kept[e.profile] for e in self.entries}
-        atomic_write_json(path, {"profiles": profiles, "keys": keys})
+        record: dict[str, object] = {"profiles": profiles, "keys": keys}
+        replicated = {
+            e.profile: replicates[e.profile] for e in self.entries if e.profile in replicates
+        }
+        if replicated:
+            record["replicates"] = replicated
+            self.warn_unreliable(run, replicated)
+        atomic_write_json(path, sealed(record))
         return profiles
+
+    def warn_unreliable(self, run: RunContext, replicated: dict[str, list[list[float]]]) -> None:
+        """Name the profiles whose shape over the layers the replicates do not reproduce, before
+        anyone trains on them."""
+        from geospec.report.stats import split_half_reliability
+
+        for name, values in replicated.items():
+            rho = split_half_reliability(values)
+            if rho is None or rho < self.min_reliability:
+                shown = "undefined" if rho is None else f"{rho:.2f}"
+                run.say(
+                    f"[yellow]![/] profile {name}: split-half reliability {shown} over "
+                    f"{len(values)} token samples is below {self.min_reliability:g} "
+                    "(report.min_reliability): its shape is largely sampling noise"
+                )
+
+
+def _mean(replicates: list[list[float]]) -> list[float]:
+    return [sum(layer) / len(layer) for layer in zip(*replicates, strict=True)]
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def read_profiles(run_dir: Path) -> Profiles:

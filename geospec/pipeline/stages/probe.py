@@ -1,22 +1,28 @@
 """The probe stage: sample validation tokens, capture every layer's clouds, store them.
 
 Clouds are written as ``clouds/layer-XXX.safetensors`` (tensors ``x`` and ``y``, n x d float32)
-and ``clouds/meta.json`` last, so a directory without meta.json is never trusted.
+and ``clouds/meta.json`` last, so a directory without meta.json is never trusted. meta.json
+records the layer count, the shapes and each file's content hash; clouds that do not match it
+(a file deleted, cut or changed) are probed again, and :func:`load_clouds` refuses them. With
+``probe.replicates`` R > 1 each cloud holds R disjoint token samples one after the other
+(meta.json records ``replicates``; its ``tokens`` counts every row).
 """
 
 from __future__ import annotations
 
-import shutil
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from geospec.atomic import atomic_path, atomic_write_json
+from geospec.digests import file_digest
+from geospec.errors import UsageError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest, section
 from geospec.pipeline.run_dir import CLOUDS_DIR
-from geospec.spec.sections import DataSpec, ProbeSpec, Spec
+from geospec.spec.sections import DataSpec, ProbeSpec, ReferenceSpec, Spec
 
 if TYPE_CHECKING:
     import torch
@@ -34,19 +40,22 @@ class Probe:
     probe: ProbeSpec
     data: DataSpec
     seq_len: int
-    checkpoint: str | None
-    """The pretrained reference, if any (else the run's own reference/)."""
+    reference: ReferenceSpec
+    """Which model is probed: a pretrained checkpoint, or the run's own reference/."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Probe:
-        return cls(spec.probe, spec.data, spec.model.seq_len, spec.reference.checkpoint)
+        return cls(spec.probe, spec.data, spec.model.seq_len, spec.reference)
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         # the data section matters too: a pretrained reference's key covers only its checkpoint
         key = digest("probe", section(self.probe), done["reference"].key, data_key(self.data))
         clouds_dir = run.run_dir / CLOUDS_DIR
         return Plan(
-            key, run=lambda: self.write_clouds(run, clouds_dir), artifacts=(clouds_dir / META_FILE,)
+            key,
+            run=lambda: self.write_clouds(run, clouds_dir),
+            artifacts=(clouds_dir / META_FILE,),
+            problem=clouds_problem(clouds_dir) if (clouds_dir / META_FILE).exists() else None,
         )
 
     def write_clouds(self, run: RunContext, clouds_dir: Path) -> None:
@@ -57,11 +66,12 @@ class Probe:
 
         probe = self.probe
         data = run.token_data(self.data)
-        model, width = load_reference(run, self.checkpoint)
+        model, width = load_reference(run, self.reference)
         sample = self.sample(data)
+        samples = f"{probe.replicates} x " if probe.replicates > 1 else ""
         run.say(
-            f"[bold]probe[/]: {probe.tokens} tokens from {len(sample.windows)} validation "
-            f"windows, site {probe.site}"
+            f"[bold]probe[/]: {samples}{probe.tokens} tokens from {len(sample.windows)} "
+            f"validation windows, site {probe.site}"
         )
         with Progress(
             console=run.console, transient=True, disable=not run.console.is_terminal
@@ -70,19 +80,28 @@ class Probe:
             clouds = self.clouds(
                 model, width, data, sample, progress=lambda k: bar.advance(task, k)
             )
-        if clouds_dir.exists():
-            shutil.rmtree(clouds_dir)
+        # only geospec's own files go: a folder named clouds/ may hold the user's too
+        (clouds_dir / META_FILE).unlink(missing_ok=True)
+        for old in clouds_dir.glob("layer-*.safetensors"):
+            old.unlink()
+        digests = {}
         for layer, (x, y) in enumerate(clouds):
-            with atomic_path(clouds_dir / f"layer-{layer:03d}.safetensors") as tmp:
+            path = clouds_dir / cloud_file(layer)
+            with atomic_path(path) as tmp:
                 save_file({"x": x.contiguous(), "y": y.contiguous()}, str(tmp))
+            digests[path.name] = file_digest(path)
+        # "tokens" counts a cloud's rows: with replicates, each one's tokens one after the other
+        replicates = {"replicates": probe.replicates} if probe.replicates > 1 else {}
         atomic_write_json(
             clouds_dir / META_FILE,
             {
                 "layers": len(clouds),
-                "tokens": probe.tokens,
+                "tokens": probe.tokens * probe.replicates,
+                **replicates,
                 "width": width,
                 "site": probe.site,
                 "windows": [int(w) for w in sample.windows],
+                "digests": digests,
             },
         )
 
@@ -100,6 +119,7 @@ class Probe:
             probe.sequences,
             probe.skip_first,
             skip_ids,
+            probe.replicates,
         )
 
     def clouds(
@@ -127,12 +147,55 @@ class Probe:
         )
 
 
+def cloud_file(layer: int) -> str:
+    return f"layer-{layer:03d}.safetensors"
+
+
+def clouds_problem(clouds_dir: Path) -> str | None:
+    """What keeps the stored clouds from being trusted (None when they match meta.json)."""
+    from safetensors import SafetensorError, safe_open
+
+    meta_path = clouds_dir / META_FILE
+    try:
+        meta = json.loads(meta_path.read_text())
+        layers, tokens, width = int(meta["layers"]), int(meta["tokens"]), int(meta["width"])
+        digests = meta.get("digests")  # absent in clouds probed by older geospec versions
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return f"{meta_path} is unreadable"
+    files = sorted(p.name for p in clouds_dir.glob("layer-*.safetensors"))
+    if files != [cloud_file(layer) for layer in range(layers)]:
+        return f"{clouds_dir} holds {len(files)} layer files, {META_FILE} says {layers}"
+    for name in files:
+        path = clouds_dir / name
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                shapes = {key: handle.get_slice(key).get_shape() for key in ("x", "y")}
+        except (OSError, SafetensorError, KeyError):
+            return f"{path} is unreadable"
+        if any(list(shape) != [tokens, width] for shape in shapes.values()):
+            return f"{path} holds clouds of shape {shapes['x']}, {META_FILE} says {[tokens, width]}"
+        if isinstance(digests, dict) and file_digest(path) != digests.get(name):
+            return f"{path} changed after it was probed"
+    return None
+
+
+def cloud_replicates(clouds_dir: Path) -> int:
+    """How many disjoint token samples the stored clouds hold, one after the other (1 for
+    clouds probed without probe.replicates)."""
+    meta = json.loads((clouds_dir / META_FILE).read_text())
+    return int(meta.get("replicates", 1))
+
+
 def load_clouds(clouds_dir: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The stored clouds, layer by layer."""
+    """The stored clouds, layer by layer, checked against meta.json."""
     from safetensors.torch import load_file
 
+    problem = clouds_problem(clouds_dir)
+    if problem is not None:
+        raise UsageError(f"{problem}; run again with --from probe")
+    count = int(json.loads((clouds_dir / META_FILE).read_text())["layers"])
     result = []
-    for path in sorted(clouds_dir.glob("layer-*.safetensors")):
-        tensors = load_file(str(path))
+    for layer in range(count):
+        tensors = load_file(str(clouds_dir / cloud_file(layer)))
         result.append((tensors["x"], tensors["y"]))
     return result
