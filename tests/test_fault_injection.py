@@ -399,3 +399,21 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "split is empty (empty.txt gave 0 training"),
+        (bytes(range(256)) * 8, "is not UTF-8 text"),
+        ("café au lait\n\nsecond\n".encode("latin-1"), "is not UTF-8 text"),
+    ],
+)
+def test_data_files_that_are_empty_or_not_text_are_one_line(
+    folder: Path, content: bytes, message: str
+) -> None:
+    (folder / "empty.txt").write_bytes(content)
+    spec = write_spec(folder, SPEC.replace('"corpus.txt"', '"empty.txt"'))
+    result = invoke("run", str(spec), "--until", "reference")
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output

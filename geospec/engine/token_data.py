@@ -244,9 +244,10 @@ def _build(corpus: Corpus, data: DataSpec, spec_dir: Path | None, work: Path, ke
                     tokens[name] += len(packed)
     for name in SPLITS:
         if tokens[name] == 0:
+            source = ", ".join(data.files) if data.files else data.corpus
             raise UsageError(
-                f"data: the {name} split is empty ({documents['train']} training and "
-                f"{documents['val']} validation documents); use more data or change "
+                f"data: the {name} split is empty ({source} gave {documents['train']} training "
+                f"and {documents['val']} validation documents); use more data or change "
                 "data.val_fraction"
             )
     tokenizer.save(str(work / "tokenizer.json"))
