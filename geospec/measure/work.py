@@ -418,21 +418,25 @@ def _run(tasks: list[_Task], workers: int) -> Iterator[tuple[_Task, list[float]]
         return
     threads = max(1, _available_cpus() // workers)
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
+    pool = ProcessPoolExecutor(
         workers, mp_context=context, initializer=_init_worker, initargs=(threads, os.getpid())
-    ) as pool:
-        pending: dict[Future[list[float]], _Task] = {
-            pool.submit(_run_task, task): task for task in tasks
-        }
-        try:
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    task = pending.pop(future)
-                    yield task, future.result()
-        finally:
-            for future in pending:
-                future.cancel()
+    )
+    pending: dict[Future[list[float]], _Task] = {}
+    try:
+        pending = {pool.submit(_run_task, task): task for task in tasks}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                task = pending.pop(future)
+                yield task, future.result()
+    except BaseException:
+        # interrupted (Ctrl-C, an error, the caller stopped): stop the workers now rather than
+        # wait for their tasks, which nobody will read
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _init_worker(threads: int, parent: int) -> None:
