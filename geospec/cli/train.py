@@ -2,7 +2,7 @@
 
 Widths come from ``--widths``, else from the arm's schedule when it needs no measured profile
 (uniform, cosine, ...), else from ``widths.json`` in the run directory (written by ``geospec
-widths --profiles`` or by ``geospec run``). The model is trained exactly as the train stage of
+run``, its solve stage). The model is trained exactly as the train stage of
 ``geospec run`` trains it (:func:`geospec.pipeline.training.train_into`), into the same directory,
 so ``geospec run`` later finds it trained. Under ``torchrun --nproc_per_node N -m geospec train
 ...`` the run is data-parallel over the N processes (``train.distributed``: ddp or fsdp2).
@@ -49,11 +49,13 @@ def arm_widths(spec: Spec, arm: str, given: str | None) -> list[int]:
         if not path.is_file():
             raise UsageError(
                 f"arm {arm!r} needs measured profiles: pass --widths, or compute {path} first "
-                f"(geospec widths SPEC --profiles FILE, or geospec run SPEC --until solve)"
+                "(geospec run SPEC --until solve)"
             )
         stored = (read_json(path) or {}).get("arms", {})
         if arm not in stored:
-            raise UsageError(f"{path}: no widths for arm {arm!r}; run geospec widths again")
+            raise UsageError(
+                f"{path}: no widths for arm {arm!r}; run geospec run SPEC --until solve again"
+            )
         widths = [int(w) for w in stored[arm]["widths"]]
         source = str(path)
     if width_problems(widths, m, multiples=False):
