@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -79,8 +80,39 @@ def test_only_shared_seeds_are_paired() -> None:
 
 
 def test_single_seed_has_no_interval() -> None:
-    diff = paired_difference({0: 1.0}, {0: 2.0})
-    assert diff.mean == -1.0 and math.isnan(diff.ci[0]) and diff.improved == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "degrees of freedom <= 0" noise in the report
+        diff = paired_difference({0: 1.0}, {0: 2.0})
+    assert diff.mean == -1.0 and diff.improved == 1 and diff.n == 1 and diff.seeds == (0,)
+    assert math.isnan(diff.sd) and all(math.isnan(end) for end in diff.ci)
+    assert diff.bootstrap_ci is None
+
+
+def test_two_seeds_have_a_t_interval() -> None:
+    arm, base = np.array([3.40, 3.47]), np.array([3.45, 3.48])
+    diff = paired_difference(dict(enumerate(arm)), dict(enumerate(base)), bootstrap=0)
+    reference = stats.ttest_rel(arm, base).confidence_interval(confidence_level=0.95)
+    assert diff.ci == pytest.approx((reference.low, reference.high), rel=1e-12)
+    assert diff.sd == pytest.approx(float(np.std(arm - base, ddof=1)), rel=1e-12)
+
+
+def test_the_default_bootstrap_draws_10000_resamples() -> None:
+    rng = np.random.default_rng(11)
+    base = rng.normal(3.0, 0.1, 5)
+    arm = base - 0.02 + rng.normal(0, 0.02, 5)
+    diff = paired_difference(dict(enumerate(arm)), dict(enumerate(base)))
+    assert diff.bootstrap_ci == pytest.approx(_scipy_bootstrap(arm - base, 10000, 0.95, 0))
+
+
+def test_a_single_resample_is_its_own_interval() -> None:
+    """bootstrap=1: the interval collapses onto the mean of the one resample, drawn by hand."""
+    diffs = np.array([-0.03, 0.01, -0.02, -0.05, 0.0])
+    base = {k: 3.0 for k in range(5)}
+    arm = {k: 3.0 + d for k, d in enumerate(diffs)}
+    diff = paired_difference(arm, base, bootstrap=1, seed=4)
+    picks = np.random.default_rng(4).integers(0, 5, size=5)
+    expected = float(np.mean([arm[int(i)] - base[int(i)] for i in picks]))
+    assert diff.bootstrap_ci == pytest.approx((expected, expected), abs=1e-15)
 
 
 def test_bootstrap_only_with_five_seeds_and_brackets_the_mean() -> None:
@@ -98,14 +130,20 @@ def test_bootstrap_only_with_five_seeds_and_brackets_the_mean() -> None:
 def test_summarize_uses_sample_sd() -> None:
     summary = summarize([1.0, 2.0, 3.0])
     assert summary.mean == 2.0 and summary.sd == pytest.approx(1.0) and summary.n == 3
-    one, none = summarize([4.0]), summarize([])
+    two = summarize([3.0, 4.0])
+    assert two.sd == pytest.approx(float(np.std([3.0, 4.0], ddof=1))) and two.n == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "mean of empty slice" noise in the report
+        one, none = summarize([4.0]), summarize([])
     assert one.mean == 4.0 and math.isnan(one.sd) and one.n == 1
-    assert math.isnan(none.mean) and none.n == 0
+    assert math.isnan(none.mean) and math.isnan(none.sd) and none.n == 0
 
 
 def test_no_shared_seed_gives_no_difference() -> None:
     diff = paired_difference({0: 1.0}, {1: 2.0})
     assert diff.n == 0 and diff.seeds == () and math.isnan(diff.mean) and diff.improved == 0
+    assert math.isnan(diff.sd) and all(math.isnan(end) for end in diff.ci)
+    assert diff.bootstrap_ci is None
 
 
 def test_improved_counts_strictly_lower_losses() -> None:
