@@ -79,6 +79,50 @@ def plugins(session: nox.Session) -> None:
         session.run("python", f"{session.invoked_from}/examples/check_plugins.py")
 
 
+#: What geospec's training path imports from the device image (all in
+#: benchmarks/device_packages.txt), at the versions a session saw there where this machine's
+#: registry has them (numpy 2.5.2 it has not); pip adds their dependencies, checked too.
+GPU_IMAGE_PACKAGES = [
+    "numpy",
+    "tokenizers==0.23.2",
+    "huggingface-hub==1.33.0",
+    "safetensors==0.8.0",
+    "rich",
+    "pluggy",
+    "click",
+    "setuptools",
+    "wheel",
+]
+
+
+def _canonical(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(".", "-")
+
+
+@nox.session(python="3.11", reuse_venv=False)  # a fresh environment: nothing left from before
+def gpu_smoke(session: nox.Session) -> None:
+    """benchmarks/gpu_check.sh --cpu-smoke: the device check's script and code on CPU, in an
+    environment of the device image's packages only, the carried wheels installed as there."""
+    session.install(TORCH, *GPU_IMAGE_PACKAGES)
+    with open("benchmarks/device_packages.txt", encoding="utf-8") as file:
+        image = {_canonical(line) for line in file if line.strip() and not line.startswith("#")}
+    listed = session.run("python", "-m", "pip", "list", "--format=freeze", silent=True) or ""
+    installed = {_canonical(line.split("==")[0]) for line in str(listed).split() if "==" in line}
+    if extra := sorted(installed - image - {"pip"}):
+        session.error(f"not in the device image (benchmarks/device_packages.txt): {extra}")
+    wheels = os.path.join(session.create_tmp(), "wheels")
+    session.run("python", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+                "-d", wheels, "-r", "benchmarks/gpu_wheels.txt")  # fmt: skip
+    session.run(
+        "bash",
+        "benchmarks/gpu_check.sh",
+        "--cpu-smoke",
+        *session.posargs,
+        env={**OFFLINE, "GEOSPEC_WHEELS": wheels, "PYTHON": "python"},
+        external=True,
+    )
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.6")
