@@ -11,3 +11,13 @@ STATE_FILE = "trainer_state.pt"
 RESULT_FILE = "result.json"
 """Written last by the trainer: its presence means the run is finished."""
 METRICS_FILE = "metrics.jsonl"
+
+#: Every file the trainer writes into a training directory.
+TRAINER_FILES = (
+    CONFIG_FILE,
+    MODEL_FILE,
+    PREVIOUS_MODEL_FILE,
+    STATE_FILE,
+    RESULT_FILE,
+    METRICS_FILE,
+)

@@ -22,14 +22,7 @@ from typing import TYPE_CHECKING, Any
 from geospec import __version__
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import file_digest, seal_broken
-from geospec.engine.run_files import (
-    CONFIG_FILE,
-    METRICS_FILE,
-    MODEL_FILE,
-    PREVIOUS_MODEL_FILE,
-    RESULT_FILE,
-    STATE_FILE,
-)
+from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
 from geospec.errors import UsageError
 
 if TYPE_CHECKING:
@@ -118,15 +111,7 @@ class StageLog:
 
 #: What the trainer writes into a training directory (removed when geospec redoes a run in a
 #: directory it did not mark as its own).
-TRAINING_FILES = (
-    CONFIG_FILE,
-    MODEL_FILE,
-    PREVIOUS_MODEL_FILE,
-    STATE_FILE,
-    RESULT_FILE,
-    METRICS_FILE,
-    RUN_KEY_FILE,
-)
+TRAINING_FILES = (*TRAINER_FILES, RUN_KEY_FILE)
 
 
 def prepare_run_dir(path: Path) -> Path:
