@@ -2,5 +2,5 @@
 
 ``model``/``model_size`` the decoder and its parameter count; ``pretrained`` Hugging Face
 checkpoints; ``corpus``/``tokenizer``/``token_data``/``batches`` text to token windows;
-``train``/``checkpoint``/``distributed``/``progress`` one training run.
+``train``/``compiling``/``checkpoint``/``distributed``/``progress`` one training run.
 """
