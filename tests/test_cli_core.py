@@ -36,6 +36,31 @@ def test_validate_prints_budget(tmp_path: Path) -> None:
     assert "4 x 64 = 256" in result.output  # n_layers x uniform width: the budget
 
 
+def test_validate_counts_grouped_query_attention(tmp_path: Path) -> None:
+    """SmolLM2-135M's published shape (9 query heads sharing 3 key/value heads, tied embeddings)
+    has 134,515,008 parameters; without n_kv_heads geospec would count 147.8M."""
+    smollm2 = {
+        "n_layers": 30,
+        "d_model": 576,
+        "n_heads": 9,
+        "n_kv_heads": 3,
+        "ffn_width": 1536,
+        "seq_len": 2048,
+        "vocab_size": 49152,
+        "multiple_of": 64,
+        "activation": "swiglu",
+        "norm": "rmsnorm",
+        "positions": "rope",
+        "bias": False,
+    }
+    path = tmp_path / "s.toml"
+    path.write_text(tomlkit.dumps(minimal_spec(model=smollm2)))
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "134,515,008" in result.output
+    assert "9 heads (3 key/value)" in result.output
+
+
 def test_plugins_table_lists_builtins() -> None:
     result = CliRunner().invoke(cli, ["plugins"])
     assert result.exit_code == 0

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geospec.engine.model import GPT, GPTConfig, config_from_spec
-from geospec.engine.model_size import count_params
+from geospec.engine.model_size import Shape, count_params
 from geospec.errors import SpecError, UsageError
 from geospec.kinds import ModelDims
 from geospec.registry.loading import get_registries
@@ -25,7 +25,9 @@ def configs(draw: st.DrawFn) -> GPTConfig:
     n_layers = draw(st.integers(1, 4))
     n_heads = draw(st.integers(1, 4))
     head_dim = 2 * draw(st.integers(1, 6))
+    divisors = [k for k in range(1, n_heads + 1) if n_heads % k == 0]
     return GPTConfig(
+        n_kv_heads=draw(st.sampled_from([None, *divisors])),
         vocab_size=draw(st.integers(2, 300)),
         n_layers=n_layers,
         d_model=n_heads * head_dim,
@@ -328,3 +330,139 @@ def test_sequence_longer_than_context_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="exceeds seq_len"):
         model(torch.zeros(1, 5, dtype=torch.long))
+
+
+#: Llama-architecture configs (hidden, intermediate, layers, heads, kv heads, vocab, tied): a
+#: small one, SmolLM2-135M, Llama 3.2 1B and Llama 3 8B (their published config.json values).
+LLAMA_CONFIGS = {
+    "small-gqa": (64, 96, 3, 8, 2, 101, False),
+    "smollm2-135m": (576, 1536, 30, 9, 3, 49152, True),
+    "llama-3.2-1b": (2048, 8192, 16, 32, 8, 128256, True),
+    "llama-3-8b": (4096, 14336, 32, 32, 8, 128256, False),
+}
+
+
+@pytest.mark.parametrize("name", list(LLAMA_CONFIGS))
+def test_gqa_parameter_count_equals_transformers_llama(name: str) -> None:
+    """count_params of a grouped-query Llama shape equals transformers' LlamaForCausalLM built from
+    the same config (on the meta device: no memory, no download) and geospec's own built model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d, width, layers, heads, kv_heads, vocab, tied = LLAMA_CONFIGS[name]
+    hf_config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=width,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        tie_word_embeddings=tied,
+    )
+    config = GPTConfig(
+        vocab_size=vocab,
+        n_layers=layers,
+        d_model=d,
+        n_heads=heads,
+        n_kv_heads=kv_heads,
+        seq_len=64,
+        ffn_widths=[width] * layers,
+        activation="swiglu",
+        norm="rmsnorm",
+        positions="rope",
+        bias=False,
+        tie_embeddings=tied,
+    )
+    with torch.device("meta"):
+        hf_count = sum(p.numel() for p in LlamaForCausalLM(hf_config).parameters())
+        built = GPT(config).num_params()
+    shape = Shape(
+        n_layers=layers,
+        d_model=d,
+        n_heads=heads,
+        n_kv_heads=kv_heads,
+        vocab_size=vocab,
+        seq_len=64,
+        activation="swiglu",
+        norm="rmsnorm",
+        positions="rope",
+        bias=False,
+        tie_embeddings=tied,
+    )
+    assert count_params(shape, [width] * layers) == hf_count == built == config.num_params()
+
+
+def test_gqa_model_matches_transformers_llama() -> None:
+    """Grouped-query attention (8 query heads sharing 2 key/value heads) computes what Llama's
+    does; qkv holds the query, key and value projections in that order."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(5)
+    d, heads, kv_heads, widths = 48, 8, 2, [40, 40]
+    config = GPTConfig(
+        vocab_size=53,
+        n_layers=2,
+        d_model=d,
+        n_heads=heads,
+        n_kv_heads=kv_heads,
+        seq_len=16,
+        ffn_widths=widths,
+        activation="swiglu",
+        norm="rmsnorm",
+        positions="rope",
+        bias=False,
+        tie_embeddings=False,
+    )
+    model = GPT(config).eval()
+    hf = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=53,
+            hidden_size=d,
+            intermediate_size=40,
+            num_hidden_layers=2,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            max_position_embeddings=16,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            tie_word_embeddings=False,
+        )
+    ).eval()
+    sd = model.state_dict()
+    kv = d // heads * kv_heads
+    out = {
+        "model.embed_tokens.weight": sd["wte.weight"],
+        "model.norm.weight": sd["norm_f.weight"],
+        "lm_head.weight": sd["lm_head.weight"],
+    }
+    for layer in range(2):
+        p, q = f"blocks.{layer}.", f"model.layers.{layer}."
+        wq, wk, wv = sd[p + "attn.qkv.weight"].split([d, kv, kv])
+        gate, up = sd[p + "ffn.fc.weight"].chunk(2)
+        out |= {
+            q + "input_layernorm.weight": sd[p + "norm1.weight"],
+            q + "post_attention_layernorm.weight": sd[p + "norm2.weight"],
+            q + "self_attn.q_proj.weight": wq,
+            q + "self_attn.k_proj.weight": wk,
+            q + "self_attn.v_proj.weight": wv,
+            q + "self_attn.o_proj.weight": sd[p + "attn.proj.weight"],
+            q + "mlp.gate_proj.weight": gate,
+            q + "mlp.up_proj.weight": up,
+            q + "mlp.down_proj.weight": sd[p + "ffn.proj.weight"],
+        }
+    hf.load_state_dict(out, strict=True)
+    idx = torch.randint(0, 53, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], hf(idx).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_n_kv_heads_must_divide_heads() -> None:
+    with pytest.raises(ValueError, match="n_kv_heads: 3 does not divide n_heads 4"):
+        GPTConfig(
+            vocab_size=10, n_layers=1, d_model=8, n_heads=4, n_kv_heads=3, seq_len=4, ffn_widths=[8]
+        )
+    config = GPTConfig(
+        vocab_size=10, n_layers=1, d_model=8, n_heads=4, n_kv_heads=2, seq_len=4, ffn_widths=[8]
+    )
+    assert GPTConfig.from_dict(config.to_dict()) == config
+    plain = GPTConfig(vocab_size=10, n_layers=1, d_model=8, n_heads=4, seq_len=4, ffn_widths=[8])
+    assert "n_kv_heads" not in plain.to_dict()  # config.json of models without GQA is unchanged

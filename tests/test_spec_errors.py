@@ -92,6 +92,11 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("duplicate arms", replace('name = "taper"', 'name = "uniform"'), "arms[1].name"),
     ("bad arm name", replace('name = "taper"', 'name = "a/b"'), "arms[1].name"),
     ("heads do not divide", replace("n_heads = 4", "n_heads = 5"), "model.n_heads"),
+    (
+        "kv heads do not divide heads",
+        replace("n_heads = 4", "n_heads = 4\nn_kv_heads = 3"),
+        "model.n_kv_heads: 3 does not divide n_heads 4",
+    ),
     ("width not multiple", replace("ffn_width = 128", "ffn_width = 120"), "model.ffn_width"),
     ("unknown tokenizer", replace('kind = "bpe"', 'kind = "wordpiece"'), "data.tokenizer"),
     (

@@ -27,7 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geospec.engine.model_size import Shape, attention_problems, count_params
+from geospec.engine.model_size import (
+    Shape,
+    attention_problems,
+    count_params,
+    kv_head_problems,
+    kv_width,
+)
 from geospec.errors import SpecError, UsageError
 from geospec.spec.sections import ModelSpec
 
@@ -53,6 +59,8 @@ class GPTConfig:
     bias: bool = True
     tie_embeddings: bool = True
     dropout: float = 0.0
+    n_kv_heads: int | None = None
+    """Key/value heads of grouped-query attention (None: as many as n_heads)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ffn_widths", [int(w) for w in self.ffn_widths])
@@ -62,6 +70,7 @@ class GPTConfig:
         if any(w < 1 for w in self.ffn_widths):
             problems.append(f"every FFN width must be >= 1, got {self.ffn_widths}")
         problems += [f"n_heads: {message}" for message in attention_problems(self)]
+        problems += [f"n_kv_heads: {message}" for message in kv_head_problems(self)]
         if self.activation not in ("gelu", "swiglu"):
             problems.append(f"unknown activation {self.activation!r} (gelu or swiglu)")
         if self.norm not in ("layernorm", "rmsnorm"):
@@ -83,8 +92,16 @@ class GPTConfig:
         """Trainable parameters, computed without building the model."""
         return count_params(self.shape, self.ffn_widths)
 
+    @property
+    def kv_width(self) -> int:
+        """Width of the key (and of the value) projection."""
+        return kv_width(self.d_model, self.n_heads, self.n_kv_heads)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["n_kv_heads"] is None:  # added later: configs without GQA read as before
+            del data["n_kv_heads"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GPTConfig:
@@ -127,6 +144,7 @@ def config_from_spec(model: ModelSpec, widths: Sequence[int], vocab_size: int) -
         bias=model.bias,
         tie_embeddings=model.tie_embeddings,
         dropout=model.dropout,
+        n_kv_heads=model.n_kv_heads,
     )
 
 
@@ -153,11 +171,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention; with ``n_kv_heads`` < ``n_heads`` grouped-query attention
+    (each key/value head serves ``n_heads / n_kv_heads`` consecutive query heads, as Llama's
+    ``repeat_kv``). ``qkv`` holds the query, key and value projections in that order."""
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.n_heads = config.n_heads
+        self.group = config.n_heads // (config.n_kv_heads or config.n_heads)
         self.dropout = config.dropout
-        self.qkv = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)
+        self.split = [config.d_model, config.kv_width, config.kv_width]
+        self.qkv = nn.Linear(config.d_model, sum(self.split), bias=config.bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -165,12 +189,15 @@ class CausalSelfAttention(nn.Module):
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor:
         batch, time, channels = x.shape
+        head_dim = channels // self.n_heads
         q, k, v = (
-            part.view(batch, time, self.n_heads, -1).transpose(1, 2)
-            for part in self.qkv(x).split(channels, dim=2)
+            part.view(batch, time, -1, head_dim).transpose(1, 2)
+            for part in self.qkv(x).split(self.split, dim=2)
         )
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.group > 1:
+            k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)
         y = F.scaled_dot_product_attention(
             q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True
         )

@@ -8,7 +8,7 @@ schedule whose widths sum to ``n_layers * ffn_width`` has exactly the uniform mo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 
@@ -26,16 +26,48 @@ class Shape:
     positions: str = "learned"
     bias: bool = True
     tie_embeddings: bool = True
+    n_kv_heads: int | None = None
+    """Key/value heads of grouped-query attention (None: one per query head)."""
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the key (and of the value) projection: kv heads x head size."""
+        return kv_width(self.d_model, self.n_heads, self.n_kv_heads)
 
     @classmethod
     def of(cls, source: Any, **overrides: Any) -> Shape:
         """The shape of anything holding these fields as attributes or keys (the spec's
         ``[model]``, a ``GPTConfig``, a run's config.json); ``overrides`` replace fields."""
-        read = source.get if isinstance(source, Mapping) else lambda name: getattr(source, name)
-        values: dict[str, Any] = {
-            f.name: read(f.name) for f in fields(cls) if f.name not in overrides
-        }
+        values: dict[str, Any]
+        if isinstance(source, Mapping):
+            values = {f.name: source.get(f.name) for f in fields(cls) if f.name not in overrides}
+        else:  # fields added later (n_kv_heads) keep their default where a source lacks them
+            values = {
+                f.name: getattr(source, f.name)
+                if f.default is MISSING
+                else getattr(source, f.name, f.default)
+                for f in fields(cls)
+                if f.name not in overrides
+            }
         return cls(**values, **overrides)
+
+
+def kv_width(d_model: int, n_heads: int, n_kv_heads: int | None) -> int:
+    """Width of the key (and of the value) projection under grouped-query attention."""
+    return d_model if n_kv_heads is None else d_model // n_heads * n_kv_heads
+
+
+def kv_head_problems(model: Any) -> list[str]:
+    """What is wrong with ``model.n_kv_heads`` (grouped-query attention): each key/value head
+    serves a whole group of query heads, so it must divide ``n_heads``."""
+    n_kv_heads = getattr(model, "n_kv_heads", None)
+    if n_kv_heads is None or model.n_heads % n_kv_heads == 0:
+        return []
+    divisors = [d for d in range(1, model.n_heads + 1) if model.n_heads % d == 0]
+    near = min(divisors, key=lambda d: (abs(d - n_kv_heads), d))
+    return [
+        f"{n_kv_heads} does not divide n_heads {model.n_heads}; choose a divisor such as {near}"
+    ]
 
 
 def attention_problems(model: Any) -> list[str]:
@@ -67,8 +99,11 @@ def norm_params(d_model: int, norm: str, bias: bool) -> int:
     return d_model + (d_model if norm == "layernorm" and bias else 0)
 
 
-def attention_params(d_model: int, bias: bool) -> int:
-    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+def attention_params(d_model: int, bias: bool, kv: int | None = None) -> int:
+    """Query and output projections (d x d) plus key and value projections (d x ``kv``, the
+    key/value width: ``d_model`` without grouped-query attention)."""
+    kv = d_model if kv is None else kv
+    return 2 * d_model * (d_model + kv) + (2 * (d_model + kv) if bias else 0)
 
 
 def count_params(shape: Shape, widths: Sequence[int]) -> int:
@@ -81,7 +116,9 @@ def count_params(shape: Shape, widths: Sequence[int]) -> int:
         total += shape.seq_len * d
     if not shape.tie_embeddings:
         total += shape.vocab_size * d
-    per_block_fixed = 2 * norm_params(d, shape.norm, shape.bias) + attention_params(d, shape.bias)
+    per_block_fixed = 2 * norm_params(d, shape.norm, shape.bias) + attention_params(
+        d, shape.bias, shape.kv_width
+    )
     total += shape.n_layers * per_block_fixed
     total += sum(ffn_params(d, w, shape.activation, shape.bias) for w in widths)
     total += norm_params(d, shape.norm, shape.bias)  # final norm

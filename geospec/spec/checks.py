@@ -6,7 +6,7 @@ import difflib
 
 from pydantic import BaseModel
 
-from geospec.engine.model_size import attention_problems
+from geospec.engine.model_size import attention_problems, kv_head_problems
 from geospec.registry.loading import get_registries
 from geospec.solve.widths import dependency_cycle
 from geospec.spec.resolve import measures, model_dims
@@ -23,6 +23,7 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     m = spec.model
     problems += [("model.n_heads", message) for message in attention_problems(m)]
+    problems += [("model.n_kv_heads", message) for message in kv_head_problems(m)]
     if m.ffn_width % m.multiple_of:
         problems.append(
             (

@@ -54,6 +54,9 @@ class ModelSpec(Section):
     """Width of the residual stream."""
     n_heads: int = Field(ge=1, le=1024)
     """Attention heads; must divide d_model."""
+    n_kv_heads: Annotated[int | None, ADDED_LATER, Field(ge=1, le=1024)] = None
+    """Key/value heads (grouped-query attention, as in Llama 3 or SmolLM2); must divide n_heads.
+    Omit for one key/value head per query head."""
     ffn_width: int = Field(ge=1, le=1_048_576)
     """The uniform FFN hidden width. Every arm keeps n_layers * ffn_width exactly (the budget)."""
     activation: Literal["gelu", "swiglu"] = "gelu"

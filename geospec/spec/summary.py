@@ -24,7 +24,9 @@ def spec_summary(spec: Spec) -> Group:
     head.add_row("run directory", spec.run_dir)
     head.add_row(
         "model",
-        f"{m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, seq_len {m.seq_len}, "
+        f"{m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads"
+        + (f" ({m.n_kv_heads} key/value)" if m.n_kv_heads is not None else "")
+        + f", seq_len {m.seq_len}, "
         f"{m.activation}, {m.norm}, {m.positions} positions",
     )
     head.add_row("parameters", f"{total} (vocab {vocab or '?'}; equal for every arm)")
