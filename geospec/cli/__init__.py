@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "diagnose": "geospec.cli.diagnose:diagnose",
     "report": "geospec.cli.report:report",
     "plan": "geospec.cli.plan:plan",
+    "export": "geospec.cli.export:export",
 }
 
 
