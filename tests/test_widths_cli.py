@@ -213,6 +213,7 @@ GIVEN = '[[arms]]\nname = "given"\nschedule = {{ kind = "testgiven", widths = {}
         ([768, 640, 512, 512, 400, 240], "widths must be positive multiples of 64"),
         ([1024, 1024, 512, 512, 64, -64], "widths must be positive multiples of 64"),
         ([1024, 1024, 512, 512, 0, 0], "widths must be positive multiples of 64"),
+        ([768, 640], "2 widths for 6 layers; widths sum to 1408, not the budget 3072"),
     ],
 )
 def test_a_schedule_that_breaks_the_budget_is_stopped(
@@ -225,6 +226,45 @@ def test_a_schedule_that_breaks_the_budget_is_stopped(
     assert str(raised.value) == f"arm 'given': schedule 'testgiven' returned {widths}: {problem}"
     result = run(tmp_path / "spec.toml", "--profiles", write_profiles(tmp_path, {"profiles": {}}))
     assert result.exit_code == 2 and problem in result.output and "Traceback" not in result.output
+
+
+def test_library_errors_name_the_arm_and_the_source_only_when_given(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path))
+    short = {PROFILE: [3.0, 2.0, 1.0]}  # the spec's own reference has 6 layers: not resampled
+    expected = f"arm 'geo': profile {PROFILE!r} has 3 values but the reference model has 6 layers"
+    with pytest.raises(UsageError) as raised:
+        compute_widths(spec.model, spec.arms, short)
+    assert str(raised.value).startswith(expected)
+    with pytest.raises(UsageError) as raised:
+        compute_widths(spec.model, spec.arms, short, profiles_source="p.json")
+    assert str(raised.value).startswith(f"p.json: {expected}")
+
+
+FROM_FILE = """
+[[arms]]
+name = "transfer"
+schedule = {{ kind = "geometric", profile = "{profile}", profiles = "{path}" }}
+"""
+
+
+def test_an_arm_reading_a_profiles_file_waits_for_it_then_names_what_it_lacks(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "other" / "profiles.json"
+    spec = load_spec(write_spec(tmp_path, arms=FROM_FILE.format(profile=PROFILE, path=path)))
+    waiting = compute_widths(spec.model, spec.arms)
+    assert waiting.pending == {"transfer": [PROFILE]}
+    assert waiting.notes == {
+        "transfer": f"reads its profiles from {path}, which does not exist yet; run the spec "
+        "that measures them first"
+    }
+    path.parent.mkdir()
+    for held, listed in (({"a/b": [1.0], "c/d": [2.0]}, "'a/b', 'c/d'"), ({}, "none")):
+        path.write_text(json.dumps({"profiles": held}))
+        with pytest.raises(UsageError) as raised:
+            compute_widths(spec.model, spec.arms)
+        message = f"arm 'transfer': {path} has no profile {PROFILE!r} (it has {listed})"
+        assert str(raised.value) == message
 
 
 def test_a_third_party_schedule_on_budget_is_an_arm_like_any_other(tmp_path: Path) -> None:
