@@ -44,3 +44,17 @@ class PluginError(GeospecError):
     """A plugin is missing, broken or misbehaving."""
 
     exit_code = 2
+
+
+#: The exit status of a run stopped by SIGTERM or SIGUSR1 after writing a checkpoint at its
+#: current step: "requeue me" (75 is EX_TEMPFAIL of sysexits.h, a temporary failure the caller
+#: should retry). Started again, the run resumes from that checkpoint to the result an
+#: uninterrupted run has.
+REQUEUE_EXIT_CODE = 75
+
+
+class Preempted(GeospecError):
+    """Training stopped on SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the
+    time limit) after checkpointing its current step; exit status :data:`REQUEUE_EXIT_CODE`."""
+
+    exit_code = REQUEUE_EXIT_CODE

@@ -1,4 +1,4 @@
-"""The five kinds of plugin and the contract each one fulfils, with the helpers plugins use.
+"""The kinds of plugin and the contract each one fulfils, with the helpers plugins use.
 
 Nothing here imports torch: these classes are only the shapes that the core (validation,
 registries) and the pipeline (measure, solve, train) rely on. Concrete plugins live in
@@ -13,9 +13,10 @@ else. Helpers for schedules and solvers are re-exported here: :func:`round_to_bu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
 
 from geospec.plugin import Plugin
 from geospec.solve.profiles import check_profile, resample_profile
@@ -202,15 +203,100 @@ class Schedule(Plugin):
         return self.widths(dims, profiles)
 
 
+@dataclass(frozen=True)
+class TrainingRun:
+    """One arm-seed run of the train stage: what a launcher hands to a :class:`RunTrainer`."""
+
+    arm: str
+    seed: int
+    directory: Path
+    """Its training directory (``arms/<arm>/seed-<k>``), claimed by whoever trains it."""
+    key: str
+    """Its run key (``run_key.json``): the same run has the same key wherever it is trained."""
+
+    @property
+    def name(self) -> str:
+        """``<arm>/seed-<k>``, how messages and ``geospec status`` name the run."""
+        return f"{self.arm}/seed-{self.seed}"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What became of one run handed to a launcher.
+
+    ``done``: trained (or found finished); ``held``: another process holds its claim;
+    ``failed``: it raised (``detail`` is the last line of the error, also recorded in the
+    training directory); ``submitted``: sent to a scheduler (``detail`` names the job);
+    ``preempted``: checkpointed on SIGTERM/SIGUSR1 and stopped, to be requeued.
+    """
+
+    run: TrainingRun
+    state: Literal["done", "held", "failed", "submitted", "preempted"]
+    detail: str = ""
+
+
+class RunTrainer(Protocol):
+    """Trains one run in the calling process: claims its directory (one process per run, whoever
+    launched it), trains or resumes it, records a failure in the directory and re-raises it.
+
+    It pickles (its cached data and console stay behind): a launcher may ship it to worker
+    processes or scheduler jobs. ``threads``: torch's CPU threads in this process (a worker's
+    share of the machine); a spec's ``train.threads`` still wins.
+    """
+
+    def __call__(self, run: TrainingRun, threads: int | None = None) -> RunOutcome: ...
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the train stage gives a launcher: the runs still to train, in order (seed-major), the
+    trainer of one run, the run directory (a launcher's own files go under
+    ``<run_dir>/launch/``) and where to say what it did."""
+
+    runs: tuple[TrainingRun, ...]
+    trainer: RunTrainer
+    run_dir: Path
+    say: Callable[[str], None]
+
+
+class Launcher(Plugin):
+    """Decides where and when the arm-seed runs of the train stage are trained.
+
+    ``launch(launch)`` calls ``launch.trainer(run)`` once for every run of ``launch.runs``,
+    somewhere: in this process one after another (``local``), in worker processes on this
+    machine (``pool``), in scheduler jobs (``slurm``). It returns one :class:`RunOutcome` per run
+    it handled. The trainer claims each run's directory, so two launchers (or two ``geospec run``
+    processes) sharing a run directory never train the same run twice, and a run gives the same
+    result wherever it is trained. A launcher that only submits work returns ``submitted``
+    outcomes; the train stage then stays unfinished and the next ``geospec run`` (or ``geospec
+    status``) finds the runs trained. A failed run's error reaches the train stage, either raised
+    by the trainer (a launcher that trains in its own process may let it propagate) or as a
+    ``failed`` outcome.
+    """
+
+    register_hook: ClassVar[str] = "geospec_register_launchers"
+    """The hook that registers plugins of this kind."""
+    #: Whether it can run under torchrun (every rank calls the trainer for every run, in order).
+    under_torchrun: ClassVar[bool] = False
+
+    def launch(self, launch: Launch) -> list[RunOutcome]:
+        raise NotImplementedError
+
+
 __all__ = [
     "KINDS",
     "Geometry",
     "InfeasibleBudget",
+    "Launch",
+    "Launcher",
     "ModelDims",
+    "RunOutcome",
+    "RunTrainer",
     "Schedule",
     "Smoother",
     "Solver",
     "Statistic",
+    "TrainingRun",
     "WidthProblem",
     "check_profile",
     "resample_profile",
@@ -226,4 +312,5 @@ KINDS: dict[str, type[Plugin]] = {
     "smoother": Smoother,
     "solver": Solver,
     "schedule": Schedule,
+    "launcher": Launcher,
 }

@@ -7,13 +7,23 @@ leaves the claimed ones to their owner. The locks are POSIX ``flock`` locks, rel
 kernel when their process dies, so a killed run never leaves a stale claim behind. Where
 ``fcntl`` does not exist (Windows) every lock is granted and only the atomic writes protect
 the results.
+
+A claim's lock file also records who holds it (:func:`claim_holder`: pid, host, Slurm job,
+since when) for ``geospec status``; the holder empties it on release, so a record whose process
+is gone is a claim whose holder died (:func:`holder_alive`). The record is only information:
+the lock alone decides who trains.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -48,6 +58,76 @@ def claim_path(directory: Path) -> Path:
 
 @contextlib.contextmanager
 def claim(directory: Path) -> Iterator[bool]:
-    """Claim ``directory`` for training without waiting; yields whether this process has it."""
-    with file_lock(claim_path(directory), wait=False) as granted:
-        yield granted
+    """Claim ``directory`` for training without waiting; yields whether this process has it.
+
+    The holder writes its record into the lock file while it holds the claim and empties it on
+    release."""
+    path = claim_path(directory)
+    with file_lock(path, wait=False) as granted:
+        if granted:
+            _write_holder(path, holder_record())
+        try:
+            yield granted
+        finally:
+            if granted:
+                _write_holder(path, None)
+
+
+def holder_record() -> dict[str, Any]:
+    """Who this process is: pid, host, the Slurm job it runs in (if any) and since when."""
+    record: dict[str, Any] = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.time(),
+    }
+    job = os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("SLURM_JOB_ID")
+    if job:
+        task = os.environ.get("SLURM_ARRAY_TASK_ID")
+        record["job"] = f"{job}_{task}" if task and os.environ.get("SLURM_ARRAY_JOB_ID") else job
+    return record
+
+
+def _write_holder(path: Path, record: dict[str, Any] | None) -> None:
+    """Replace the lock file's content in place (not atomically: the lock is on this inode)."""
+    try:
+        with open(path, "r+") as handle:
+            handle.truncate(0)
+            if record is not None:
+                handle.write(json.dumps(record))
+    except OSError:  # the record is informative only; the lock still holds
+        pass
+
+
+def claim_holder(directory: Path) -> dict[str, Any] | None:
+    """The record of the process holding (or that held and died holding) ``directory``'s claim:
+    None when nobody claims it; ``{"damaged": True}`` when the record cannot be read."""
+    try:
+        text = claim_path(directory).read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.strip():
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {"damaged": True}
+    valid = (
+        isinstance(record, dict)
+        and isinstance(record.get("pid"), int)
+        and isinstance(record.get("host"), str)
+        and isinstance(record.get("since"), (int, float))
+    )
+    return record if valid else {"damaged": True}
+
+
+def holder_alive(record: dict[str, Any]) -> bool | None:
+    """Whether the holder in ``record`` still runs: known only on its own host (None elsewhere)."""
+    if record.get("host") != socket.gethostname():
+        return None
+    try:
+        os.kill(int(record["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True

@@ -156,12 +156,14 @@ if TYPE_CHECKING:
     SmootherRef = PluginParams
     SolverRef = PluginParams
     ScheduleRef = PluginParams
+    LauncherRef = PluginParams
 else:
     GeometryRef = Annotated[PluginParams, PluginTable("geometry")]
     StatisticRef = Annotated[PluginParams, PluginTable("statistic")]
     SmootherRef = Annotated[PluginParams, PluginTable("smoother")]
     SolverRef = Annotated[PluginParams, PluginTable("solver")]
     ScheduleRef = Annotated[PluginParams, PluginTable("schedule")]
+    LauncherRef = Annotated[PluginParams, PluginTable("launcher")]
 
 
 def create_plugin(kind: str, table: Any) -> Any:

@@ -11,4 +11,5 @@ BUILTIN_MODULES = [
     "geospec_plugins.smoothers",
     "geospec_plugins.solvers",
     "geospec_plugins.schedules",
+    "geospec_plugins.launchers",
 ]

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from geospec import hookimpl
 from geospec.cli import cli
 from geospec.errors import PluginError, SpecError
-from geospec.kinds import Geometry, Statistic
+from geospec.kinds import KINDS, Geometry, Statistic
 from geospec.plugin import PluginParams
 from geospec.registry import hookspecs
 from geospec.registry.entries import Provider
@@ -198,6 +198,7 @@ def test_entry_points_load_each_on_its_own(entry_point_dists: Path) -> None:
             "smoother": [],
             "solver": [],
             "schedule": [],
+            "launcher": [],
         },
     } in described["plugins"]
 
@@ -248,7 +249,7 @@ def test_plugins_json_shape(entry_point_dists: Path) -> None:
     assert set(data) == {"plugins", "errors"}
     for plugin in data["plugins"]:
         assert set(plugin) == {"name", "version", "kinds"}
-        assert set(plugin["kinds"]) == {"geometry", "statistic", "smoother", "solver", "schedule"}
+        assert set(plugin["kinds"]) == set(KINDS)
     assert data["errors"][0]["name"] == "geospec-broken"
     assert "needs libfoo" in data["errors"][0]["error"]
 
@@ -274,7 +275,7 @@ def test_every_hook_is_documented_and_tested() -> None:
 
 
 def test_one_plugin_can_implement_every_hook() -> None:
-    from geospec.kinds import Schedule, Smoother, Solver
+    from geospec.kinds import Launcher, Schedule, Smoother, Solver
 
     def plugin_class(base: type, name: str) -> type:
         params = type(
@@ -290,6 +291,7 @@ def test_one_plugin_can_implement_every_hook() -> None:
             ("smoother", Smoother),
             ("solver", Solver),
             ("schedule", Schedule),
+            ("launcher", Launcher),
         ]
     }
 
@@ -313,6 +315,10 @@ def test_one_plugin_can_implement_every_hook() -> None:
         @hookimpl
         def geospec_register_schedules(self, register):  # type: ignore[no-untyped-def]
             register(classes["schedule"])
+
+        @hookimpl
+        def geospec_register_launchers(self, register):  # type: ignore[no-untyped-def]
+            register(classes["launcher"])
 
     with registered(Everything(), name="everything") as registries:
         [info] = [p for p in registries.plugins if p.name == "everything"]

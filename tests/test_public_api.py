@@ -25,7 +25,9 @@ def test_plugin_author_api() -> None:
 
     for name in kinds.__all__:
         assert hasattr(kinds, name), name
-    assert set(kinds.KINDS) == {"geometry", "statistic", "smoother", "solver", "schedule"}
+    assert set(kinds.KINDS) == {
+        "geometry", "statistic", "smoother", "solver", "schedule", "launcher"
+    }  # fmt: skip
     assert all(issubclass(base, Plugin) for base in kinds.KINDS.values())
     assert PluginParams.model_config["extra"] == "forbid"
     assert callable(minimal_spec) and callable(registered)

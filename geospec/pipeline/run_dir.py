@@ -5,7 +5,8 @@ Layout (docs/pipeline.md): ``spec.resolved.toml``, ``plugins.json``, ``env.json`
 ``stages.json``, ``reference/``, ``clouds/``, ``profiles.json``, ``diagnostics.json``,
 ``widths.json``, ``arms/<arm>/seed-<k>/`` (one training directory each), ``results.json``,
 ``report.md``, ``plots/``. A training directory holds ``run_key.json`` (the key of the run it
-belongs to) besides the files of :mod:`geospec.engine.checkpoint`.
+belongs to) besides the files of :mod:`geospec.engine.checkpoint`, and ``failure.json`` while
+its last attempt failed (:func:`record_failure`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ WIDTHS_FILE = "widths.json"
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 RUN_KEY_FILE = "run_key.json"
+FAILURE_FILE = "failure.json"
 
 
 def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:
@@ -111,7 +113,40 @@ class StageLog:
 
 #: What the trainer writes into a training directory (removed when geospec redoes a run in a
 #: directory it did not mark as its own).
-TRAINING_FILES = (*TRAINER_FILES, RUN_KEY_FILE)
+TRAINING_FILES = (*TRAINER_FILES, RUN_KEY_FILE, FAILURE_FILE)
+
+
+def record_failure(out: Path, error: BaseException) -> None:
+    """Record in ``out`` that its run raised ``error`` (the last line of the error, where and
+    when), sealed like geospec's other records; the next attempt removes it."""
+    import socket
+    import time
+
+    from geospec.digests import sealed
+
+    text = str(error).strip() or type(error).__name__
+    record = {
+        "error": text.splitlines()[-1],
+        "type": type(error).__name__,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "time": time.time(),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / FAILURE_FILE, sealed(record))
+
+
+def read_failure(out: Path) -> dict[str, Any] | None:
+    """The failure recorded in ``out``: None when there is none; a damaged or edited record
+    reads as ``{"error": "<why it cannot be read>", "damaged": True}``."""
+    path = out / FAILURE_FILE
+    if not path.exists():
+        return None
+    problem = json_problem(path, "error", "time")
+    if problem is not None:
+        return {"error": f"the failure record is damaged ({problem})", "damaged": True}
+    record: dict[str, Any] = json.loads(path.read_text())
+    return record
 
 
 def prepare_run_dir(path: Path) -> Path:

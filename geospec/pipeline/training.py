@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from geospec.engine.run_files import RESULT_FILE
-from geospec.pipeline.run_dir import RUN_KEY_FILE, is_trained, own_training_dir
+from geospec.errors import Preempted
+from geospec.pipeline.run_dir import (
+    FAILURE_FILE,
+    RUN_KEY_FILE,
+    is_trained,
+    own_training_dir,
+    record_failure,
+)
 
 if TYPE_CHECKING:
     from geospec.engine.model import GPTConfig
@@ -47,6 +54,10 @@ def train_into(
     refused). ``reuse``: a finished training directory to copy instead of
     training when the trainer's fingerprint of both runs is identical (the reference is often
     exactly the uniform arm's run for its seed). ``announce`` is said when training starts.
+
+    A run that raises records the error in ``out`` (``failure.json``, read by ``geospec status``)
+    before the error goes on; the next attempt removes the record. A preempted run (SIGTERM,
+    SIGUSR1) and an interrupted one are not failures.
     """
     from geospec.engine.distributed import claim_on_main
     from geospec.engine.model import config_from_spec
@@ -58,12 +69,23 @@ def train_into(
         if is_trained(out, key) and not redo:
             return TrainResult.from_dict(json.loads((out / RESULT_FILE).read_text()))
         own_training_dir(run, out, key, widths, redo=redo, replace=replace)
+        if run.is_main:
+            (out / FAILURE_FILE).unlink(missing_ok=True)
         if announce:
             run.say(announce)
-        config = config_from_spec(model, widths, data.vocab_size)
-        if reuse is not None and run.is_main:
-            _reuse(run, reuse, out, train, config, data, seed)
-        return train_model(train, config, data, out, seed=seed, steps=steps, progress=run.is_main)
+        try:
+            config = config_from_spec(model, widths, data.vocab_size)
+            if reuse is not None and run.is_main:
+                _reuse(run, reuse, out, train, config, data, seed)
+            return train_model(
+                train, config, data, out, seed=seed, steps=steps, progress=run.is_main
+            )
+        except Preempted:
+            raise
+        except Exception as error:
+            if run.is_main:
+                record_failure(out, error)
+            raise
 
 
 def _reuse(

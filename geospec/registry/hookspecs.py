@@ -68,5 +68,16 @@ def geospec_register_schedules(register: Register) -> None:
     """
 
 
+@hookspec
+def geospec_register_launchers(register: Register) -> None:
+    """Register launchers (subclasses of :class:`geospec.kinds.Launcher`).
+
+    Called once when the plugin registries are built. A spec's ``[launch]`` section names one
+    (``{ kind = "local" }`` when absent). ``launcher.launch(launch)`` has every arm-seed run of
+    ``launch.runs`` trained by calling ``launch.trainer(run)`` somewhere (this process, worker
+    processes, scheduler jobs) and returns one :class:`geospec.kinds.RunOutcome` per run.
+    """
+
+
 #: Hook name -> plugin kind it registers (from the kinds table).
 REGISTER_HOOKS: dict[str, str] = {base.register_hook: kind for kind, base in KINDS.items()}

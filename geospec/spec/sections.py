@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from geospec.plugin import GeometryRef, ScheduleRef, StatisticRef
+from geospec.plugin import GeometryRef, LauncherRef, ScheduleRef, StatisticRef
 from geospec.report.stats import MIN_RELIABILITY
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
@@ -330,6 +330,10 @@ class Spec(Section):
     probe_only: bool = False
     """Train no arm: `geospec run` probes, measures, diagnoses, solves and reports (for pretrained
     checkpoints, whose own shape is not trained here)."""
+    launch: Annotated[LauncherRef | None, ADDED_LATER] = None
+    """Where the arm-seed runs are trained: a launcher table such as { kind = "pool", workers = 4 }
+    (`geospec plugins` lists them). Absent: { kind = "local" }, one run after another in this
+    process. It never changes what a run computes, so no key depends on it."""
 
     @property
     def run_dir(self) -> str:

@@ -5,6 +5,12 @@ A run is trained when its directory does not hold the finished run of its key
 study stopped part-way holds every arm for the seeds it finished and its report already compares
 arms on paired seeds. Several ``geospec run`` processes may share a run directory: each run is
 claimed by one of them. Under torchrun every run is trained with DDP across all processes.
+
+The runs to train go to the spec's launcher (``[launch]``, ``local`` by default: one after another
+in this process), with a :class:`geospec.pipeline.launching.Trainer` that trains one of them
+wherever the launcher calls it. Runs held by another process or submitted to a scheduler leave the
+stage unfinished (the next ``geospec run`` completes it); failed runs are reported together, each
+with its error, after the launcher has tried every run.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from geospec.errors import GeospecError, Preempted, UsageError
+from geospec.kinds import Launch, Launcher, TrainingRun
 from geospec.pipeline.context import INCOMPLETE, Done, Plan, RunContext
 from geospec.pipeline.keys import arm_run_key, digest
+from geospec.pipeline.launching import Trainer
 from geospec.pipeline.run_dir import REFERENCE_DIR, arm_seed_dir, is_trained
-from geospec.pipeline.training import train_into
+from geospec.plugin import PluginParams
 from geospec.spec.sections import DataSpec, ModelSpec, Spec, TrainSpec
 
 
@@ -29,11 +38,13 @@ class Train:
     train: TrainSpec
     arms: tuple[str, ...]
     probe_only: bool
+    launch: PluginParams | None = None
+    """The spec's [launch] table (None: local)."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Train:
         arms = tuple(a.name for a in spec.arms)
-        return cls(spec.model, spec.data, spec.train, arms, spec.probe_only)
+        return cls(spec.model, spec.data, spec.train, arms, spec.probe_only, spec.launch)
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         if self.probe_only:
@@ -59,6 +70,12 @@ class Train:
     def run_key(self, widths: list[int], seed: int) -> str:
         return arm_run_key(self.model, self.data, self.train, widths, seed)
 
+    def launcher(self) -> Launcher:
+        from geospec.registry.loading import get_registries
+
+        launcher: Launcher = get_registries().create("launcher", self.launch or "local")
+        return launcher
+
     def train_runs(
         self,
         run: RunContext,
@@ -66,30 +83,42 @@ class Train:
         widths: dict[str, list[int]],
         redo: bool,
     ) -> Any:
-        data = run.token_data(self.data)
-        held_elsewhere = 0
-        for index, (arm, seed, out, key) in enumerate(todo, start=1):
-            name = f"[bold]train[/] [{index}/{len(todo)}]: arm {arm}, seed {seed}"
-            result = train_into(
-                run,
-                out,
-                key,
-                widths[arm],
-                model=self.model,
-                train=self.train,
-                data=data,
-                seed=seed,
-                redo=redo,
-                announce=name,
-                reuse=run.run_dir / REFERENCE_DIR,
+        launcher = self.launcher()
+        if run.dist.enabled and not launcher.under_torchrun:
+            raise UsageError(
+                f"launch: the {launcher.kind_name()!r} launcher cannot run under torchrun; "
+                "start `geospec run` without torchrun, or remove [launch]"
             )
-            if result is None:  # another `geospec run` of this directory is training it
-                run.say(f"{name}: [yellow]another process is training it (skipped)[/]")
-                held_elsewhere += 1
-        if held_elsewhere:
+        runs = tuple(TrainingRun(arm, seed, out, key) for arm, seed, out, key in todo)
+        trainer = Trainer(
+            run.run_dir, run.spec_dir, run.device, self.model, self.data, self.train, widths,
+            runs, redo=redo, reuse=run.run_dir / REFERENCE_DIR, context=run,
+            tokens=run.token_data(self.data),
+        )  # fmt: skip
+        outcomes = launcher.launch(Launch(runs, trainer, run.run_dir, run.say))
+        by_state: dict[str, list[str]] = {}
+        for outcome in outcomes:
+            by_state.setdefault(outcome.state, []).append(
+                f"{outcome.run.name}: {outcome.detail}" if outcome.detail else outcome.run.name
+            )
+        for name in by_state.get("held", []):
+            run.say(f"train: {name}: [yellow]another process is training it (skipped)[/]")
+        if by_state.get("preempted"):
+            raise Preempted(
+                f"train: {'; '.join(by_state['preempted'])}: stopped by a signal after a "
+                "checkpoint; run again to resume"
+            )
+        if by_state.get("failed"):
+            raise GeospecError(
+                f"train: {len(by_state['failed'])} run(s) failed: "
+                + "; ".join(by_state["failed"])
+                + f". Each error is recorded in its training directory (geospec status "
+                f"{run.run_dir}); fix the cause and run again"
+            )
+        unfinished = len(outcomes) < len(runs) or any(state != "done" for state in by_state)
+        if by_state.get("held"):
             run.say(
-                f"[yellow]![/] train: {held_elsewhere} run(s) were being trained by another "
+                f"[yellow]![/] train: {len(by_state['held'])} run(s) were being trained by another "
                 "process; the report below leaves them out until a later run finds them finished"
             )
-            return INCOMPLETE
-        return None
+        return INCOMPLETE if unfinished else None

@@ -1,0 +1,84 @@
+"""The trainer a launcher calls for each arm-seed run (:class:`geospec.kinds.RunTrainer`).
+
+The train stage builds one :class:`Trainer` for its runs and hands it to the spec's launcher
+(``[launch]``, :class:`geospec.kinds.Launcher`). The trainer pickles: a launcher may call it in
+this process (``local``), in worker processes (``pool``) or in scheduler jobs (``slurm``); in
+another process it rebuilds what it needs (the run context, the cached tokens) on first use.
+Wherever it runs, :func:`geospec.pipeline.training.train_into` claims the run's directory, so
+each run is trained exactly once and gives the same result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from geospec.kinds import RunOutcome, TrainingRun
+
+if TYPE_CHECKING:
+    from geospec.engine.token_data import TokenData
+    from geospec.pipeline.context import RunContext
+    from geospec.spec.sections import DataSpec, ModelSpec, TrainSpec
+
+
+@dataclass
+class Trainer:
+    """Trains one run of the train stage in the calling process (see the module docstring)."""
+
+    run_dir: Path
+    spec_dir: Path
+    device: str
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec
+    widths: dict[str, list[int]]
+    runs: tuple[TrainingRun, ...]
+    redo: bool = False
+    reuse: Path | None = None
+    context: RunContext | None = field(default=None, repr=False)
+    tokens: TokenData | None = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the console, the process group and the token arrays stay in this process
+        return {**self.__dict__, "context": None, "tokens": None}
+
+    def __call__(self, run: TrainingRun, threads: int | None = None) -> RunOutcome:
+        from geospec.pipeline.training import train_into
+
+        context = self._context()
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        if self.tokens is None:
+            self.tokens = context.token_data(self.data)
+        index = self.runs.index(run) + 1 if run in self.runs else 0
+        result = train_into(
+            context,
+            run.directory,
+            run.key,
+            self.widths[run.arm],
+            model=self.model,
+            train=self.train,
+            data=self.tokens,
+            seed=run.seed,
+            redo=self.redo,
+            announce=f"[bold]train[/] [{index}/{len(self.runs)}]: arm {run.arm}, seed {run.seed}",
+            reuse=self.reuse,
+        )
+        if result is None:
+            return RunOutcome(run, "held")
+        return RunOutcome(run, "done", f"final loss {result.final_val_loss:.4f}")
+
+    def _context(self) -> RunContext:
+        if self.context is None:
+            from rich.console import Console
+
+            from geospec.engine.distributed import context
+            from geospec.pipeline.context import RunContext
+
+            self.context = RunContext(
+                self.run_dir, self.spec_dir, Console(), context(), self.device
+            )
+        return self.context

@@ -1,0 +1,166 @@
+"""Launchers (the ``[launch]`` section): wherever the arm-seed runs are trained, each is trained
+once and gives exactly the result of the serial run; a failed run is reported with its error."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import pytest
+from click.testing import CliRunner
+
+from geospec import hookimpl
+from geospec.cli import cli
+from geospec.kinds import Launch, Launcher, RunOutcome
+from geospec.pipeline.run_dir import FAILURE_FILE, read_failure
+from geospec.plugin import PluginParams, Register
+from geospec.testing import registered
+
+pytestmark = pytest.mark.torch
+
+SPEC = """
+name = "launch-test"
+measure = []
+
+[model]
+n_layers = 2
+d_model = 32
+n_heads = 2
+ffn_width = 64
+seq_len = 32
+multiple_of = 8
+
+[data]
+source = "bundled:austen"
+tokenizer = {{ kind = "bpe", vocab_size = 300 }}
+max_documents = 100
+
+[[arms]]
+name = "uniform"
+schedule = {{ kind = "uniform" }}
+
+[[arms]]
+name = "cosine"
+schedule = {{ kind = "cosine", start = 1.5, end = 0.5 }}
+
+[train]
+steps = 10
+batch_size = 4
+lr = {lr}
+seeds = [0, 1]
+eval_tokens = 1024
+checkpoint_interval = 5
+threads = 1
+{launch}
+"""
+
+RUNS = ["uniform/seed-0", "uniform/seed-1", "cosine/seed-0", "cosine/seed-1"]
+
+
+def write(directory: Path, launch: str = "", lr: str = "3e-3") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "spec.toml"
+    path.write_text(SPEC.format(launch=launch, lr=lr))
+    return path
+
+
+def run(spec: Path, out: Path) -> str:
+    result = CliRunner().invoke(cli, ["run", str(spec), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def results(out: Path) -> dict[str, dict[str, object]]:
+    return {name: json.loads((out / "arms" / name / "result.json").read_text()) for name in RUNS}
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The study trained by the default (local) launcher."""
+    directory = tmp_path_factory.mktemp("serial")
+    out = directory / "run"
+    run(write(directory), out)
+    return out
+
+
+@pytest.mark.slow  # two worker processes start torch: ~30 s on 2 cores
+def test_pool_workers_give_exactly_the_serial_results(serial: Path, tmp_path: Path) -> None:
+    launch = '[launch]\nkind = "pool"\nworkers = 2\nthreads = 1'
+    out = tmp_path / "run"
+    output = run(write(tmp_path, launch), out)
+    assert "on 2 pool workers" in output
+    pooled, alone = results(out), results(serial)
+    for name in RUNS:
+        assert pooled[name]["final_val_loss"] == alone[name]["final_val_loss"], name
+        assert pooled[name]["checksums"] == alone[name]["checksums"], name  # same weights
+    logs = sorted(p.name for p in (out / "launch").iterdir())
+    assert logs == ["pool-0.log", "pool-1.log"]
+    # both workers trained (the reference is reused for uniform/seed-0, so three runs train)
+    assert all("step 10/10" in (out / "launch" / log).read_text() for log in logs)
+
+
+class ReverseParams(PluginParams):
+    kind: Literal["reverse"] = "reverse"
+
+
+class Reverse(Launcher):
+    """A third-party launcher: trains the runs last to first, each through a pickled copy of
+    the trainer (what a launcher that ships runs to other processes does)."""
+
+    Params = ReverseParams
+    seen: ClassVar[list[str]] = []
+
+    def launch(self, launch: Launch) -> list[RunOutcome]:
+        shipped = pickle.loads(pickle.dumps(launch.trainer))
+        Reverse.seen = [r.name for r in launch.runs]
+        return [shipped(r) for r in reversed(launch.runs)]
+
+
+class ReversePlugin:
+    @hookimpl
+    def geospec_register_launchers(self, register: Register) -> None:
+        register(Reverse)
+
+
+def test_a_launcher_plugin_gets_every_run_and_its_order_changes_nothing(
+    serial: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    with registered(ReversePlugin(), name="reverse"):
+        run(write(tmp_path, '[launch]\nkind = "reverse"'), out)
+    assert Reverse.seen == ["uniform/seed-0", "cosine/seed-0", "uniform/seed-1", "cosine/seed-1"]
+    ours, alone = results(out), results(serial)
+    assert all(ours[n]["final_val_loss"] == alone[n]["final_val_loss"] for n in RUNS)
+
+
+def damaged_copy(serial: Path, out: Path) -> None:
+    """The finished study with uniform/seed-1 to finish again and cosine/seed-0 holding the
+    checkpoint of seed 1 (a run of other settings: training it is an error)."""
+    shutil.copytree(serial, out)
+    (out / "arms" / "uniform" / "seed-1" / "result.json").unlink()
+    wrong, right = out / "arms" / "cosine" / "seed-1", out / "arms" / "cosine" / "seed-0"
+    (right / "result.json").unlink()
+    for name in ("trainer_state.pt", "model.safetensors", "config.json"):
+        shutil.copy2(wrong / name, right / name)
+
+
+@pytest.mark.slow
+def test_a_failed_pool_run_is_reported_and_recorded_and_the_others_finish(
+    serial: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    damaged_copy(serial, out)
+    spec = write(tmp_path, '[launch]\nkind = "pool"\nworkers = 2\nthreads = 1')
+    result = CliRunner().invoke(cli, ["run", str(spec), "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())  # the console wraps long lines
+    assert "1 run(s) failed: cosine/seed-0:" in said
+    assert "different settings (seed)" in said
+    failure = read_failure(out / "arms" / "cosine" / "seed-0")
+    assert failure is not None and "different settings (seed)" in failure["error"]
+    assert failure["type"] == "UsageError"
+    assert (out / "arms" / "uniform" / "seed-1" / "result.json").exists()  # the other finished
+    assert not (out / "arms" / "uniform" / "seed-1" / FAILURE_FILE).exists()
