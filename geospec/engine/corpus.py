@@ -2,7 +2,8 @@
 
 - ``bundled:austen`` / ``bundled:shakespeare``: public-domain text shipped in the package, cut into
   documents at chapter (Austen) or scene (Shakespeare) headings.
-- ``files``: ``.txt`` (documents are blank-line separated blocks), ``.json``/``.jsonl`` and
+- ``files``: ``.txt`` (documents are blank-line separated blocks; or whole files, or the pieces
+  between a separator: ``data.txt_documents``), ``.json``/``.jsonl`` and
   ``.parquet`` (one document per row, from ``data.text_field``); compressed files (gzip, bz2, xz,
   zstd) are read transparently.
 - anything else in ``source`` is a Hugging Face hub dataset name (``hub_config``, ``hub_split``,
@@ -146,6 +147,11 @@ class Corpus:
             with opener(path, "rt", encoding="utf-8") as handle:
                 if self.bundled:
                     yield from re.split(BUNDLED[self.bundled][1], handle.read())
+                elif self.data.txt_documents == "file":
+                    yield handle.read()
+                elif self.data.txt_documents == "separator":
+                    assert self.data.txt_separator  # the spec requires it
+                    yield from handle.read().split(self.data.txt_separator)
                 else:
                     yield from _paragraphs(handle)
         except UnicodeDecodeError as error:
@@ -156,15 +162,21 @@ class Corpus:
 
         builder = _builder(path)
         options: dict[str, Any] = {}
-        if builder == "text":
-            options["sample_by"] = "paragraph"  # zstd text: bundled corpora are gzip
+        by = self.data.txt_documents
+        if builder == "text":  # zstd text: bundled corpora are gzip
+            options["sample_by"] = "paragraph" if by == "paragraphs" else "document"
         dataset = datasets.load_dataset(
             builder, data_files=str(path), split="train", cache_dir=cache, **options
         )
         field = "text" if builder == "text" else self.data.text_field
         _check_field(dataset.column_names, field, str(path))
         for batch in dataset.iter(batch_size=BATCH):
-            yield from batch[field]
+            if builder == "text" and by == "separator":
+                assert self.data.txt_separator  # the spec requires it
+                for text in batch[field]:
+                    yield from text.split(self.data.txt_separator)
+            else:
+                yield from batch[field]
 
     def _hub_texts(self) -> Iterator[str]:
         import datasets

@@ -1,8 +1,9 @@
-"""Training progress on stderr: a live bar on a terminal, one log line per interval otherwise."""
+"""Progress on stderr: a live bar on a terminal, one log line per interval otherwise."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
@@ -87,3 +88,34 @@ class TrainProgress:
     def note(self, message: str) -> None:
         if self.enabled:
             self.console.print(message, highlight=False)
+
+
+class LogProgress:
+    """Progress of a long loop for logs (stderr not a terminal): a line ``what: done/total, eta``
+    at most every ``interval`` seconds, and one at the end; silent when not ``enabled``."""
+
+    def __init__(
+        self,
+        say: Callable[[str], None],
+        what: str,
+        total: int,
+        enabled: bool = True,
+        interval: float = 5.0,
+    ) -> None:
+        self.say, self.what, self.total = say, what, total
+        self.enabled, self.interval = enabled, interval
+        self.done = 0
+        self.started = self.last = time.perf_counter()
+
+    def advance(self, done: int = 1) -> None:
+        self.done += done
+        now = time.perf_counter()
+        if not self.enabled or (now - self.last < self.interval and self.done < self.total):
+            return
+        self.last = now
+        elapsed = now - self.started
+        eta = elapsed / self.done * (self.total - self.done) if self.done else 0.0
+        self.say(
+            f"{self.what}: {self.done}/{self.total}  elapsed {format_duration(elapsed)}  "
+            f"eta {format_duration(eta)}"
+        )

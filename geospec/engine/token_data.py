@@ -49,8 +49,9 @@ class TokenData:
     """A prepared dataset: packed token ids per split and the tokenizer that made them."""
 
     directory: Path
-    train: np.memmap
-    val: np.memmap
+    train: np.ndarray
+    """Memory-mapped (an empty split, where nothing is trained, is an empty array)."""
+    val: np.ndarray
     vocab_size: int
     eot_id: int
     meta: dict[str, Any]
@@ -90,8 +91,11 @@ class TokenData:
                     raise DamagedCache(
                         f"{directory / f'{name}.bin'}: its content changed since it was prepared"
                     )
-        splits = {
-            name: np.memmap(directory / f"{name}.bin", dtype=dtype, mode="r") for name in SPLITS
+        splits = {  # an empty split (nothing trained) cannot be memory-mapped
+            name: np.memmap(directory / f"{name}.bin", dtype=dtype, mode="r")
+            if meta["tokens"][name]
+            else np.zeros(0, dtype=dtype)
+            for name in SPLITS
         }
         return cls(
             directory=directory,
@@ -238,12 +242,13 @@ def _build(corpus: Corpus, data: DataSpec, spec_dir: Path | None, work: Path, ke
         for split_docs in _documents(corpus, seed, fraction):
             for name, docs in zip(SPLITS, split_docs, strict=True):
                 if docs:
-                    packed = pack(tokenizer, docs, eot, dtype)
+                    packed = pack(tokenizer, docs, eot if data.end_of_text else None, dtype)
                     outputs[name].write(packed.tobytes())
                     documents[name] += len(docs)
                     tokens[name] += len(packed)
     for name in SPLITS:
-        if tokens[name] == 0:
+        # val_fraction >= 0.5 only where nothing is trained (spec checks): no train split needed
+        if tokens[name] == 0 and not (name == "train" and data.val_fraction >= 0.5):
             source = ", ".join(data.files) if data.files else data.corpus
             raise UsageError(
                 f"data: the {name} split is empty ({source} gave {documents['train']} training "
@@ -268,8 +273,11 @@ def _build(corpus: Corpus, data: DataSpec, spec_dir: Path | None, work: Path, ke
     (work / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def pack(tokenizer: Tokenizer, docs: list[str], eot: int, dtype: np.dtype[Any]) -> np.ndarray:
-    """Token ids of ``docs`` concatenated, each document followed by ``eot``."""
+def pack(
+    tokenizer: Tokenizer, docs: list[str], eot: int | None, dtype: np.dtype[Any]
+) -> np.ndarray:
+    """Token ids of ``docs`` concatenated, each document followed by ``eot`` (unless None)."""
     encodings = tokenizer.encode_batch_fast(docs, add_special_tokens=False)
-    parts = [np.array([*encoding.ids, eot], dtype=dtype) for encoding in encodings]
+    after = [] if eot is None else [eot]
+    parts = [np.array([*encoding.ids, *after], dtype=dtype) for encoding in encodings]
     return np.concatenate(parts)

@@ -52,6 +52,15 @@ def next_token_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tenso
     return per_token.double().sum()
 
 
+def scored_text(tokens: np.ndarray, eot: int | None) -> np.ndarray:
+    """The validation tokens whose next-token losses are scored: without the end-of-text token
+    packed after the last document (``eot``; None when documents are packed without it), which
+    separates that document from nothing and is no text the model should predict."""
+    if eot is not None and len(tokens) and int(tokens[-1]) == eot:
+        return tokens[:-1]
+    return tokens
+
+
 def loss_batches(
     tokens: np.ndarray, seq_len: int, windows: int, batch_size: int, device: torch.device
 ) -> list[Batch]:

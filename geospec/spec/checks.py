@@ -115,6 +115,15 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 f'"{spec.reference.checkpoint}" }}',
             )
         )
+    if spec.data.val_fraction >= 0.5 and not (spec.probe_only and spec.reference.checkpoint):
+        problems.append(
+            (
+                "data.val_fraction",
+                f"{spec.data.val_fraction} leaves too little text to train on; use less than 0.5 "
+                "(up to 1.0 only for a probe_only spec with a reference.checkpoint, which trains "
+                "nothing)",
+            )
+        )
     if len(spec.arms) > 1 and spec.report.baseline not in seen:
         problems.append(
             (

@@ -124,10 +124,22 @@ class DataSpec(Section):
     streaming: bool = False
     max_documents: int | None = Field(None, ge=1)
     """Use only the first N documents (useful with huge hub datasets)."""
-    val_fraction: float = Field(0.05, gt=0.0, lt=0.5)
-    """Fraction of documents held out for validation (deterministic by split_seed)."""
+    val_fraction: float = Field(0.05, gt=0.0, le=1.0)
+    """Fraction of documents held out for validation (deterministic by split_seed). Below 0.5
+    when anything is trained; 1.0 puts the whole text into the validation split (a probe-only
+    spec with a pretrained checkpoint, which trains nothing)."""
     split_seed: Seed = 0
     tokenizer: Tokenizer = Field(default_factory=BPETokenizer)
+    txt_documents: Annotated[Literal["paragraphs", "file", "separator"], ADDED_LATER] = (
+        "paragraphs"
+    )
+    """How local .txt files are cut into documents: at blank lines (paragraphs), one document
+    per file (file), or at every occurrence of txt_separator (separator)."""
+    txt_separator: Annotated[str | None, ADDED_LATER] = None
+    """The string between documents when txt_documents = "separator" (for example "\n---\n")."""
+    end_of_text: Annotated[bool, ADDED_LATER] = True
+    """Put the tokenizer's end-of-text token after every document. false: documents follow each
+    other directly, so no window holds a token the text does not contain."""
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSpec:
@@ -135,6 +147,12 @@ class DataSpec(Section):
             raise ValueError("give either source or files, not both")
         if self.files is not None and not self.files:
             raise ValueError("files is empty: list at least one file, or remove it")
+        if (self.txt_documents == "separator") != (self.txt_separator is not None):
+            raise ValueError(
+                'txt_separator goes with txt_documents = "separator": give both, or neither'
+            )
+        if self.txt_separator == "":
+            raise ValueError('txt_separator is empty; use txt_documents = "file" for whole files')
         return self
 
     @property

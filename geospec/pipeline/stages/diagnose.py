@@ -112,6 +112,7 @@ class Diagnose:
         """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity."""
         from rich.progress import Progress
 
+        from geospec.engine.progress import LogProgress
         from geospec.measure.diagnostics import residual_norms
         from geospec.measure.intrinsic_dimension import two_nn
         from geospec.measure.probe import find_ffn_sites
@@ -121,6 +122,7 @@ class Diagnose:
             logits_of,
             loss_batches,
             sample_pairs,
+            scored_text,
         )
         from geospec.pipeline.stages.probe import load_clouds
         from geospec.pipeline.stages.reference import load_reference
@@ -130,7 +132,8 @@ class Diagnose:
         data = run.token_data(self.probe.data)
         model, width = load_reference(run, self.probe.reference)
         device = next(model.parameters()).device
-        batches = loss_batches(data.val, seq_len, settings.windows, settings.batch_size, device)
+        val = scored_text(data.val, data.eot_id if self.probe.data.end_of_text else None)
+        batches = loss_batches(val, seq_len, settings.windows, settings.batch_size, device)
         sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
         clouds = load_clouds(run.run_dir / CLOUDS_DIR)
         pairs = sample_pairs(len(sites), settings.pairs, settings.seed)
@@ -154,10 +157,13 @@ class Diagnose:
         with Progress(
             console=run.console, transient=True, disable=not run.console.is_terminal
         ) as bar:
-            task = bar.add_task("perturbing", total=2 * len(sites) + len(pairs))
+            total = 2 * len(sites) + len(pairs)
+            task = bar.add_task("perturbing", total=total)
+            log = LogProgress(run.say, "perturbing", total, enabled=not run.console.is_terminal)
 
             def step(done: int) -> None:
                 bar.advance(task, done)
+                log.advance(done)
 
             sensitivity = layer_sensitivity(model, sites, batches, settings.eps, progress=step)
             pair_effects = additivity(model, sites, batches, sensitivity, pairs, progress=step)
