@@ -120,7 +120,9 @@ def _stamp(run_dir: Path, arm: str, seed: int, fingerprint: dict[str, object]) -
 def test_checks_read_every_runs_fingerprint(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     make_run(run_dir)
-    assert set(write_report(run_dir)["checks"].values()) == {None}  # no run recorded one
+    assert set(write_report(run_dir, plots=False)["checks"].values()) == {
+        None
+    }  # no run recorded one
 
     def record(arm: str, directory_seed: int, **changes: object) -> None:
         _stamp(run_dir, arm, directory_seed, {**_fingerprint(arm, directory_seed), **changes})
@@ -128,14 +130,14 @@ def test_checks_read_every_runs_fingerprint(tmp_path: Path) -> None:
     for arm in LOSSES:
         for seed in range(3):
             record(arm, seed)
-    checks = write_report(run_dir)["checks"]
+    checks = write_report(run_dir, plots=False)["checks"]
     assert checks == dict.fromkeys(checks, True)  # widths may differ: they are the experiment
     assert "✗" not in (run_dir / "report.md").read_text()
 
     record("taper", 1, eval_tokens=4096)  # validated on other tokens
     record("taper", 2, seed=0)  # seed-2 directory trained with seed 0: not paired
     record("uniform", 0, steps=99)
-    checks = write_report(run_dir)["checks"]
+    checks = write_report(run_dir, plots=False)["checks"]
     assert checks == {
         "seeds_share_widths": True,
         "same_data_and_validation": False,
