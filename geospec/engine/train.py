@@ -9,14 +9,21 @@ processes, and only rank 0 writes files and reports progress.
 
 Each step reads the sequences ``step * batch .. (step + 1) * batch - 1`` of the seed's data order
 (:mod:`geospec.engine.batches`); rank r takes its contiguous share of them, cut into
-micro-batches."""
+micro-batches.
+
+SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the time limit) stops a run at the
+end of its current step: it writes a checkpoint of that step and raises
+:class:`geospec.errors.Preempted`, whose exit status (75, ``REQUEUE_EXIT_CODE``) asks for a
+requeue; started again, it resumes to the result an uninterrupted run has."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -47,7 +54,7 @@ from geospec.engine.model import GPT, GPTConfig
 from geospec.engine.progress import TrainProgress
 from geospec.engine.run_files import RESULT_FILE
 from geospec.engine.token_data import TokenData
-from geospec.errors import GeospecError, UsageError
+from geospec.errors import GeospecError, Preempted, UsageError
 from geospec.spec.sections import TrainSpec
 
 __all__ = ["TrainResult", "load_model", "resolve_device", "total_steps", "train_model"]
@@ -290,6 +297,36 @@ def evaluate(
     return float(total[0] / total[1])
 
 
+class _StopSignal:
+    """The stop signal a run received (None: none yet)."""
+
+    signum: int | None = None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else "nothing"
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[_StopSignal]:
+    """While training: SIGTERM and SIGUSR1 only mark the run to stop after its current step (the
+    previous handlers come back afterwards). Outside the main thread signals stay as they are."""
+    stop = _StopSignal()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def mark(signum: int, frame: Any) -> None:
+        stop.signum = signum
+
+    previous = {s: signal.signal(s, mark) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def train_model(
     train: TrainSpec,
     config: GPTConfig,
@@ -383,7 +420,8 @@ class _Run:
         self._resume()
         if self.ctx.is_main:
             write_config(self.out_dir, self.config)
-        with recompile_limit(limit):
+        with recompile_limit(limit), _stop_signals() as stop:
+            self.stop = stop
             return self._loop()
 
     def _resume(self) -> None:
@@ -440,8 +478,9 @@ class _Run:
                 interval_steps += 1
                 self.step += 1
                 is_last = self.step == self.total
+                stopping = not is_last and self._stop_requested()  # a signal: log, save, stop
                 due_eval = is_last or (train.eval_interval and self.step % train.eval_interval == 0)
-                due_ckpt = is_last or self.step % train.checkpoint_interval == 0
+                due_ckpt = is_last or stopping or self.step % train.checkpoint_interval == 0
                 if not (due_eval or due_ckpt or is_last or self.step % train.log_interval == 0):
                     reporter.advance(self.step)
                     continue
@@ -483,9 +522,24 @@ class _Run:
                     self.wall_seconds += time.perf_counter() - session_start
                     session_start = time.perf_counter()
                     self._checkpoint()
+                if stopping:
+                    raise Preempted(
+                        f"training {self.out_dir}: stopped by {self.stop.name} at step "
+                        f"{self.step} of {self.total} after a checkpoint; run again to resume"
+                    )
                 tick = time.perf_counter()
         self.wall_seconds += time.perf_counter() - session_start
         return self._finish()
+
+    def _stop_requested(self) -> bool:
+        """Whether a stop signal arrived; under torchrun every rank learns whether any rank got
+        one (at the steps where the loop syncs anyway), so all of them stop at the same step."""
+        if not self.ctx.enabled:
+            return self.stop.signum is not None
+        if self.step % self.train.log_interval:
+            return False
+        flag = torch.tensor(float(self.stop.signum is not None), device=self.device)
+        return bool(distributed.all_reduce_sum(flag, self.ctx).item() > 0)
 
     def _step(self, lr: float) -> torch.Tensor:
         """One optimizer step over the global batch; returns this process's mean loss."""
