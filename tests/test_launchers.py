@@ -6,16 +6,22 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pytest
 from click.testing import CliRunner
 
 from geospec import hookimpl
 from geospec.cli import cli
+from geospec.errors import UsageError
 from geospec.kinds import Launch, Launcher, RunOutcome
-from geospec.pipeline.run_dir import FAILURE_FILE, read_failure
+from geospec.locks import claim_path
+from geospec.pipeline.run_dir import FAILURE_FILE, read_failure, record_failure
 from geospec.plugin import PluginParams, Register
 from geospec.testing import registered
 
@@ -164,3 +170,104 @@ def test_a_failed_pool_run_is_reported_and_recorded_and_the_others_finish(
     assert failure["type"] == "UsageError"
     assert (out / "arms" / "uniform" / "seed-1" / "result.json").exists()  # the other finished
     assert not (out / "arms" / "uniform" / "seed-1" / FAILURE_FILE).exists()
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from geospec.locks import claim
+with claim(Path(sys.argv[1])) as granted:
+    print(granted, flush=True)
+    time.sleep(600)
+"""
+
+
+def status_of(out: Path) -> dict[str, Any]:
+    result = CliRunner().invoke(cli, ["status", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    found: dict[str, Any] = json.loads(result.output)
+    return found
+
+
+def by_name(found: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f"{r['arm']}/seed-{r['seed']}": r for r in found["runs"]}
+
+
+def test_status_of_a_finished_run(serial: Path) -> None:
+    found = status_of(serial)
+    assert {s["name"]: s["state"] for s in found["stages"]} == {
+        "reference": "done", "probe": "done", "measure": "done", "diagnose": "skipped",
+        "solve": "done", "train": "done", "report": "done",
+    }  # fmt: skip
+    runs = by_name(found)
+    assert list(runs) == RUNS[:1] + RUNS[2:3] + RUNS[1:2] + RUNS[3:]  # seed-major
+    for name, result in results(serial).items():
+        assert runs[name]["state"] == "done"
+        assert runs[name]["final_loss"] == result["final_val_loss"]
+    assert found["counts"] == {"done": 4, "running": 0, "stale": 0, "failed": 0, "pending": 0}
+    table = CliRunner().invoke(cli, ["status", str(serial)])
+    assert table.exit_code == 0 and "final loss" in table.output
+
+
+def test_status_of_a_run_in_progress_a_failed_run_and_a_stale_claim(
+    serial: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    for name in RUNS[1:]:
+        (out / "arms" / name / "result.json").unlink()
+    running = out / "arms" / "cosine" / "seed-0"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(running)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "True"
+        record_failure(out / "arms" / "uniform" / "seed-1", UsageError("boom\nthe last line"))
+        runs = by_name(status_of(out))
+        assert runs["uniform/seed-0"]["state"] == "done"
+        now = runs["cosine/seed-0"]
+        assert now["state"] == "running"
+        assert now["holder"]["pid"] == holder.pid and now["holder"]["host"] == socket.gethostname()
+        last = [json.loads(line) for line in (running / "metrics.jsonl").read_text().splitlines()]
+        assert now["step"] == [r for r in last if "loss" in r][-1]["step"]
+        assert runs["uniform/seed-1"]["state"] == "failed"
+        assert runs["uniform/seed-1"]["error"] == "the last line"
+        assert runs["cosine/seed-1"]["state"] == "pending"
+    finally:
+        holder.send_signal(signal.SIGKILL)  # dies holding the claim: its record stays behind
+        holder.wait()
+    runs = by_name(status_of(out))
+    assert runs["cosine/seed-0"]["state"] == "stale"
+    table = CliRunner().invoke(cli, ["status", str(out)])
+    assert "its holder died" in " ".join(table.output.split())
+
+
+def test_damaged_claim_and_failure_records_are_said_and_the_run_trains_over_them(
+    serial: Path, tmp_path: Path
+) -> None:
+    """Fault injection for the two records this adds to a run directory."""
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    target = out / "arms" / "cosine" / "seed-1"
+    (target / "result.json").unlink()
+    claim_path(target).write_bytes(b"\x00garbage{")
+    record_failure(target, RuntimeError("old"))
+    failure = json.loads((target / FAILURE_FILE).read_text())
+    (target / FAILURE_FILE).write_text(json.dumps({**failure, "error": "edited"}))
+    runs = by_name(status_of(out))
+    assert runs["cosine/seed-1"]["state"] == "failed"
+    assert "damaged" in runs["cosine/seed-1"]["error"]  # the edit broke its seal
+    claim_path(target).write_text("{not json")
+    (target / FAILURE_FILE).unlink()
+    runs = by_name(status_of(out))
+    assert runs["cosine/seed-1"]["state"] == "pending"
+    assert runs["cosine/seed-1"]["error"] == "the claim's holder record is unreadable"
+    record_failure(target, RuntimeError("old"))
+    (target / FAILURE_FILE).write_bytes(b"\xff\xfe")
+    run(write(tmp_path), out)  # trains it: the lock's content and the old failure do not matter
+    runs = by_name(status_of(out))
+    assert runs["cosine/seed-1"]["state"] == "done"
+    assert not (target / FAILURE_FILE).exists()
+    assert claim_path(target).read_text() == ""  # released: no holder recorded
+    ours, alone = results(out), results(serial)
+    assert ours["cosine/seed-1"]["final_val_loss"] == alone["cosine/seed-1"]["final_val_loss"]

@@ -1,0 +1,44 @@
+"""``geospec status RUN_DIR``: every stage and every arm x seed of a run, finished or not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("run_dir", metavar="RUN_DIR", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the stable JSON form.")
+def status(run_dir: Path, as_json: bool) -> None:
+    """Show where RUN_DIR stands: each stage, and each arm x seed (done with its final loss,
+    running with its step, speed and holder, pending, failed with its error, or a stale claim
+    whose holder died). Reads the directory only; takes no lock."""
+    from geospec.cli.console import escape, stdout
+    from geospec.pipeline.status import describe
+    from geospec.pipeline.status import status as read_status
+
+    found = read_status(run_dir)
+    if as_json:
+        click.echo(json.dumps(found, indent=2, sort_keys=True))
+        return
+    from rich.table import Table
+
+    colours = {"done": "green", "running": "cyan", "stale": "yellow", "failed": "red"}
+    console = stdout()
+    stages = "  ".join(f"[{colours.get(s['state'], 'dim')}]{s['name']}[/]" for s in found["stages"])
+    console.print(f"[bold]{escape(found['name'])}[/] ({escape(found['run_dir'])})")
+    console.print(f"stages: {stages}", highlight=False)
+    table = Table("arm", "seed", "state", "detail")
+    for entry in found["runs"]:
+        colour = colours.get(entry["state"], "dim")
+        table.add_row(
+            escape(entry["arm"]),
+            str(entry["seed"]),
+            f"[{colour}]{entry['state']}[/]",
+            escape(describe(entry)),
+        )
+    console.print(table)
+    counts = ", ".join(f"{n} {state}" for state, n in found["counts"].items() if n)
+    console.print(f"runs: {counts}", highlight=False)
