@@ -172,7 +172,9 @@ def throughput(
     vocab = SMOKE_VOCAB if args.cpu_smoke else model.vocab_size or 50304
     widths = {"uniform": [model.ffn_width] * model.n_layers, "tapered": cosine_widths(model)}
     print(f"  tapered widths: {' '.join(map(str, widths['tapered']))}")
-    torch._dynamo.reset()
+    import torch._dynamo
+
+    torch._dynamo.reset()  # only this section's graphs count against the limit below
     out: dict[str, Any] = {"widths": widths, "micro_batch": micro}
     trainers: dict[str, Trainer] = {}
     # two live models, each compiled whole: two versions of GPT.forward; a third is an error

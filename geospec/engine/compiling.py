@@ -48,6 +48,8 @@ def compile_for_training(model: nn.Module, per_block: bool, backend: Backend | N
     The cache is emptied because compiled versions of the shared code (``Block.forward``,
     ``GPT.forward``) made for earlier runs in this process count against the limit.
     """
+    import torch._dynamo  # not imported by `import torch` itself
+
     torch._dynamo.reset()
     targets: list[nn.Module] = list(getattr(model, "blocks", [])) if per_block else [model]
     for target in targets:
@@ -58,6 +60,8 @@ def compile_for_training(model: nn.Module, per_block: bool, backend: Backend | N
 
 def _config_names() -> tuple[str, str | None]:
     """Dynamo's names of the limit and of its fail switch (renamed in torch 2.7)."""
+    import torch._dynamo
+
     config = torch._dynamo.config
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     for fail in ("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"):
