@@ -10,7 +10,7 @@ import pytest
 from geospec_plugins.solvers import PowerLaw, Proportional
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.optimize import minimize
+from scipy.optimize import brentq, minimize
 
 from geospec.errors import GeospecError
 from geospec.kinds import ModelDims, WidthProblem
@@ -157,6 +157,65 @@ def test_matches_a_generic_constrained_optimiser(binding: bool, per_layer: bool)
         mine = float(np.sum(work * ours ** (-exponents)))
         assert abs(mine - theirs) <= 1e-6 * theirs
         checked += 1
+
+
+def _kkt_reference(work: list[float], exponents: list[float], lo: float, hi: float) -> list[float]:
+    """The KKT solution in units of the uniform width, independently: w_l = clip((a_l W_l /
+    mu)^(1/(a_l+1)), lo, hi) with mu found by scipy's brentq on the budget sum_l w_l = n.
+    Zero-work layers sit at lo unless every other layer is at hi (then they share the rest)."""
+    n = len(work)
+    positive = [i for i in range(n) if work[i] > 0]
+    zero = [i for i in range(n) if work[i] == 0]
+    widths = [lo] * n
+    if len(positive) * hi + len(zero) * lo <= n:
+        for i in positive:
+            widths[i] = hi
+        for i in zero:
+            widths[i] = (n - len(positive) * hi) / len(zero)
+        return widths
+
+    def at(log_mu: float) -> list[float]:
+        logs = [(math.log(exponents[i] * work[i]) - log_mu) / (exponents[i] + 1) for i in positive]
+        return [math.exp(min(max(x, math.log(lo)), math.log(hi))) for x in logs]
+
+    target = n - len(zero) * lo
+    log_mu = brentq(lambda s: sum(at(s)) - target, -2000.0, 2000.0, xtol=1e-15, rtol=1e-15)
+    for i, w in zip(positive, at(log_mu), strict=True):
+        widths[i] = w
+    return widths
+
+
+KKT_CASES = {
+    # name: (work, exponents, min_ratio, max_ratio)
+    "most at the upper bound": ([0.5, 1.0, 2.0, 4.0], [0.5, 1.0, 1.5, 2.0], 0.25, 1.05),
+    "most at the lower bound": ([0.5, 1.0, 2.0, 40.0], [2.0, 1.5, 1.0, 0.5], 0.95, 2.0),
+    "zero-work layers": ([0.0, 1.0, 3.0, 0.0, 2.0], [1.0, 0.5, 2.0, 1.0, 1.5], 0.25, 2.0),
+    "zero work, nearly saturated": ([0.0, 1.0, 2.0, 3.0], [0.7, 1.0, 1.3, 2.2], 0.25, 1.4),
+    "saturated": ([0.0, 1.0, 2.0, 3.0], [0.7, 1.0, 1.3, 2.2], 0.25, 1.25),
+    "nothing binds": ([1.0, 1.2, 1.5, 1.1, 1.3], [0.6, 0.9, 1.2, 1.5, 1.8], 0.25, 2.0),
+    # drawn at random; each once told a wrong solver (a mutant) from the right one
+    "three zero layers": (
+        [0.0, 0.21, 0.0, 0.77, 0.1, 0.0, 1.5],
+        [2.1, 2.6, 1.2, 1.0, 1.9, 1.5, 0.8],
+        0.5,
+        1.85,
+    ),
+    "wide bounds, one zero layer": ([0.0, 0.6, 0.35], [1.3, 2.9, 0.4], 0.12, 2.92),
+    "wide bounds, two zero layers": ([1.75, 0.0, 0.0], [0.6, 2.6, 0.4], 0.14, 2.94),
+    "a layer far above the rest": ([0.4, 0.28, 3.14], [1.4, 1.5, 0.4], 0.46, 1.83),
+}
+
+
+@pytest.mark.parametrize("case", list(KKT_CASES))
+def test_per_layer_exponents_solve_the_kkt_conditions(case: str) -> None:
+    work, exponents, min_ratio, max_ratio = KKT_CASES[case]
+    uniform = 1000
+    dims = ModelDims(len(work), 64, uniform, 1)
+    solver = PowerLaw(PowerLaw.Params(min_ratio=min_ratio, max_ratio=max_ratio))
+    ours = solver.continuous(dims.width_problem(work, exponents))
+    reference = _kkt_reference(work, exponents, min_ratio, max_ratio)
+    assert [w / uniform for w in ours] == pytest.approx(reference, rel=1e-9, abs=1e-12)
+    assert sum(ours) == pytest.approx(dims.budget, rel=1e-12)
 
 
 def test_zero_work_layers_get_the_lower_bound_or_the_remainder() -> None:

@@ -21,9 +21,9 @@ from geospec.registry.entries import Provider
 from geospec.registry.hookspecs import Register
 from geospec.registry.loading import build_registries, use_registries
 from geospec.solve.profiles import read_profiles
-from geospec.solve.widths import WidthsResult, compute_widths
+from geospec.solve.widths import WidthsResult, compute_widths, width_problems
 from geospec.spec.loading import load_spec
-from geospec.spec.sections import Spec
+from geospec.spec.sections import ModelSpec, Spec
 
 PROFILE = "testwork/testflat"
 
@@ -226,6 +226,17 @@ def test_a_schedule_that_breaks_the_budget_is_stopped(
     assert str(raised.value) == f"arm 'given': schedule 'testgiven' returned {widths}: {problem}"
     result = run(tmp_path / "spec.toml", "--profiles", write_profiles(tmp_path, {"profiles": {}}))
     assert result.exit_code == 2 and problem in result.output and "Traceback" not in result.output
+
+
+def test_width_problems_accept_every_positive_width() -> None:
+    """Width 1 is a width: the checks start at 1 (multiple_of 1, and --widths of geospec train)."""
+    model = ModelSpec(n_layers=2, d_model=32, n_heads=2, ffn_width=64, seq_len=16, multiple_of=1)
+    assert width_problems([1, 127], model, multiples=True) == []
+    assert width_problems([1, 127], model, multiples=False) == []
+    assert width_problems([0, 128], model, multiples=False) == ["widths must be positive"]
+    assert width_problems([-1, 129], model, multiples=True) == [
+        "widths must be positive multiples of 1"
+    ]
 
 
 def test_library_errors_name_the_arm_and_the_source_only_when_given(tmp_path: Path) -> None:
