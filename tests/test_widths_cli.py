@@ -21,7 +21,13 @@ from geospec.registry.entries import Provider
 from geospec.registry.hookspecs import Register
 from geospec.registry.loading import build_registries, use_registries
 from geospec.solve.profiles import read_profiles
-from geospec.solve.widths import WidthsResult, compute_widths, width_problems
+from geospec.solve.widths import (
+    WidthsResult,
+    arm_order,
+    compute_widths,
+    dependency_cycle,
+    width_problems,
+)
 from geospec.spec.loading import load_spec
 from geospec.spec.sections import ModelSpec, Spec
 
@@ -226,6 +232,19 @@ def test_a_schedule_that_breaks_the_budget_is_stopped(
     assert str(raised.value) == f"arm 'given': schedule 'testgiven' returned {widths}: {problem}"
     result = run(tmp_path / "spec.toml", "--profiles", write_profiles(tmp_path, {"profiles": {}}))
     assert result.exit_code == 2 and problem in result.output and "Traceback" not in result.output
+
+
+def test_arm_order_puts_sources_first_and_refuses_unknown_sources_and_cycles() -> None:
+    """What spec validation reports first, held by the function itself (a library entry)."""
+    assert arm_order({"a": ["c"], "b": [], "c": ["b"]}) == ["b", "c", "a"]
+    assert dependency_cycle({"a": ["b"], "b": ["c"], "c": ["b"]}) == ["b", "c", "b"]
+    assert dependency_cycle({"a": ["b", "x"], "b": []}) is None  # unknown names are not cycles
+    with pytest.raises(UsageError) as raised:
+        arm_order({"a": ["x", "y"]})
+    assert str(raised.value) == "arm 'a' reads the widths of 'x', which is no arm"
+    with pytest.raises(UsageError) as raised:
+        arm_order({"a": ["b"], "b": ["a"]})
+    assert str(raised.value) == "arms read each other's widths in a cycle: a -> b -> a"
 
 
 def test_width_problems_accept_every_positive_width() -> None:
