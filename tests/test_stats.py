@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from geospec.report.stats import finite, paired_difference, summarize
+from geospec.report.stats import (
+    finite,
+    paired_difference,
+    paired_t_power,
+    seeds_needed,
+    split_half_reliability,
+    standard_errors,
+    summarize,
+)
 
 
 def test_t_interval_matches_scipy_ttest_rel() -> None:
@@ -154,3 +162,39 @@ def test_improved_counts_strictly_lower_losses() -> None:
 def test_finite_stores_undefined_numbers_as_null() -> None:
     assert finite(math.nan) is None and finite(math.inf) is None and finite(None) is None
     assert finite(-0.25) == -0.25
+
+
+# -- power and replicated profiles: edges the tests in test_exact_tests.py leave open ---------
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 12])
+def test_power_with_no_effect_is_the_tests_level(n: int) -> None:
+    """The size of a two-sided test: both tails of the central t, exactly alpha."""
+    assert paired_t_power(n, 0.02, 0.0, 0.05) == pytest.approx(0.05, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("sd", "effect", "alpha", "power"),
+    [
+        (0.02, 0.015, 0.05, 0.8),
+        (0.5, 1.0, 0.05, 0.8),
+        (0.03, 0.01, 0.05, 0.9),
+        (0.01, 0.004, 0.01, 0.8),
+    ],
+)
+def test_seeds_needed_is_the_first_number_of_seeds_with_enough_power(
+    sd: float, effect: float, alpha: float, power: float
+) -> None:
+    first = next(n for n in range(2, 10_000) if paired_t_power(n, sd, effect, alpha) >= power)
+    assert seeds_needed(sd, effect, alpha, power) == first
+
+
+def test_split_half_reliability_edges() -> None:
+    assert split_half_reliability([[1.0, 2.0], [1.1, 2.2]]) == pytest.approx(1.0)  # two layers
+    # halves [0, 1, 2] and [0, 1, 0.5]: ranks differ by 0, 1, 1; Spearman 1 - 6 * 2 / (3 * 8)
+    assert split_half_reliability([[0.0, 1.0, 2.0], [0.0, 1.0, 0.5]]) == pytest.approx(0.5)
+
+
+def test_standard_errors_of_two_replicates() -> None:
+    # sample sds sqrt(2) and sqrt(4.5), over sqrt(2)
+    assert standard_errors([[1.0, 2.0], [3.0, 5.0]]) == pytest.approx([1.0, 1.5], rel=1e-12)
