@@ -228,6 +228,47 @@ def test_gw_matches_pot_over_several_iterations(seed: int) -> None:
     assert GromovWasserstein()(Raw(), x, y) == pytest.approx(float(expected), rel=1e-9)
 
 
+def unrelated_clouds() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two independent clouds: the conditional gradient leaves the identity over several steps
+    that each lower the value (and every value stays below 1)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(30, 3)) * 0.5
+    y = rng.normal(size=(30, 3)) * rng.uniform(0.5, 2.0, size=3) * 0.5
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+@pytest.mark.parametrize(
+    "params", [{}, {"max_iter": 1}, {"max_iter": 2}, {"tol_abs": 0.05}, {"tol_rel": 0.05}]
+)
+def test_gw_stopping_parameters_are_pots(params: dict[str, float]) -> None:
+    x, y = unrelated_clouds()
+    cx, cy = Raw().pairwise(x).numpy(), Raw().pairwise(y).numpy()
+    weights = np.full(30, 1 / 30)
+    expected, log = ot.gromov.gromov_wasserstein2(
+        cx, cy, weights, weights, "square_loss", G0=np.eye(30) / 30, log=True, **params
+    )
+    if not params:
+        assert len(log["loss"]) > 3 and log["loss"][-1] < log["loss"][1]  # several real steps
+    statistic = GromovWasserstein(GromovWasserstein.Params.model_validate(params))
+    assert statistic(Raw(), x, y) == pytest.approx(float(expected), rel=1e-9)
+
+
+def test_gw_identity_coupling_stays_at_the_identity() -> None:
+    x, y = unrelated_clouds()
+    cx, cy = Raw().pairwise(x).numpy(), Raw().pairwise(y).numpy()
+    identity = GromovWasserstein(GromovWasserstein.Params(coupling="identity"))(Raw(), x, y)
+    assert identity == pytest.approx(float(((cx - cy) ** 2).mean()), rel=1e-12)
+    assert GromovWasserstein()(Raw(), x, y) < 0.6 * identity  # the optimal one moved away
+
+
+def test_gw_passes_its_linear_program_limit_to_pot() -> None:
+    rng = np.random.default_rng(1)
+    x, y = (torch.from_numpy(rng.normal(size=(200, 3))) for _ in range(2))
+    statistic = GromovWasserstein(GromovWasserstein.Params(max_iter_emd=1000))
+    with pytest.warns(UserWarning, match="numItermax reached before optimality"):
+        statistic(Raw(), x, y)
+
+
 def test_gw_identity_equals_the_brute_force_objective() -> None:
     x, y = ffn_pair(n=12)
     geometry = Spherical()
