@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from scipy.optimize import brentq, minimize
 
 from geospec.errors import GeospecError
 from geospec.kinds import ModelDims, WidthProblem
-from geospec.solve.rounding import InfeasibleBudget, round_to_budget
+from geospec.solve.rounding import InfeasibleBudget, round_to_budget, units_between
 
 
 @st.composite
@@ -276,3 +277,79 @@ def test_round_to_budget_rejects_an_impossible_budget() -> None:
         round_to_budget([100.0, 100.0], 640, 64, lower=128, upper=256)
     with pytest.raises(ValueError, match="finite"):
         round_to_budget([math.inf, 1.0], 128, 64)
+
+
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    """Every way to write ``total`` as an ordered sum of ``parts`` non-negative integers."""
+    if parts == 1:
+        return [(total,)]
+    return [(k, *rest) for k in range(total + 1) for rest in _compositions(total - k, parts - 1)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.floats(0.05, 1.0), min_size=1, max_size=4),
+    st.sampled_from([1, 8, 64]),
+    st.integers(1, 3),
+)
+def test_round_to_budget_is_the_nearest_vector_of_multiples(
+    shares: list[float], multiple: int, per_layer: int
+) -> None:
+    """Values on budget: the result is as near (least squares) as any vector of multiples with
+    that sum, found by enumerating them all."""
+    target = len(shares) * per_layer
+    budget = target * multiple
+    values = [s * budget / sum(shares) for s in shares]
+    rounded = round_to_budget(values, budget, multiple, lower=0)
+
+    def distance(widths: Sequence[float]) -> float:
+        return sum((w - v) ** 2 for w, v in zip(widths, values, strict=True))
+
+    best = min(distance([u * multiple for u in c]) for c in _compositions(target, len(values)))
+    assert distance(rounded) == pytest.approx(best, rel=1e-9, abs=1e-9)
+
+
+def test_round_to_budget_clips_then_adds_or_takes_one_multiple_at_a_time() -> None:
+    # 1000 -> 200 (the upper bound); the 8 missing multiples alternate between the equal others
+    assert round_to_budget([1000, 10, 10], 300, 10, lower=10, upper=200) == [200, 50, 50]
+    # both zeros are lifted to the lower bound: the overshoot comes off the only wide layer
+    assert round_to_budget([0, 0, 300], 300, 10, lower=50) == [50, 50, 200]
+
+
+def test_round_to_budget_breaks_ties_by_priority_then_by_layer_order() -> None:
+    assert round_to_budget([15, 15], 30, 10) == [20, 10]  # the first layer first
+    assert round_to_budget([15, 15], 30, 10, priority=[1, 2]) == [10, 20]  # more priority first
+    # taking back: the layer of least priority (then the first) gives first, one at a time
+    assert round_to_budget([105, 105, 0], 200, 10, lower=50) == [70, 80, 50]
+    assert round_to_budget([105, 105, 0], 200, 10, lower=50, priority=[1, 0, 0]) == [80, 70, 50]
+
+
+def test_bounds_a_hair_beside_a_multiple_are_that_multiple() -> None:
+    # 0.1 * 3 * 640 is 192.00000000000003 in floating point: still 3 multiples of 64
+    assert units_between(0.1 * 3 * 640, 1.1 * 640, 64) == (3, 11)
+    assert units_between(192 * (1 + 1e-8), 704 * (1 - 1e-8), 64) == (4, 10)  # a real excess
+
+
+INFEASIBLE = (
+    "2 widths in [128, 256] (multiples of 64) cannot sum to 640: feasible sums are 256..512"
+)
+MISFIT = "budget 100 is not a multiple of 64"
+PRIORITIES = "1 priorities for 2 widths"
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: round_to_budget([1.0], 128, 0), ValueError, "multiple must be >= 1, got 0"),
+        (lambda: round_to_budget([], 128, 64), ValueError, "no widths to round"),
+        (lambda: round_to_budget([64.0], 100, 64), InfeasibleBudget, MISFIT),
+        (lambda: round_to_budget([99.0, 99.0], 640, 64, 128, 256), InfeasibleBudget, INFEASIBLE),
+        (lambda: round_to_budget([64.0, 1.0], 128, 64, priority=[1.0]), ValueError, PRIORITIES),
+    ],
+)
+def test_round_to_budget_says_what_is_wrong(
+    call: Callable[[], object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as raised:
+        call()
+    assert str(raised.value) == message
