@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import ot
@@ -303,6 +304,37 @@ def test_normalised_gw_ignores_scale_even_in_the_raw_geometry(normalize: str) ->
     identity = GromovWasserstein(GromovWasserstein.Params(coupling="identity"))
     unnormalised = identity(Raw(), x / scale, y)
     assert unnormalised != pytest.approx(base)  # the normalisation did something
+
+
+@pytest.mark.parametrize("normalize", ["max", "mean"])
+def test_normalised_gw_is_gw_of_the_rescaled_distance_matrices(normalize: str) -> None:
+    """Each matrix divided by its largest entry, or by its mean off-diagonal entry (numpy's mean
+    over the entries off the diagonal), then the identity-coupling GW (clouds small enough that
+    every scale is below 1)."""
+    x, y = unrelated_clouds()
+    x, y = 0.05 * x, 0.1 * y
+    off = ~np.eye(30, dtype=bool)
+    matrices = []
+    for cloud in (x, y):
+        c = Raw().pairwise(cloud).numpy()
+        scale = c.max() if normalize == "max" else c[off].mean()
+        assert scale < 1
+        matrices.append(c / scale)
+    statistic = GromovWasserstein(
+        GromovWasserstein.Params(normalize=normalize, coupling="identity")
+    )
+    expected = float(((matrices[0] - matrices[1]) ** 2).mean())
+    assert statistic(Raw(), x, y) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("normalize", ["max", "mean"])
+def test_normalised_gw_of_clouds_collapsed_to_a_point_is_zero(normalize: str) -> None:
+    """All distances zero: nothing to divide by, and nothing moved."""
+    point = torch.ones(8, 4, dtype=torch.float64)
+    statistic = GromovWasserstein(GromovWasserstein.Params(normalize=normalize))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no division by zero
+        assert statistic(Raw(), point, 2 * point) == 0.0
 
 
 # Invariances -----------------------------------------------------------------------------
