@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
-from geospec_plugins.solvers import PowerLaw, Proportional
+from geospec_plugins.solvers import PowerLaw, Proportional, water_fill
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import brentq, minimize
@@ -217,6 +217,79 @@ def test_per_layer_exponents_solve_the_kkt_conditions(case: str) -> None:
     reference = _kkt_reference(work, exponents, min_ratio, max_ratio)
     assert [w / uniform for w in ours] == pytest.approx(reference, rel=1e-9, abs=1e-12)
     assert sum(ours) == pytest.approx(dims.budget, rel=1e-12)
+
+
+def _water_level_reference(
+    weights: list[float], budget: float, lower: float, upper: float
+) -> list[float]:
+    """clip(k_l t, lower, upper) with t from scipy's brentq on the budget; zero weights at lower
+    unless every other layer is at upper (then they share the rest)."""
+    n = len(weights)
+    positive = [i for i in range(n) if weights[i] > 0]
+    zero = [i for i in range(n) if weights[i] <= 0]
+    widths = [float(lower)] * n
+    if len(positive) * upper + len(zero) * lower <= budget:
+        for i in positive:
+            widths[i] = float(upper)
+        for i in zero:
+            widths[i] = (budget - len(positive) * upper) / len(zero)
+        return widths
+    remaining = budget - len(zero) * lower
+
+    def excess(t: float) -> float:
+        return sum(min(max(weights[i] * t, lower), upper) for i in positive) - remaining
+
+    t = brentq(excess, 0.0, 2 * max(upper / weights[i] for i in positive), xtol=1e-14)
+    for i in positive:
+        widths[i] = min(max(weights[i] * t, lower), upper)
+    return widths
+
+
+WATER_CASES = [
+    # drawn at random; each once told a wrong water level (a mutant) from the right one
+    ([1.0, 0.0, 1.47], 3, 1, 10),  # a zero weight, the budget at n * lower
+    ([0.0, 2.0, 3.0], 100, 5, 50),  # the level in the last piece: one layer below upper
+    ([2.0, 1.0], 78, 5, 50),  # one free layer of weight exactly 1
+]
+
+
+@pytest.mark.parametrize(("weights", "budget", "lower", "upper"), WATER_CASES)
+def test_water_fill_cases(weights: list[float], budget: int, lower: int, upper: int) -> None:
+    expected = _water_level_reference(weights, budget, lower, upper)
+    assert water_fill(weights, budget, lower, upper) == pytest.approx(expected, rel=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.just(0.0), st.floats(0.1, 3.0), st.integers(1, 4).map(float)),
+        min_size=2,
+        max_size=6,
+    ),
+    st.sampled_from([1, 2, 5, 10]),
+    st.sampled_from([2, 3, 4, 10]),
+    st.floats(0.0, 1.0),
+)
+def test_water_fill_is_the_exact_water_level(
+    weights: list[float], lower: int, factor: int, where: float
+) -> None:
+    if not any(weights):
+        weights = [*weights[:-1], 1.0]
+    upper = lower * factor
+    n = len(weights)
+    budget = round(n * lower + where * n * (upper - lower))
+    expected = _water_level_reference(weights, budget, lower, upper)
+    assert water_fill(weights, budget, lower, upper) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 2.0])
+def test_proportional_widths_follow_work_to_the_power_beta(beta: float) -> None:
+    work = [1.0, 1.3, 1.6, 2.0]
+    dims = ModelDims(4, 64, 1000, 1)
+    solver = Proportional(Proportional.Params(beta=beta, min_ratio=0.1, max_ratio=5.0))
+    weights = [w**beta for w in work]
+    expected = [dims.budget * k / sum(weights) for k in weights]
+    assert solver.continuous(dims.width_problem(work)) == pytest.approx(expected, rel=1e-12)
 
 
 def test_zero_work_layers_get_the_lower_bound_or_the_remainder() -> None:
