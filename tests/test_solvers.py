@@ -250,6 +250,7 @@ WATER_CASES = [
     ([1.0, 0.0, 1.47], 3, 1, 10),  # a zero weight, the budget at n * lower
     ([0.0, 2.0, 3.0], 100, 5, 50),  # the level in the last piece: one layer below upper
     ([2.0, 1.0], 78, 5, 50),  # one free layer of weight exactly 1
+    ([0.6, 1.0, 0.0, 1.0, 1.91, 1.66], 51, 5, 10),  # five layers at upper leave the zero one 1
 ]
 
 
