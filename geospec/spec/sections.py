@@ -130,9 +130,7 @@ class DataSpec(Section):
     spec with a pretrained checkpoint, which trains nothing)."""
     split_seed: Seed = 0
     tokenizer: Tokenizer = Field(default_factory=BPETokenizer)
-    txt_documents: Annotated[Literal["paragraphs", "file", "separator"], ADDED_LATER] = (
-        "paragraphs"
-    )
+    txt_documents: Annotated[Literal["paragraphs", "file", "separator"], ADDED_LATER] = "paragraphs"
     """How local .txt files are cut into documents: at blank lines (paragraphs), one document
     per file (file), or at every occurrence of txt_separator (separator)."""
     txt_separator: Annotated[str | None, ADDED_LATER] = None
