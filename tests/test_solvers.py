@@ -204,6 +204,7 @@ KKT_CASES = {
     "wide bounds, one zero layer": ([0.0, 0.6, 0.35], [1.3, 2.9, 0.4], 0.12, 2.92),
     "wide bounds, two zero layers": ([1.75, 0.0, 0.0], [0.6, 2.6, 0.4], 0.14, 2.94),
     "a layer far above the rest": ([0.4, 0.28, 3.14], [1.4, 1.5, 0.4], 0.46, 1.83),
+    "two exponents": ([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 1.0, 2.0], 0.25, 2.0),
 }
 
 
@@ -318,6 +319,71 @@ def test_infeasible_bounds_state_the_feasible_range() -> None:
     loose = PowerLaw(PowerLaw.Params(min_ratio=0.6, max_ratio=1.4))
     assert loose.check(dims) == []
     assert sorted(loose.solve(dims.width_problem([1, 2, 3, 4]))) == [64, 64, 128, 128]
+
+
+NEGATIVE = "sensitivities must be finite and non-negative, got [1.0, -1.0, 1.0]"
+HARD_LIMITS = "widths within the hard limits [{}, {}] in multiples of 64 cannot sum to the budget"
+
+
+@pytest.mark.parametrize(
+    ("problem", "message"),
+    [
+        (WidthProblem((), 128, 64, 64, 128), "the work profile is empty"),
+        (WidthProblem((1.0,), 100, 64, 64, 128), "budget 100 is not a multiple of 64"),
+        # 2..4 multiples each: 3 layers reach 12 multiples at most, the budget is 16
+        (WidthProblem((1.0,) * 3, 1024, 64, 128, 256), f"3 {HARD_LIMITS.format(128, 256)} 1024"),
+        # 5 multiples at least (320) but 4 at most (310): no width at all
+        (WidthProblem((1.0,) * 2, 1024, 64, 300, 310), f"2 {HARD_LIMITS.format(300, 310)} 1024"),
+        # 3..4 multiples each: 2 layers need 6 multiples at least, the budget is 4
+        (WidthProblem((1.0,) * 2, 256, 64, 192, 256), f"2 {HARD_LIMITS.format(192, 256)} 256"),
+    ],
+)
+def test_the_hard_limits_are_checked_one_condition_at_a_time(
+    problem: WidthProblem, message: str
+) -> None:
+    with pytest.raises(ValueError) as raised:  # InfeasibleBudget is a ValueError
+        PowerLaw().solve(problem)
+    assert str(raised.value) == message
+
+
+def test_infeasible_ratio_bounds_are_explained_in_full() -> None:
+    # ratios 0.9..2 of 96 in multiples of 64: 128..192, so 4 layers take at least 512 > 384
+    solver = PowerLaw(PowerLaw.Params(min_ratio=0.9, max_ratio=2.0))
+    with pytest.raises(InfeasibleBudget) as raised:
+        solver.solve(ModelDims(4, 64, 96, 64).width_problem([1, 2, 3, 4]))
+    assert str(raised.value) == (
+        "min_ratio 0.9 and max_ratio 2 of the uniform width 96 allow widths 128..192 in multiples "
+        "of 64, which cannot sum to the budget 384 over 4 layers; the feasible range is "
+        "min_ratio <= 0.666667 and max_ratio >= 1.33333"
+    )
+
+
+@pytest.mark.parametrize(
+    ("exponents", "sensitivities", "message"),
+    [
+        ([1.0, 0.0, 2.0], None, "exponents must be finite and positive, got [1.0, 0.0, 2.0]"),
+        ([1.0, 2.0], None, "2 exponents for 3 layers"),
+        (None, [1.0, -1.0, 1.0], NEGATIVE),
+        (None, [1.0, 1.0], "2 sensitivities for 3 layers"),
+    ],
+)
+def test_per_layer_inputs_are_checked(
+    exponents: list[float] | None, sensitivities: list[float] | None, message: str
+) -> None:
+    problem = ModelDims(3, 64, 128, 64).width_problem([1, 2, 3], exponents, sensitivities)
+    with pytest.raises(ValueError) as raised:
+        PowerLaw().solve(problem)
+    assert str(raised.value) == message
+
+
+def test_equal_per_layer_exponents_are_a_shared_exponent() -> None:
+    """a_l = 2 everywhere (the solver's own a is 1): the closed form with a = 2."""
+    work = [3.0, 2.5, 2.0, 1.6]
+    dims = ModelDims(4, 64, 1024, 1)
+    solver = PowerLaw(PowerLaw.Params(a=1.0, min_ratio=0.1, max_ratio=5.0))
+    got = solver.continuous(dims.width_problem(work, exponents=[2.0] * 4))
+    weights = [w ** (1 / 3) for w in work]
+    assert got == pytest.approx([dims.budget * k / sum(weights) for k in weights], rel=1e-12)
 
 
 def test_bad_work_is_rejected() -> None:
