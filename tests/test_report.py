@@ -13,6 +13,7 @@ from scipy import stats
 
 from geospec.cli import cli
 from geospec.engine.model_size import Shape, count_params
+from geospec.report.results import build_results
 from geospec.report.write import write_report
 
 LOSSES = {
@@ -91,6 +92,8 @@ def test_results_match_per_seed_metrics(tmp_path: Path) -> None:
     assert results["arms"]["uniform"]["vs_uniform"] is None
     shape = Shape(4, 32, 4, 300, 16)
     assert taper["params"] == count_params(shape, WIDTHS["taper"])
+    # gelu FFN with biases, per layer: up d x w + w, down w x d + d
+    assert taper["ffn_params"] == sum(2 * 32 * w + w + 32 for w in WIDTHS["taper"])
     assert results["equal_params"] is True
     for name in ("profiles.png", "widths.png", "val_loss.png", "differences.png"):
         assert (run_dir / "plots" / name).stat().st_size > 1000
@@ -233,6 +236,27 @@ def test_intervals_are_at_the_run_confidence(tmp_path: Path, confidence: float) 
     ).confidence_interval
     assert vs["bootstrap_ci95"] == pytest.approx([boot.low, boot.high], rel=1e-12)
     assert f"{round(confidence * 100)}% CI" in (run_dir / "report.md").read_text()
+
+
+def test_damaged_metrics_lines_and_unfinished_runs_are_left_out(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    out = run_dir / "arms" / "taper" / "seed-0"
+    lines = [
+        b'{"step": 10, "val_loss": 5.0}',
+        b'{"step": 1',  # cut by a crash
+        b"\xff\xfe not text",  # not UTF-8
+        b"[1, 2]",  # JSON, but not a row
+        b'{"step": 15, "loss": 4.9}',  # a training row: no validation loss
+        b'{"step": 20, "val_loss": 4.9}',
+    ]
+    (out / "metrics.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (run_dir / "arms" / "taper" / "seed-2" / "result.json").unlink()  # not finished yet
+    results = build_results(run_dir)
+    assert results["curves"]["taper"]["0"] == [(10, 5.0), (20, 4.9)]
+    taper = results["arms"]["taper"]
+    assert taper["val_loss"]["seeds"] == {"0": LOSSES["taper"][0], "1": LOSSES["taper"][1]}
+    assert taper["vs_uniform"]["n"] == 2
 
 
 def test_report_command(tmp_path: Path) -> None:
