@@ -13,7 +13,13 @@ from scipy import stats
 
 from geospec.cli import cli
 from geospec.engine.model_size import Shape, count_params
-from geospec.report.results import build_results
+from geospec.report.results import (
+    build_results,
+    comparison,
+    exact_test_notes,
+    profile_reliability,
+    reliability_notes,
+)
 from geospec.report.write import write_report
 
 LOSSES = {
@@ -271,3 +277,73 @@ def test_report_on_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["report", str(tmp_path)])
     assert result.exit_code == 2
     assert "not a geospec run directory" in result.output
+
+
+# -- notes: seeds too few for the exact test, profiles too noisy ------------------------------
+
+
+def test_exact_test_notes_name_every_number_of_seeds_that_cannot_reach_the_level() -> None:
+    """2 / 2^n is the smallest sign-flip p-value of n seeds: 1 for 1 seed, 0.25 for 3, 0.0625 for
+    5; reaching 0.05 takes 6 seeds (2/64 <= 0.05 < 2/32)."""
+    arms = {
+        "one": {"vs_uniform": {"n": 1, "p_min": 1.0}, "vs_source": None},
+        "three": {"vs_uniform": {"n": 3, "p_min": 0.25}, "vs_source": {"n": 5, "p_min": 0.0625}},
+        "uniform": {"vs_uniform": None, "vs_source": None},
+    }
+    tail = "can reach p ≤ 0.05; that takes at least 6 paired seeds."
+    assert exact_test_notes(arms, 0.05) == [
+        f"With 1 paired seed the exact sign-flip test cannot give a p-value below 1 (2/2^1), so "
+        f"no comparison on 1 seed {tail}",
+        f"With 3 paired seeds the exact sign-flip test cannot give a p-value below 0.25 (2/2^3), "
+        f"so no comparison on 3 seeds {tail}",
+        f"With 5 paired seeds the exact sign-flip test cannot give a p-value below 0.0625 "
+        f"(2/2^5), so no comparison on 5 seeds {tail}",
+    ]
+    # at level 0.0625 five seeds are enough: p = 0.0625 reaches it
+    assert [note.split(" paired")[0] for note in exact_test_notes(arms, 0.0625)] == [
+        "With 1",
+        "With 3",
+    ]
+
+
+def test_a_comparison_needs_one_shared_seed_and_has_the_documented_keys() -> None:
+    assert comparison({0: 1.0}, {1: 2.0}, 0.95, {"bootstrap": 0}) is None
+    one = comparison({0: 1.0}, {0: 2.0}, 0.95, {"bootstrap": 0})
+    assert one is not None and one["n"] == 1 and one["mean"] == -1.0
+    assert set(one) == {
+        "mean", "sd", "ci95", "bootstrap_ci95", "improved", "n", "p_exact", "p_holm", "p_min"
+    }  # fmt: skip
+
+
+def test_profile_reliability_and_the_notes_on_noisy_profiles() -> None:
+    rng = np.random.default_rng(8)
+    stable = (np.linspace(3.0, 1.0, 6) + rng.normal(0, 1e-3, size=(4, 6))).tolist()
+    noisy = rng.normal(size=(4, 6)).tolist()
+    at_threshold = [[0.0, 1.0, 2.0], [0.0, 1.0, 0.5]]  # Spearman of the halves: exactly 0.5
+    flat = [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]  # constant halves: no rank correlation
+    replicates = {"a/b": stable, "c/d": noisy, "e/f": at_threshold, "g/h": flat}
+    reliability = profile_reliability(replicates, 0.5)
+    assert reliability is not None and reliability["threshold"] == 0.5
+    profiles = reliability["profiles"]
+    for name, values in replicates.items():
+        array = np.asarray(values)
+        halves = array[0::2].mean(axis=0), array[1::2].mean(axis=0)
+        rho = None if name == "g/h" else float(stats.spearmanr(*halves).statistic)
+        assert profiles[name]["replicates"] == len(values)
+        expected_se = array.std(axis=0, ddof=1) / np.sqrt(len(values))
+        assert profiles[name]["se"] == pytest.approx(list(expected_se), rel=1e-12)
+        assert profiles[name]["split_half"] == (None if rho is None else pytest.approx(rho))
+    below = {name: entry["below_threshold"] for name, entry in profiles.items()}
+    noisy_rho = profiles["c/d"]["split_half"]
+    assert below == {"a/b": False, "c/d": noisy_rho < 0.5, "e/f": False, "g/h": True}
+    assert noisy_rho < 0.5  # this draw is noise
+    notes = reliability_notes(reliability, {"geo": ["c/d"], "uniform": [], "both": ["c/d", "g/h"]})
+    noise = "is below 0.5: its shape over the layers is largely sampling noise"
+    assert notes == [
+        f"Profile c/d: split-half reliability {noisy_rho:.2f} over 4 replicates {noise}; "
+        "arms reading it: geo, both.",
+        f"Profile g/h: split-half reliability undefined over 2 replicates {noise}; arms reading "
+        "it: both.",
+    ]
+    assert reliability_notes(reliability, {})[1].endswith(f"{noise}.")  # no arm reads it
+    assert profile_reliability({}, 0.5) is None and reliability_notes(None, {}) == []
