@@ -101,8 +101,10 @@ class Train:
             by_state.setdefault(outcome.state, []).append(
                 f"{outcome.run.name}: {outcome.detail}" if outcome.detail else outcome.run.name
             )
-        for name in by_state.get("held", []):
-            run.say(f"train: {name}: [yellow]another process is training it (skipped)[/]")
+        for outcome in outcomes:
+            if outcome.state == "held":
+                where = f"arm {outcome.run.arm}, seed {outcome.run.seed}"
+                run.say(f"train: {where}: [yellow]another process is training it (skipped)[/]")
         if by_state.get("preempted"):
             raise Preempted(
                 f"train: {'; '.join(by_state['preempted'])}: stopped by a signal after a "
