@@ -13,6 +13,7 @@ from scipy import stats
 
 from geospec.cli import cli
 from geospec.engine.model_size import Shape, count_params
+from geospec.errors import UsageError
 from geospec.report.results import (
     build_results,
     comparison,
@@ -20,6 +21,7 @@ from geospec.report.results import (
     profile_reliability,
     reliability_notes,
 )
+from geospec.report.stats import MIN_RELIABILITY
 from geospec.report.write import write_report
 
 LOSSES = {
@@ -170,6 +172,7 @@ UNFAIR: dict[str, tuple[dict[str, object], str | None]] = {
     # one seed of an arm trained with other widths than its other seeds
     "widths": ({"config": {**TAPER, "ffn_widths": [80, 80, 64, 32]}}, "seeds_share_widths"),
     "seed": ({"seed": 2}, "seeds_paired"),
+    "tokens": ({"tokens": 123_456}, "same_data_and_validation"),  # another training budget
 }
 
 
@@ -347,3 +350,132 @@ def test_profile_reliability_and_the_notes_on_noisy_profiles() -> None:
     ]
     assert reliability_notes(reliability, {})[1].endswith(f"{noise}.")  # no arm reads it
     assert profile_reliability({}, 0.5) is None and reliability_notes(None, {}) == []
+
+
+# -- results.json from unusual run directories -------------------------------------------------
+
+
+def _rewrite(path: Path, **changes: object) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_results_json_has_the_documented_keys(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    results = build_results(run_dir)
+    assert set(results) == {
+        "name", "baseline", "confidence", "equal_params", "checks", "arms", "profiles", "notes",
+        "curves",
+    }  # fmt: skip
+    for name, arm in results["arms"].items():
+        assert set(arm) == {
+            "schedule", "widths", "params", "ffn_params", "val_loss", "vs_uniform", "vs_source"
+        }  # fmt: skip
+        assert arm["schedule"] == {"kind": name} and arm["vs_source"] is None
+    assert results["profiles"] == {
+        "topology/hyperbolic": [4.0, 3.0, 2.0, 1.0],
+        "gw/raw": [1, 2, 3, 4],
+    }
+
+
+@pytest.mark.parametrize("run_json", [[1, 2], {"name": "x", "arms": []}])
+def test_a_run_json_geospec_did_not_write_is_refused(tmp_path: Path, run_json: object) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    (run_dir / "run.json").write_text(json.dumps(run_json))
+    with pytest.raises(UsageError) as raised:
+        build_results(run_dir)
+    assert str(raised.value) == (
+        f"{run_dir / 'run.json'}: does not hold what geospec writes; run the spec again "
+        "(geospec run rewrites it)"
+    )
+
+
+def test_widths_come_from_what_the_models_were_trained_with(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    for seed, widths in enumerate(([80, 80, 64, 32], [96, 80, 48, 32], [96, 80, 48, 32])):
+        _stamp(
+            run_dir,
+            "taper",
+            seed,
+            {**_fingerprint("taper", seed), "config": {**TAPER, "ffn_widths": widths}},
+        )
+    (run_dir / "widths.json").unlink()  # the plan is gone; the records remain
+    (run_dir / "profiles.json").unlink()
+    results = build_results(run_dir)
+    assert results["arms"]["taper"]["widths"] == [80, 80, 64, 32]  # the first seed's record
+    assert results["arms"]["uniform"]["widths"] is None  # no record, no plan
+    assert results["profiles"] == {}
+
+
+def test_an_arm_without_configs_has_no_parameter_count(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    for seed in range(3):
+        (run_dir / "arms" / "taper" / f"seed-{seed}" / "config.json").unlink()
+    taper = build_results(run_dir)["arms"]["taper"]
+    assert taper["params"] is None and taper["ffn_params"] is None
+
+
+def test_swiglu_ffn_parameters(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    for arm in LOSSES:
+        for seed in range(3):
+            config = {**CONFIG, "activation": "swiglu", "ffn_widths": WIDTHS[arm]}
+            (run_dir / "arms" / arm / f"seed-{seed}" / "config.json").write_text(json.dumps(config))
+    # swiglu with biases, per layer: gate and up 2 x (d x w + w), down w x d + d
+    taper = build_results(run_dir)["arms"]["taper"]
+    assert taper["ffn_params"] == sum(3 * 32 * w + 2 * w + 32 for w in WIDTHS["taper"])
+
+
+def test_a_baseline_that_is_no_arm_compares_nothing(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    _rewrite(run_dir / "run.json", baseline="nope")
+    results = build_results(run_dir)
+    assert all(arm["vs_uniform"] is None for arm in results["arms"].values())
+
+
+def test_a_derived_arm_without_seeds_in_common_with_its_source(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    run = json.loads((run_dir / "run.json").read_text())
+    run["arms"].append({"name": "sorted", "schedule": {"kind": "sorted", "of": "taper"}})
+    (run_dir / "run.json").write_text(json.dumps(run))
+    for seed in range(3):  # the taper's runs are not finished; the sorted arm's seed 0 is
+        (run_dir / "arms" / "taper" / f"seed-{seed}" / "result.json").unlink()
+    out = run_dir / "arms" / "sorted" / "seed-0"
+    out.mkdir(parents=True)
+    (out / "result.json").write_text(json.dumps({"final_val_loss": 4.7}))
+    results = build_results(run_dir)
+    assert results["arms"]["sorted"]["vs_source"] is None
+    assert results["arms"]["sorted"]["vs_uniform"]["n"] == 1
+
+
+@pytest.mark.parametrize("threshold", [None, 0.95])
+def test_replicated_profiles_get_a_reliability_section(
+    tmp_path: Path, threshold: float | None
+) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    noisy = np.random.default_rng(8).normal(size=(4, 4)).tolist()
+    stable = (np.linspace(4.0, 1.0, 4) + np.linspace(0, 1e-3, 4)[:, None]).tolist()
+    _rewrite(run_dir / "profiles.json", replicates={"gw/raw": noisy, "topology/hyperbolic": stable})
+    if threshold is not None:
+        _rewrite(run_dir / "run.json", min_reliability=threshold)
+    run = json.loads((run_dir / "run.json").read_text())
+    run["arms"][1]["schedule"] = {"kind": "geometric", "profile": "gw/raw"}
+    (run_dir / "run.json").write_text(json.dumps(run))
+    results = build_results(run_dir)
+    expected = profile_reliability(
+        {"gw/raw": noisy, "topology/hyperbolic": stable}, threshold or MIN_RELIABILITY
+    )
+    assert results["reliability"] == expected
+    assert expected is not None and expected["threshold"] == (threshold or 0.8)
+    notes = [n for n in results["notes"] if n.startswith("Profile")]
+    assert notes == reliability_notes(expected, {"uniform": [], "taper": ["gw/raw"]})
+    assert notes and notes[0].endswith("arms reading it: taper.")
+    _rewrite(run_dir / "profiles.json", replicates={})
+    assert "reliability" not in build_results(run_dir)
