@@ -12,9 +12,13 @@ from scipy import stats
 
 from geospec.report.stats import (
     finite,
+    holm,
     paired_difference,
     paired_t_power,
     seeds_needed,
+    seeds_to_reach,
+    sign_flip_p,
+    smallest_sign_flip_p,
     split_half_reliability,
     standard_errors,
     summarize,
@@ -198,3 +202,30 @@ def test_split_half_reliability_edges() -> None:
 def test_standard_errors_of_two_replicates() -> None:
     # sample sds sqrt(2) and sqrt(4.5), over sqrt(2)
     assert standard_errors([[1.0, 2.0], [3.0, 5.0]]) == pytest.approx([1.0, 1.5], rel=1e-12)
+
+
+# -- the sign-flip test: the boundary of enumeration and the Monte Carlo estimate -------------
+
+
+def test_twenty_differences_are_still_enumerated() -> None:
+    """All 20 of one sign: exactly 2 of the 2^20 sign patterns are as extreme."""
+    assert sign_flip_p([0.01 * (k + 1) for k in range(20)]) == 2 / 2**20
+
+
+def test_beyond_twenty_the_p_value_is_the_seeded_monte_carlo_estimate() -> None:
+    """(k + 1) / (B + 1) over B = 100,000 sign patterns drawn by numpy's generator seeded with 0,
+    counted here in integers: equal magnitudes make ties with the observed sum common."""
+    steps = np.array([1, -1, 1, 1, -1, 1, 1, 1, -1, 1, 1, -1, 1, 1, 1, -1, 1, 1, -1, 1, 1])
+    signs = np.random.default_rng(0).choice(np.array([-1.0, 1.0]), size=(100_000, len(steps)))
+    sums = (signs @ steps).round().astype(int)
+    extreme = int(np.count_nonzero(np.abs(sums) >= abs(int(steps.sum()))))
+    assert sign_flip_p((0.01 * steps).tolist()) == pytest.approx((extreme + 1) / 100_001)
+
+
+def test_smallest_p_seeds_to_reach_and_holms_cap() -> None:
+    assert smallest_sign_flip_p(0) == 1.0 and smallest_sign_flip_p(1) == 1.0
+    assert smallest_sign_flip_p(4) == 2 / 16
+    assert seeds_to_reach(1.0) == 1  # one seed gives p = 1
+    assert seeds_to_reach(0.05) == 6  # 2/32 > 0.05 >= 2/64
+    # 2 x 0.6 = 1.2 is capped at 1, and the larger p cannot fall below it
+    assert holm({"a": 0.6, "b": 0.7, "c": None}) == {"a": 1.0, "b": 1.0, "c": None}
