@@ -376,6 +376,22 @@ def test_per_layer_inputs_are_checked(
     assert str(raised.value) == message
 
 
+def test_work_is_checked_and_a_zero_sensitivity_is_allowed() -> None:
+    dims = ModelDims(2, 64, 128, 64)
+    for work, message in (
+        ([1.0, -1.0], "work values must be finite and non-negative, got [1.0, -1.0]"),
+        ([0.0, 0.0], "every layer has zero work (times sensitivity): nothing to allocate by"),
+    ):
+        with pytest.raises(ValueError) as raised:
+            PowerLaw().solve(dims.width_problem(work))
+        assert str(raised.value) == message
+    # lambda = 0 switches a layer off: it gets the lower bound (64) and the others share the
+    # remaining 320 as 160 each, 2.5 multiples: the tied extra multiple goes to the first layer
+    three = ModelDims(3, 64, 128, 64)
+    widths = PowerLaw().solve(three.width_problem([1, 1, 1], sensitivities=[1, 0, 1]))
+    assert widths == [192, 64, 128]
+
+
 def test_equal_per_layer_exponents_are_a_shared_exponent() -> None:
     """a_l = 2 everywhere (the solver's own a is 1): the closed form with a = 2."""
     work = [3.0, 2.5, 2.0, 1.6]
