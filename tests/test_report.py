@@ -291,12 +291,15 @@ def test_exact_test_notes_name_every_number_of_seeds_that_cannot_reach_the_level
     arms = {
         "one": {"vs_uniform": {"n": 1, "p_min": 1.0}, "vs_source": None},
         "three": {"vs_uniform": {"n": 3, "p_min": 0.25}, "vs_source": {"n": 5, "p_min": 0.0625}},
+        "two": {"vs_uniform": {"n": 2, "p_min": 0.5}, "vs_source": None},
         "uniform": {"vs_uniform": None, "vs_source": None},
     }
     tail = "can reach p ≤ 0.05; that takes at least 6 paired seeds."
     assert exact_test_notes(arms, 0.05) == [
         f"With 1 paired seed the exact sign-flip test cannot give a p-value below 1 (2/2^1), so "
         f"no comparison on 1 seed {tail}",
+        f"With 2 paired seeds the exact sign-flip test cannot give a p-value below 0.5 (2/2^2), "
+        f"so no comparison on 2 seeds {tail}",
         f"With 3 paired seeds the exact sign-flip test cannot give a p-value below 0.25 (2/2^3), "
         f"so no comparison on 3 seeds {tail}",
         f"With 5 paired seeds the exact sign-flip test cannot give a p-value below 0.0625 "
@@ -305,6 +308,7 @@ def test_exact_test_notes_name_every_number_of_seeds_that_cannot_reach_the_level
     # at level 0.0625 five seeds are enough: p = 0.0625 reaches it
     assert [note.split(" paired")[0] for note in exact_test_notes(arms, 0.0625)] == [
         "With 1",
+        "With 2",
         "With 3",
     ]
 

@@ -109,11 +109,13 @@ def test_two_seeds_have_a_t_interval() -> None:
 
 
 def test_the_default_bootstrap_draws_10000_resamples() -> None:
-    rng = np.random.default_rng(11)
-    base = rng.normal(3.0, 0.1, 5)
-    arm = base - 0.02 + rng.normal(0, 0.02, 5)
+    rng = np.random.default_rng(11)  # 12 seeds: resampled means are nearly continuous
+    base = rng.normal(3.0, 0.1, 12)
+    arm = base - 0.02 + rng.normal(0, 0.02, 12)
     diff = paired_difference(dict(enumerate(arm)), dict(enumerate(base)))
-    assert diff.bootstrap_ci == pytest.approx(_scipy_bootstrap(arm - base, 10000, 0.95, 0))
+    reference = _scipy_bootstrap(arm - base, 10000, 0.95, 0)
+    assert diff.bootstrap_ci == pytest.approx(reference, rel=1e-12)
+    assert diff.bootstrap_ci != pytest.approx(_scipy_bootstrap(arm - base, 10001, 0.95, 0))
 
 
 def test_a_single_resample_is_its_own_interval() -> None:
@@ -220,6 +222,12 @@ def test_beyond_twenty_the_p_value_is_the_seeded_monte_carlo_estimate() -> None:
     sums = (signs @ steps).round().astype(int)
     extreme = int(np.count_nonzero(np.abs(sums) >= abs(int(steps.sum()))))
     assert sign_flip_p((0.01 * steps).tolist()) == pytest.approx((extreme + 1) / 100_001)
+
+
+@pytest.mark.parametrize("n", [3, 21])
+def test_differences_that_are_all_zero_give_p_1(n: int) -> None:
+    """Every sign pattern is as extreme as the observed zero sum (enumerated or drawn)."""
+    assert sign_flip_p([0.0] * n) == 1.0
 
 
 def test_smallest_p_seeds_to_reach_and_holms_cap() -> None:
