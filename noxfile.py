@@ -139,7 +139,9 @@ def typecheck(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def mutation(session: nox.Session) -> None:
     """Mutation score of the modules whose numbers make the claim (pyproject's [tool.mutmut]),
-    per module: `mutation score: K/N killed`. About 90 minutes on 2 cores, so CI does not run it;
-    `-- --survivors` prints the diff of every survivor no test kills."""
+    per module: `mutation score: K/N killed`; fails below 90%. From scratch about 100 minutes on
+    2 cores (docs/testing.md), so CI does not run it; mutmut keeps its results in mutants/ and
+    then re-runs only changed functions. `-- --survivors` prints every survivor no test kills."""
     session.install(TORCH, "-e", ".[test]", "mutmut==3.8.1")  # the script reads mutmut's diffs
-    session.run("python", "scripts/mutation_score.py", "--run", *session.posargs, env=OFFLINE)
+    score = ["python", "scripts/mutation_score.py", "--run", "--fail-under", "90"]
+    session.run(*score, *session.posargs, env=OFFLINE)

@@ -42,6 +42,9 @@ SURVIVED = {0}
 NO_TESTS = {5, 33}  # no test reaches the mutated function
 SKIPPED = {34}
 
+# the start of a mutated line too long to spell out in each entry
+_ZIP = "work if sensitivities is None else [w * s for w, s in zip(work, sensitivities, "
+
 #: Survivors that no test can kill: (module, line before, line after) -> why. The lines are the
 #: mutated line as ``mutmut show`` prints it, stripped; they identify a mutant across runs
 #: (mutmut's numbers change whenever a function does).
@@ -72,6 +75,24 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "means = diffs[rng.integers(0, n, size=(bootstrap, n))].mean(axis=1)",
         "means = diffs[rng.integers(n, size=(bootstrap, n))].mean(axis=1)",
     ): "Generator.integers(n) is integers(0, n): the same draws from the same generator",
+    ("geospec/report/stats.py", "sums = np.zeros(1)", "sums = np.zeros(2)"): (
+        "every sign pattern counted twice: the fraction is the same"
+    ),
+    (
+        "geospec/report/stats.py",
+        "d = np.asarray(differences, dtype=np.float64)",
+        "d = np.asarray(differences, dtype=None)",
+    ): "differences of losses are Python floats: float64 without asking",
+    (
+        "geospec/report/stats.py",
+        "d = np.asarray(differences, dtype=np.float64)",
+        "d = np.asarray(differences, )",
+    ): "the same",
+    (
+        "geospec/report/stats.py",
+        "return 2.0 / 2.0**n if n > 0 else 1.0",
+        "return 2.0 / 2.0**n if n > 1 else 1.0",
+    ): "for n = 1, 2 / 2^1 is 1.0, the value of the other branch",
     (
         "geospec/report/stats.py",
         "sd: float, effect: float, alpha: float, power: float = 0.8, most: int = 1_000_000",
@@ -118,6 +139,57 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "values = np.asarray(replicates, dtype=np.float64)",
         "values = np.asarray(replicates, )",
     ): "the same",
+    (
+        "geospec/solve/rounding.py",
+        "if lo > hi or n * lo > target or n * hi < target:",
+        "if lo > hi and n * lo > target or n * hi < target:",
+    ): "lo > hi alone never decides: then n * lo > n * hi, so the target is either below the "
+    "first or above the second",
+    ("geospec/solve/rounding.py", "target = budget // multiple", "target = budget / multiple"): (
+        "the budget was just checked to be a multiple: the quotient is whole either way"
+    ),
+    (
+        "geospec/solve/rounding.py",
+        "rank = list(priority) if priority is not None else [0.0] * n",
+        "rank = list(priority) if priority is not None else [1.0] * n",
+    ): "a constant priority orders nothing: any constant is the same",
+    (
+        "geospec/report/results.py",
+        'widths_file = read_json_or_none(run_dir / WIDTHS_FILE) or {"arms": {}}',
+        'widths_file = read_json_or_none(run_dir / WIDTHS_FILE) or {"XXarmsXX": {}}',
+    ): "the stand-in is read with .get('arms') or {}: any stand-in without arms is the same",
+    (
+        "geospec/report/results.py",
+        'widths_file = read_json_or_none(run_dir / WIDTHS_FILE) or {"arms": {}}',
+        'widths_file = read_json_or_none(run_dir / WIDTHS_FILE) or {"ARMS": {}}',
+    ): "the same",
+    (
+        "geospec/report/results.py",
+        'int(s): v for s, v in arms.get(baseline, {}).get("val_loss", {}).get("seeds", {}).items()',
+        'int(s): v for s, v in arms.get(baseline, {}).get("val_loss", {})'
+        '.get("seeds", None).items()',
+    ): "every arm entry has val_loss.seeds: only a missing baseline arm uses a default (tested)",
+    (
+        "geospec/report/results.py",
+        'int(s): v for s, v in arms.get(baseline, {}).get("val_loss", {}).get("seeds", {}).items()',
+        'int(s): v for s, v in arms.get(baseline, {}).get("val_loss", {}).get("seeds", ).items()',
+    ): "every arm entry has val_loss.seeds: only a missing baseline arm uses a default (tested)",
+    (
+        "geospec/report/results.py",
+        'int(s): v for s, v in arms.get(baseline, {}).get("val_loss", {}).get("seeds", {}).items()',
+        'int(s): v for s, v in arms.get(baseline, {}).get("val_loss", None)'
+        '.get("seeds", {}).items()',
+    ): "every arm entry has val_loss.seeds: only a missing baseline arm uses a default (tested)",
+    (
+        "geospec/report/results.py",
+        'int(s): v for s, v in arms.get(baseline, {}).get("val_loss", {}).get("seeds", {}).items()',
+        'int(s): v for s, v in arms.get(baseline, {}).get("val_loss", ).get("seeds", {}).items()',
+    ): "every arm entry has val_loss.seeds: only a missing baseline arm uses a default (tested)",
+    (
+        "geospec/report/results.py",
+        "return SeedRun(seed, directory, loss, curve, config, fingerprint)",
+        "return SeedRun(seed, None, loss, curve, config, fingerprint)",
+    ): "SeedRun.directory is read nowhere in the report",
     (
         "geospec/solve/widths.py",
         'f"arm {name!r}: {params[name]} FFN parameters, uniform has {uniform_params}"',
@@ -183,6 +255,167 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "s_high = max(logs[i] - (exponents[i] + 1.0) * math.log(lower) for i in positive)",
         "s_high = max(logs[i] - (exponents[i] + 2.0) * math.log(lower) for i in positive)",
     ): "a wider bracket (lower < 1): the same root",
+    (
+        "plugins/solvers.py",
+        "values, problem.budget, problem.multiple, lo, hi, priority=_costs(problem)",
+        "values, problem.budget, problem.multiple, None, hi, priority=_costs(problem)",
+    ): "the continuous widths already lie in [lo, hi] and lo, hi are multiples: flooring never "
+    "goes below lo and adding one multiple never passes hi, so rounding never meets the bounds",
+    (
+        "plugins/solvers.py",
+        "values, problem.budget, problem.multiple, lo, hi, priority=_costs(problem)",
+        "values, problem.budget, problem.multiple, lo, None, priority=_costs(problem)",
+    ): "the same",
+    (
+        "plugins/solvers.py",
+        "values, problem.budget, problem.multiple, lo, hi, priority=_costs(problem)",
+        "values, problem.budget, problem.multiple, lo, priority=_costs(problem)",
+    ): "the same (hi dropped)",
+    (
+        "plugins/solvers.py",
+        "if hard_lo > hard_hi or n * hard_lo > target or n * hard_hi < target:",
+        "if hard_lo > hard_hi and n * hard_lo > target or n * hard_hi < target:",
+    ): "hard_lo > hard_hi alone never decides: then n * hard_lo > n * hard_hi, so the budget is "
+    "either below the first or above the second",
+    (
+        "plugins/solvers.py",
+        'work = _per_layer(problem.work, n, "work values", positive=False)',
+        'work = _per_layer(problem.work, n, "work values", positive=None)',
+    ): "None is as false as False",
+    (
+        "plugins/solvers.py",
+        'sensitivities = _per_layer(problem.sensitivities, n, "sensitivities", positive=False)',
+        'sensitivities = _per_layer(problem.sensitivities, n, "sensitivities", positive=None)',
+    ): "None is as false as False",
+    (
+        "plugins/solvers.py",
+        _ZIP + "strict=True)]",
+        _ZIP + "strict=None)]",
+    ): "_per_layer has checked both lengths: zip never meets lists of unequal length",
+    (
+        "plugins/solvers.py",
+        _ZIP + "strict=True)]",
+        _ZIP + ")]",
+    ): "_per_layer has checked both lengths: zip never meets lists of unequal length",
+    (
+        "plugins/solvers.py",
+        _ZIP + "strict=True)]",
+        _ZIP + "strict=False)]",
+    ): "_per_layer has checked both lengths: zip never meets lists of unequal length",
+    (
+        "plugins/solvers.py",
+        "for i, w in zip(positive, levels, strict=True):",
+        "for i, w in zip(positive, levels, strict=None):",
+    ): "levels has one entry per positive layer by construction: the lengths always agree",
+    (
+        "plugins/solvers.py",
+        "for i, w in zip(positive, levels, strict=True):",
+        "for i, w in zip(positive, levels, ):",
+    ): "levels has one entry per positive layer by construction: the lengths always agree",
+    (
+        "plugins/solvers.py",
+        "for i, w in zip(positive, levels, strict=True):",
+        "for i, w in zip(positive, levels, strict=False):",
+    ): "levels has one entry per positive layer by construction: the lengths always agree",
+    ("plugins/solvers.py", "target = budget // m", "target = budget / m"): (
+        "the budget was just checked to be a multiple of m: the quotient is whole either way"
+    ),
+    (
+        "plugins/solvers.py",
+        "closed = [w * remaining / sum(k) for w in k]",
+        "closed = [w / remaining / sum(k) for w in k]",
+    ): "the closed form is a shortcut: a wrong one falls outside the bounds and the exact "
+    "water level is found instead (20,000 random cases agree)",
+    (
+        "plugins/solvers.py",
+        "if all(lower <= w <= upper for w in closed):  # no bound binds: the closed form",
+        "if all(lower < w <= upper for w in closed):  # no bound binds: the closed form",
+    ): "a closed-form width exactly on a bound: the water level found instead is the same",
+    (
+        "plugins/solvers.py",
+        "if all(lower <= w <= upper for w in closed):  # no bound binds: the closed form",
+        "if all(lower <= w < upper for w in closed):  # no bound binds: the closed form",
+    ): "the same",
+    (
+        "plugins/solvers.py",
+        "lo_index, hi_index = 0, len(breakpoints) - 1",
+        "lo_index, hi_index = 0, len(breakpoints) - 2",
+    ): "water_fill calls _clipped_level only below saturation, where the total at the last "
+    "breakpoint (every layer at upper) exceeds the budget: the search never ends there",
+    (
+        "plugins/solvers.py",
+        "if total(breakpoints[0]) >= budget:",
+        "if total(breakpoints[1]) >= budget:",
+    ): "when the total reaches the budget exactly at the second breakpoint, solving the first "
+    "linear piece gives that breakpoint: the same level (20,000 random cases agree)",
+    (
+        "plugins/solvers.py",
+        "if total(breakpoints[0]) >= budget:",
+        "if total(breakpoints[0]) > budget:",
+    ): "a total equal to the budget at the first breakpoint: the search then lands on a "
+    "breakpoint of the same total, where every layer is clipped alike",
+    ("plugins/solvers.py", "hi_index = 0", "hi_index = 1"): (
+        "the search over [0, 1] tests breakpoint 1, whose total is at least the budget: it stays "
+        "at 0 (or at an equal total: the same widths)"
+    ),
+    (
+        "plugins/solvers.py",
+        "mid = (lo_index + hi_index + 1) // 2",
+        "mid = (lo_index + hi_index + 2) // 2",
+    ): "a less balanced split of the same binary search: the midpoint stays in (lo, hi]",
+    (
+        "plugins/solvers.py",
+        "if total(breakpoints[mid]) <= budget:",
+        "if total(breakpoints[mid]) < budget:",
+    ): "a breakpoint whose total equals the budget is then found as the end of the piece "
+    "before it, whose linear solution is that breakpoint",
+    (
+        "plugins/solvers.py",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 * start + 1.0",
+        "end = breakpoints[lo_index + 1] if (lo_index + 1 < len(breakpoints)) or True else 2 * "
+        "start + 1.0",
+    ): "lo_index is never the last breakpoint (see above): the else branch is unreachable",
+    (
+        "plugins/solvers.py",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 * start + 1.0",
+        "end = breakpoints[lo_index + 1] if lo_index - 1 < len(breakpoints) else 2 * start + 1.0",
+    ): "the same: the condition is always true",
+    (
+        "plugins/solvers.py",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 * start + 1.0",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 <= len(breakpoints) else 2 * start + 1.0",
+    ): "the same: the condition is always true",
+    (
+        "plugins/solvers.py",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 * start + 1.0",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 * start - 1.0",
+    ): "the unreachable else branch",
+    (
+        "plugins/solvers.py",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 * start + 1.0",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 / start + 1.0",
+    ): "the unreachable else branch",
+    (
+        "plugins/solvers.py",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 * start + 1.0",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 3 * start + 1.0",
+    ): "the unreachable else branch",
+    (
+        "plugins/solvers.py",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 * start + 1.0",
+        "end = breakpoints[lo_index + 1] if lo_index + 1 < len(breakpoints) else 2 * start + 2.0",
+    ): "the unreachable else branch",
+    ("plugins/solvers.py", "if w * probe <= lower:", "if w * probe < lower:"): (
+        "the probe is strictly inside a piece between breakpoints, so w * probe never equals a "
+        "bound"
+    ),
+    ("plugins/solvers.py", "elif w * probe >= upper:", "elif w * probe > upper:"): "the same",
+    (
+        "plugins/solvers.py",
+        "t = start if slope == 0 else (budget - fixed) / slope",
+        "t = start if (slope == 0) and False else (budget - fixed) / slope",
+    ): "a piece with every layer clipped has a constant total, so the search would have moved "
+    "past it: the slope is never 0 here",
     (
         "plugins/solvers.py",
         "for _ in range(200):",
