@@ -73,6 +73,10 @@ def process_group() -> Iterator[tuple[int, int]]:
     ctx = init_distributed()
     try:
         yield ctx.rank, ctx.world_size
+        if owned and ctx.enabled:
+            # Leave together: a rank that tears its group down while a peer still sends to it
+            # can abort at exit ("terminate called without an active exception").
+            dist.barrier()
     finally:
         if owned and dist.is_initialized():
             dist.destroy_process_group()
