@@ -1,43 +1,54 @@
-"""Loading a pretrained Hugging Face causal LM from local files (a directory or a GGUF file)."""
+"""Loading a pretrained Hugging Face causal LM: a local directory, a GGUF file, or a hub id at a
+pinned commit (:mod:`geospec.engine.hub`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from geospec.engine.hub import Source, locate
 from geospec.engine.tokenizer import load_error
 from geospec.errors import UsageError
 
+DTYPES = ("float32", "bfloat16", "float16")
 
-def load_pretrained(path: str | Path, device: str = "cpu", trust_remote_code: bool = False) -> Any:
-    """A causal LM in float32 and eval mode, from a local directory or a ``.gguf`` file.
 
-    Nothing is downloaded (``local_files_only``). Code shipped with the checkpoint (``auto_map``)
-    runs only with ``trust_remote_code``; weights are read from safetensors files where the
-    checkpoint has them. GGUF files are de-quantised by transformers (which needs the ``gguf``
-    package). Every load failure is one :class:`UsageError` naming the path.
+def load_pretrained(
+    source: Source | str | Path,
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    dtype: str = "float32",
+) -> Any:
+    """A causal LM in ``dtype`` and eval mode on ``device``.
+
+    Low memory: transformers builds the model without initialising weights, reads safetensors
+    memory-mapped and casts each tensor to ``dtype`` as it is placed on ``device`` (``device_map``),
+    so the peak is about one copy of the weights in ``dtype`` (docs/pretrained.md). GGUF files are
+    de-quantised by transformers (the ``gguf`` extra: gguf and accelerate). Code shipped with the
+    checkpoint (``auto_map``) runs only with ``trust_remote_code``. Every load failure is one
+    :class:`UsageError` naming the checkpoint.
     """
     import torch
     from transformers import AutoModelForCausalLM
 
-    path = Path(path)
-    kwargs: dict[str, Any] = {
-        "local_files_only": True,
-        "dtype": torch.float32,
-        "trust_remote_code": trust_remote_code,
-    }
+    if not isinstance(source, Source):
+        source = locate(str(source), None, Path.cwd(), "reference.checkpoint")
+    if dtype not in DTYPES:
+        raise UsageError(f"reference.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    location, keywords = source.from_pretrained_args()
     try:
-        if path.suffix == ".gguf":
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, **kwargs
-            )
-        else:
-            model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            location,
+            dtype=getattr(torch, dtype),
+            device_map=device,
+            trust_remote_code=trust_remote_code,
+            **keywords,
+        )
     except Exception as error:  # transformers raises many kinds; each is about the user's files
         raise UsageError(
-            f"reference.checkpoint: cannot load {path} as a causal LM: {load_error(error)}"
+            f"{source.field}: cannot load {source} as a causal LM: {load_error(error)}"
         ) from None
-    return model.to(device).eval()  # type: ignore[arg-type]
+    return model.eval()
 
 
 def hidden_width(model: Any) -> int:

@@ -1,4 +1,4 @@
-"""Tokenizers: a byte-level BPE trained on the training split, GPT-2's BPE, or a local directory.
+"""Tokenizers: a byte-level BPE trained on the training split, GPT-2's BPE, or a pretrained one.
 
 Every kind ends as a ``tokenizers.Tokenizer`` saved as ``tokenizer.json`` beside the packed tokens,
 so a prepared dataset always carries the exact tokenizer that produced it. Documents are separated
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from geospec.engine.hub import Source, check_hub_files, locate
 from geospec.errors import UsageError
 from geospec.spec.sections import BPETokenizer, GPT2Tokenizer, PretrainedTokenizer
 
@@ -61,31 +62,37 @@ def train_bpe(spec: BPETokenizer, texts: Iterable[str]) -> Tokenizer:
     return tokenizer
 
 
-def pretrained_tokenizer(path: Path, trust_remote_code: bool = False) -> tuple[Tokenizer, int]:
-    """The fast tokenizer in a local directory (anything transformers' AutoTokenizer loads) and
-    its EOS id, which separates documents. Code shipped with the tokenizer runs only with
-    ``trust_remote_code``."""
+def pretrained_tokenizer(
+    source: Source | Path, trust_remote_code: bool = False
+) -> tuple[Tokenizer, int]:
+    """The fast tokenizer of a pretrained model (a local directory, the tokenizer embedded in a
+    ``.gguf`` file, or a hub id at its commit) and its EOS id, which separates documents. Code
+    shipped with the tokenizer runs only with ``trust_remote_code``."""
     from transformers import AutoTokenizer
 
-    if not path.is_dir():
-        raise UsageError(f"data.tokenizer.path: {path} is not a directory")
+    if not isinstance(source, Source):
+        source = locate(str(source), None, Path.cwd(), "data.tokenizer.path")
+    if source.on_hub:
+        check_hub_files(source, "tokenizer_config.json")
+    location, keywords = source.from_pretrained_args()
     try:
         loaded = AutoTokenizer.from_pretrained(
-            str(path), local_files_only=True, trust_remote_code=trust_remote_code
+            location, trust_remote_code=trust_remote_code, **keywords
         )
     except Exception as error:  # transformers raises many kinds; each is the user's file
         raise UsageError(
-            f"data.tokenizer.path: cannot load a tokenizer from {path}: {load_error(error)}"
+            f"data.tokenizer.path: cannot load a tokenizer from {source}: {load_error(error)}"
+            + _gguf_hint(source)
         ) from None
     backend = getattr(loaded, "backend_tokenizer", None)
     if not isinstance(backend, Tokenizer):
         raise UsageError(
-            f"data.tokenizer.path: {path} has no fast tokenizer (tokenizer.json); convert it with "
-            "transformers (AutoTokenizer.from_pretrained(...).save_pretrained(...)) first"
+            f"data.tokenizer.path: {source} has no fast tokenizer (tokenizer.json); convert it "
+            "with transformers (AutoTokenizer.from_pretrained(...).save_pretrained(...)) first"
         )
     if loaded.eos_token_id is None:
         raise UsageError(
-            f"data.tokenizer.path: the tokenizer in {path} has no EOS token to separate documents"
+            f"data.tokenizer.path: the tokenizer in {source} has no EOS token to separate documents"
         )
     return backend, int(loaded.eos_token_id)
 
@@ -97,7 +104,8 @@ def build_tokenizer(
     must be trained. Relative paths are taken from ``spec_dir`` (default: the working directory)."""
     base = spec_dir or Path.cwd()
     if isinstance(spec, PretrainedTokenizer):
-        return pretrained_tokenizer(base / spec.path, spec.trust_remote_code)
+        source = locate(spec.path, spec.revision, base, "data.tokenizer.path")
+        return pretrained_tokenizer(source, spec.trust_remote_code)
     if isinstance(spec, GPT2Tokenizer):
         tokenizer = gpt2_tokenizer(base / spec.path if spec.path else None)
     else:
@@ -105,6 +113,18 @@ def build_tokenizer(
     eot = tokenizer.token_to_id(EOT)
     assert eot is not None  # both kinds register EOT as a special token
     return tokenizer, eot
+
+
+def _gguf_hint(source: Source) -> str:
+    """A directory holding only a GGUF file has no tokenizer files: its tokenizer is in the file."""
+    if source.on_hub or source.gguf_file or not source.path.is_dir():
+        return ""
+    gguf = sorted(p.name for p in source.path.glob("*.gguf"))
+    return (
+        f' (the tokenizer of a GGUF checkpoint is inside it: path = "{source.path / gguf[0]}")'
+        if gguf
+        else ""
+    )
 
 
 def load_error(error: BaseException) -> str:

@@ -106,13 +106,27 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 + "); derive each arm from one that is computed on its own",
             )
         )
-    if spec.reference.checkpoint is not None and not isinstance(tok, PretrainedTokenizer):
+    reference = spec.reference
+    if reference.checkpoint is not None and not isinstance(tok, PretrainedTokenizer):
+        revision = f', revision = "{reference.revision}"' if reference.revision else ""
         problems.append(
             (
                 "data.tokenizer",
                 "a pretrained reference.checkpoint reads tokens of its own "
                 f'tokenizer; set tokenizer = {{ kind = "pretrained", path = '
-                f'"{spec.reference.checkpoint}" }}',
+                f'"{reference.checkpoint}"{revision} }}',
+            )
+        )
+    if (
+        isinstance(tok, PretrainedTokenizer)
+        and tok.path == reference.checkpoint
+        and tok.revision != reference.revision
+    ):
+        problems.append(
+            (
+                "data.tokenizer.revision",
+                f"{tok.revision!r} differs from reference.revision {reference.revision!r} for the "
+                f"same hub model {tok.path}; the probe must feed the model its own tokens",
             )
         )
     if spec.data.val_fraction >= 0.5 and not (spec.probe_only and spec.reference.checkpoint):

@@ -7,9 +7,18 @@ reading a file and turning errors into messages lives in :mod:`geospec.spec.load
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from geospec.plugin import GeometryRef, LauncherRef, ScheduleRef, StatisticRef
 from geospec.report.stats import MIN_RELIABILITY
@@ -17,6 +26,30 @@ from geospec.report.stats import MIN_RELIABILITY
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 """Seeds are what torch and numpy accept: integers in [0, 2**32)."""
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+"""A Hugging Face hub model id: 'organisation/name'."""
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+"""A git commit id, the only hub revision that cannot move (branches and tags can)."""
+
+
+def pinned_revision_problem(location: str | None, revision: str | None, field: str) -> str | None:
+    """Why ``revision`` cannot pin the hub model named ``location`` (``field`` names the option
+    holding the id), or None when it can."""
+    if revision is None:
+        return None
+    if location is None:
+        return f"pins a hub model, but {field} names none"
+    if not HUB_ID.match(location) or location.endswith(".gguf"):
+        return (
+            f"pins a Hugging Face hub model; {field} = {location!r} is not a hub id "
+            "('organisation/name'); drop revision for a local directory or .gguf file"
+        )
+    if not COMMIT.match(revision):
+        return (
+            f"{revision!r} is not a commit id: give the 40-hex commit (branches and tags move; "
+            "the model page's 'Files and versions' history lists commits)"
+        )
+    return None
 
 
 class AddedLater:
@@ -95,12 +128,23 @@ class GPT2Tokenizer(Section):
 
 
 class PretrainedTokenizer(Section):
-    """A tokenizer directory loadable by transformers' AutoTokenizer (local files only)."""
+    """A pretrained tokenizer, loaded by transformers' AutoTokenizer."""
 
     kind: Literal["pretrained"] = "pretrained"
     path: str
+    """A local model directory, a .gguf file (its embedded tokenizer), or a Hugging Face hub id
+    with `revision`."""
     trust_remote_code: Annotated[bool, ADDED_LATER] = False
     """Run Python code shipped with the tokenizer (its auto_map). Only for sources you trust."""
+    revision: Annotated[str | None, ADDED_LATER] = None
+    """The commit (40-hex id) of the hub model `path` names; read through the Hugging Face cache."""
+
+    @field_validator("revision")
+    @classmethod
+    def _pinned(cls, revision: str | None, info: ValidationInfo) -> str | None:
+        if problem := pinned_revision_problem(info.data.get("path"), revision, "path"):
+            raise ValueError(problem)
+        return revision
 
 
 Tokenizer = Annotated[
@@ -165,19 +209,43 @@ class ReferenceSpec(Section):
     """The uniform model that is probed: trained here, or a pretrained checkpoint."""
 
     checkpoint: str | None = None
-    """A local Hugging Face model directory or .gguf file; omit to train the spec's model."""
+    """A pretrained causal LM: a local Hugging Face model directory, a .gguf file, or a hub id
+    ('organisation/name') with `revision`; omit to train the spec's model."""
     train_steps: int | None = Field(None, ge=1, le=100_000_000)
     """Steps to train the reference (default: train.steps)."""
     seed: Seed = 0
     trust_remote_code: Annotated[bool, ADDED_LATER] = False
     """Run Python code shipped with the checkpoint (its auto_map) to build the model. This executes
     the checkpoint's own code: only for checkpoints you trust."""
+    revision: Annotated[str | None, ADDED_LATER] = None
+    """The commit (40-hex id) of the hub model `checkpoint` names, read through the Hugging Face
+    cache (HF_HUB_OFFLINE=1 works once it is cached). Required for a hub id: branches move."""
+    dtype: Annotated[Literal["float32", "bfloat16", "float16"], ADDED_LATER] = "float32"
+    """The pretrained checkpoint's weights and activations: bfloat16 halves memory (a 7B model
+    probes in about 17 GB; docs/pretrained.md); probed clouds are stored in float32 either way."""
 
     @model_validator(mode="after")
     def _one_of(self) -> ReferenceSpec:
         if self.checkpoint is not None and self.train_steps is not None:
             raise ValueError("give either checkpoint or train_steps, not both")
         return self
+
+    @field_validator("revision")
+    @classmethod
+    def _pinned(cls, revision: str | None, info: ValidationInfo) -> str | None:
+        if problem := pinned_revision_problem(info.data.get("checkpoint"), revision, "checkpoint"):
+            raise ValueError(problem)
+        return revision
+
+    @field_validator("dtype")
+    @classmethod
+    def _pretrained_only(cls, dtype: str, info: ValidationInfo) -> str:
+        if dtype != "float32" and info.data.get("checkpoint") is None:
+            raise ValueError(
+                "applies to a pretrained checkpoint; the spec's own reference trains with "
+                "train.precision"
+            )
+        return dtype
 
 
 class ProbeSpec(Section):

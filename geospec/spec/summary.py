@@ -37,6 +37,8 @@ def spec_summary(spec: Spec) -> Group:
     )
     reference = (
         f"checkpoint {spec.reference.checkpoint}"
+        + (f" at commit {spec.reference.revision}" if spec.reference.revision else "")
+        + (f", {spec.reference.dtype}" if spec.reference.dtype != "float32" else "")
         if spec.reference.checkpoint
         else f"train uniform model for {spec.reference.train_steps} steps"
         if spec.reference.train_steps

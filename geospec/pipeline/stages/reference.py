@@ -1,7 +1,8 @@
 """The reference stage: the uniform model whose activations are probed.
 
 Either the spec's own model trained with the uniform width (``reference/``, a training directory
-like any arm's), or a pretrained checkpoint that is only checked and keyed by its files.
+like any arm's), or a pretrained checkpoint that is only checked and keyed: local files by their
+paths, sizes and times, a hub model by its id and commit (:mod:`geospec.engine.hub`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from geospec.engine.hub import Source, locate
 from geospec.engine.run_files import RESULT_FILE
 from geospec.errors import UsageError
 from geospec.pipeline.context import Done, Plan, RunContext
@@ -34,14 +36,19 @@ class Reference:
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Reference:
-        return cls(spec.reference, spec.model, spec.data, spec.train)
+        return cls(spec.reference, spec.model, spec.data, spec.train, spec.name)
 
     def key(self, spec_dir: Path) -> str:
         ref = self.reference
         if ref.checkpoint is not None:
-            path = checkpoint_path(spec_dir, ref.checkpoint)
+            # dtype changes what is probed; at its default the key is the one from before it
+            dtype = [] if ref.dtype == "float32" else [ref.dtype]
+            source = checkpoint_source(spec_dir, ref)
+            if source.on_hub:  # a commit's files never change: the id and commit are the key
+                return digest("reference-hub", source.location, source.revision, *dtype)
+            path = source.path
             stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _files(path)]
-            return digest("reference-checkpoint", str(path.resolve()), stamp)
+            return digest("reference-checkpoint", str(path.resolve()), stamp, *dtype)
         return digest(
             "reference",
             section(self.model),
@@ -51,15 +58,14 @@ class Reference:
         )
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
-        checkpoint = self.reference.checkpoint
-        if checkpoint is not None:
-            path = checkpoint_path(run.spec_dir, checkpoint)
-            if not path.exists():
-                raise UsageError(
-                    f"reference.checkpoint: {path} does not exist; give a local Hugging Face "
-                    "model directory or .gguf file (relative paths are relative to the spec file)"
-                )
-            note = f"[green]✓[/] reference: pretrained checkpoint {path}"
+        if self.reference.checkpoint is not None:
+            source = checkpoint_source(run.spec_dir, self.reference)  # a missing path: one line
+            if source.on_hub:
+                from geospec.engine.hub import check_hub_files
+
+                check_hub_files(source, "config.json")  # a wrong commit is said here, not later
+            dtype = "" if self.reference.dtype == "float32" else f" in {self.reference.dtype}"
+            note = f"[green]✓[/] reference: pretrained checkpoint {source}{dtype}"
             return Plan(self.key(run.spec_dir), current=True, note=note, main_only=False)
         out = run.run_dir / REFERENCE_DIR
         key = self.key(run.spec_dir)
@@ -106,13 +112,11 @@ def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module
     from geospec.engine.train import resolve_device
 
     device = resolve_device(run.device)
-    checkpoint = reference.checkpoint
-    if checkpoint is not None:
+    if reference.checkpoint is not None:
         from geospec.engine.pretrained import hidden_width, load_pretrained
 
-        model = load_pretrained(
-            checkpoint_path(run.spec_dir, checkpoint), str(device), reference.trust_remote_code
-        )
+        source = checkpoint_source(run.spec_dir, reference)
+        model = load_pretrained(source, str(device), reference.trust_remote_code, reference.dtype)
         return model, hidden_width(model)
     from geospec.engine.checkpoint import load_model
 
@@ -120,11 +124,11 @@ def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module
     return model, model.config.d_model
 
 
-def checkpoint_path(spec_dir: Path, checkpoint: str) -> Path:
-    """A pretrained checkpoint's path; relative paths are relative to the spec file, like every
-    other path in a spec."""
-    path = Path(checkpoint).expanduser()
-    return path if path.is_absolute() else spec_dir / path
+def checkpoint_source(spec_dir: Path, reference: ReferenceSpec) -> Source:
+    """Where the pretrained checkpoint is read from: a hub id at its commit, or a local directory
+    or .gguf file (relative paths are relative to the spec file, like every path in a spec)."""
+    assert reference.checkpoint is not None
+    return locate(reference.checkpoint, reference.revision, spec_dir, "reference.checkpoint")
 
 
 def _files(path: Path) -> list[Path]:
