@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "report": "geospec.cli.report:report",
     "plan": "geospec.cli.plan:plan",
     "export": "geospec.cli.export:export",
+    "eval": "geospec.cli.eval:evaluate",
     "status": "geospec.cli.status:status",
 }
 

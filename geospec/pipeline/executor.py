@@ -1,4 +1,5 @@
-"""The pipeline: validate -> reference -> probe -> measure -> diagnose -> solve -> train -> report.
+"""The pipeline: validate -> reference -> probe -> measure -> diagnose -> solve -> train -> eval
+-> report.
 
 Each stage (one module in :mod:`geospec.pipeline.stages`) is built from the spec sections it
 depends on and plans itself: a key (a hash of those sections and its upstream stages' keys), the
@@ -28,6 +29,7 @@ from geospec.pipeline.run_dir import (
     write_run_metadata,
 )
 from geospec.pipeline.stages.diagnose import Diagnose
+from geospec.pipeline.stages.eval import Eval
 from geospec.pipeline.stages.measure import Measure
 from geospec.pipeline.stages.probe import Probe
 from geospec.pipeline.stages.reference import Reference
@@ -36,7 +38,16 @@ from geospec.pipeline.stages.solve import Solve
 from geospec.pipeline.stages.train import Train
 from geospec.spec.sections import Spec
 
-STAGE_TYPES: tuple[type[Stage], ...] = (Reference, Probe, Measure, Diagnose, Solve, Train, Report)
+STAGE_TYPES: tuple[type[Stage], ...] = (
+    Reference,
+    Probe,
+    Measure,
+    Diagnose,
+    Solve,
+    Train,
+    Eval,
+    Report,
+)
 STAGES = tuple(stage.name for stage in STAGE_TYPES)
 
 

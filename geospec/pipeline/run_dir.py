@@ -5,8 +5,9 @@ Layout (docs/pipeline.md): ``spec.resolved.toml``, ``plugins.json``, ``env.json`
 ``stages.json``, ``reference/``, ``clouds/``, ``profiles.json``, ``diagnostics.json``,
 ``widths.json``, ``arms/<arm>/seed-<k>/`` (one training directory each), ``results.json``,
 ``report.md``, ``plots/``. A training directory holds ``run_key.json`` (the key of the run it
-belongs to) besides the files of :mod:`geospec.engine.checkpoint`, and ``failure.json`` while
-its last attempt failed (:func:`record_failure`).
+belongs to) besides the files of :mod:`geospec.engine.checkpoint`, ``failure.json`` while
+its last attempt failed (:func:`record_failure`), and ``eval.json`` once the eval stage has
+scored its model.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 RUN_KEY_FILE = "run_key.json"
 FAILURE_FILE = "failure.json"
+EVAL_FILE = "eval.json"
 
 
 def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:
@@ -111,9 +113,9 @@ class StageLog:
 # training directories
 
 
-#: What the trainer writes into a training directory (removed when geospec redoes a run in a
-#: directory it did not mark as its own).
-TRAINING_FILES = (*TRAINER_FILES, RUN_KEY_FILE, FAILURE_FILE)
+#: What geospec writes into a training directory (removed when geospec redoes a run in a
+#: directory it did not mark as its own): the trainer's files and the run's evaluation.
+TRAINING_FILES = (*TRAINER_FILES, RUN_KEY_FILE, FAILURE_FILE, EVAL_FILE)
 
 
 def record_failure(out: Path, error: BaseException) -> None:
@@ -287,6 +289,8 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
             "min_reliability": spec.report.min_reliability,
             "arms": [{"name": a.name, "schedule": section(a.schedule)} for a in spec.arms],
             "seeds": list(spec.train.seeds),
+            # the report reads the arms' eval.json files only when the spec evaluates them
+            **({"eval": {"tasks": list(spec.eval.tasks)}} if spec.eval is not None else {}),
             "geospec": __version__,
         },
     )

@@ -80,6 +80,52 @@ SOURCE_HEADERS = [
     "p (Holm)",
 ]
 RELIABILITY_HEADERS = ["profile", "replicates", "split-half ρ", "largest SE / mean", "flag"]
+EVAL_HEADERS = [
+    "task / metric",
+    "arm",
+    "mean ± sd",
+    "seeds",
+    "Δ vs {baseline}",
+    "{level}% CI",
+    "better",
+    "p (sign-flip)",
+    "p (Holm)",
+]
+
+
+def _g(value: float | None, signed: bool = False) -> str:
+    """Scores span accuracies and perplexities in the millions: 4 significant digits."""
+    if value is None:
+        return "-"
+    return f"{value:+.4g}" if signed else f"{value:.4g}"
+
+
+def eval_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per lm-eval metric and arm (the eval stage's scores): mean ± sd over the seeds
+    and the paired comparison with the baseline; "better" counts the seeds on which the arm beat
+    the baseline in the metric's direction (↑: higher is better, ↓: lower)."""
+    evaluation = results.get("eval")
+    if not evaluation:
+        return []
+    rows = []
+    for label in evaluation["metrics"]:
+        for name, arm in results["arms"].items():
+            entry = (arm.get("eval") or {}).get(label)
+            if entry is None:
+                continue
+            arrow = {True: " ↑", False: " ↓"}.get(entry["higher_is_better"], "")
+            n_seeds = len(entry["seeds"])
+            score = f"{_g(entry['mean'])} ± {_g(entry['sd'])}" if n_seeds else "(not evaluated)"
+            vs = entry["vs_uniform"]
+            if vs is None:
+                cells = ["-"] * 5
+            else:
+                ci = f"[{_g(vs['ci95'][0], True)}, {_g(vs['ci95'][1], True)}]"
+                better = "-" if vs["improved"] is None else str(vs["improved"])
+                cells = [_g(vs["mean"], True), ci, f"{better}/{vs['n']}"]
+                cells += [_p(vs["p_exact"]), _p(vs["p_holm"])]
+            rows.append([label + arrow, name, score, str(n_seeds), *cells])
+    return rows
 
 
 def source_rows(results: dict[str, Any]) -> list[list[str]]:
@@ -174,6 +220,20 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
             "the layer's value.",
             "",
             *markdown_table(RELIABILITY_HEADERS, reliability),
+        ]
+    scores = eval_rows(results)
+    if scores:
+        evaluation = results["eval"]
+        examples = ", ".join(f"{task} {n}" for task, n in evaluation["samples"].items())
+        lines += [
+            "## Downstream evaluation",
+            "",
+            "Each arm x seed scored by lm-evaluation-harness "
+            f"({', '.join(evaluation['lm_eval']) or '-'}) through its exported checkpoint "
+            f"(examples per task: {examples}). Δ is the paired difference against "
+            f"`{results['baseline']}` over the seeds, as for the loss.",
+            "",
+            *markdown_table(headers(results, EVAL_HEADERS), scores),
         ]
     for image in images:
         stem = Path(image).stem

@@ -182,6 +182,12 @@ def build_results(run_dir: Path) -> dict[str, Any]:
     }
     if reliability is not None:
         results["reliability"] = reliability
+    if resolved.get("eval"):  # the spec evaluates the arms with lm-eval (the eval stage)
+        from geospec.report.evaluation import eval_results
+
+        scores, results["eval"] = eval_results(run_dir, resolved, confidence)
+        for name, entry in scores.items():
+            arms[name]["eval"] = entry
     return results
 
 

@@ -15,7 +15,14 @@ from geospec.report.diagnostics import (
     profile_rows,
     summary_lines,
 )
-from geospec.report.markdown import SOURCE_HEADERS, headers, source_rows, table_rows
+from geospec.report.markdown import (
+    EVAL_HEADERS,
+    SOURCE_HEADERS,
+    eval_rows,
+    headers,
+    source_rows,
+    table_rows,
+)
 from geospec.report.results import CHECKS
 
 
@@ -40,6 +47,15 @@ def print_table(results: dict[str, Any]) -> None:
         for row in derived:
             against.add_row(*row)
         console.print(against)
+    scores = eval_rows(results)
+    if scores:
+        downstream = Table(title="downstream evaluation (lm-eval)")
+        for header in headers(results, EVAL_HEADERS):
+            left = header in ("task / metric", "arm")
+            downstream.add_column(header, justify="left" if left else "right")
+        for row in scores:
+            downstream.add_row(*row)
+        console.print(downstream)
     for note in results.get("notes", []):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     if not results["equal_params"]:

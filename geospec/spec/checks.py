@@ -138,6 +138,8 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 "nothing)",
             )
         )
+    if spec.eval is not None:
+        problems += [("eval", message) for message in eval_problems(spec)]
     if len(spec.arms) > 1 and spec.report.baseline not in seen:
         problems.append(
             (
@@ -148,6 +150,23 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
             )
         )
     return problems
+
+
+def eval_problems(spec: Spec) -> list[str]:
+    """Why the arms of ``spec`` cannot be evaluated: nothing is trained, or the model has no
+    transformers equivalent to export it as (the two families of geospec.engine.export)."""
+    if spec.probe_only:
+        return ["a probe_only spec trains no arm to evaluate; remove [eval] or probe_only"]
+    m = spec.model
+    gpt2 = (m.positions, m.norm, m.activation) == ("learned", "layernorm", "gelu")
+    llama = (m.positions, m.norm, m.activation) == ("rope", "rmsnorm", "swiglu")
+    if (gpt2 and m.n_kv_heads in (None, m.n_heads)) or llama:
+        return []
+    return [
+        f"a model with {m.positions} positions, {m.norm} and {m.activation} cannot be exported "
+        "for lm-eval: geospec exports learned/layernorm/gelu (GPT-2) and rope/rmsnorm/swiglu "
+        "(Llama) models"
+    ]
 
 
 def _source_arm_problems(

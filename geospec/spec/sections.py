@@ -376,6 +376,35 @@ class DiagnoseSpec(Section):
     """Fraction of the largest nearest-neighbour ratios TwoNN discards (the paper's 0.1)."""
 
 
+class EvalSpec(Section):
+    """Downstream evaluation of every trained arm x seed with lm-evaluation-harness (the `eval`
+    extra: pip install "geospec[eval]"), through its exported transformers checkpoint."""
+
+    tasks: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    """lm-eval task, group or tag names: geospec_austen_lastword (bundled, offline), hub tasks
+    such as hellaswag, arc_easy or lambada_openai (network or a filled datasets cache), or tasks
+    defined in `include`."""
+    include: list[str] = Field(default_factory=list)
+    """Directories of lm-eval task YAMLs (relative to the spec file) defining further tasks."""
+    limit: int | float | None = Field(None, gt=0)
+    """Examples per task: a count (integer), or a fraction below 1 of each task's examples.
+    Omit for all; a limited score is for a quick look, not for the paper."""
+    num_fewshot: int | None = Field(None, ge=0)
+    """Few-shot examples in each prompt (default: each task's own setting, usually 0)."""
+    batch_size: int = Field(8, ge=1, le=65536)
+    """Requests per forward pass. It does not change what is computed, so no key depends on it."""
+
+    @model_validator(mode="after")
+    def _fraction_or_count(self) -> EvalSpec:
+        if isinstance(self.limit, float) and self.limit >= 1:
+            raise ValueError(
+                f"limit {self.limit}: a fraction must be below 1; give a count as an integer"
+            )
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError("tasks must be unique")
+        return self
+
+
 #: The per-layer profiles the diagnose stage adds for the solver (schedules may name them when
 #: [diagnose] is enabled): loss increase with the FFN scaled by (1 - eps) and removed (negative
 #: changes clipped to 0), TwoNN intrinsic dimension, mean residual-stream norm.
@@ -414,6 +443,10 @@ class Spec(Section):
     probe_only: bool = False
     """Train no arm: `geospec run` probes, measures, diagnoses, solves and reports (for pretrained
     checkpoints, whose own shape is not trained here)."""
+    eval: Annotated[EvalSpec | None, ADDED_LATER] = None
+    """Evaluate every trained arm x seed on lm-eval tasks (a stage between train and report;
+    scores and their paired comparison go into results.json and report.md). Absent: no
+    evaluation."""
     launch: Annotated[LauncherRef | None, ADDED_LATER] = None
     """Where the arm-seed runs are trained: a launcher table such as { kind = "pool", workers = 4 }
     (`geospec plugins` lists them). Absent: { kind = "local" }, one run after another in this

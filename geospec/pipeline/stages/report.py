@@ -27,14 +27,15 @@ class Report:
         return cls(spec.report, tuple(a.name for a in spec.arms))
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
-        diagnose_key = done["diagnose"].key
+        # optional stages enter the key only where they apply (keys of runs without them stay)
+        optional = [done[name].key for name in ("diagnose", "eval") if done[name].key is not None]
         key = digest(
             "report",
             done["train"].key,
             done["measure"].key,
             section(self.report),
             list(self.arms),
-            *([diagnose_key] if diagnose_key is not None else []),
+            *optional,
         )
         return Plan(
             key,

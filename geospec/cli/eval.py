@@ -1,0 +1,38 @@
+"""``geospec eval SPEC``: score every trained arm x seed on the spec's lm-eval tasks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command(name="eval")
+@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@click.option(
+    "--again", is_flag=True, help="Evaluate every run again (after upgrading lm-eval, say)."
+)
+@click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
+def evaluate(spec_path: Path, again: bool, out: Path | None) -> None:
+    """Evaluate every trained arm x seed of SPEC on its [eval] tasks with lm-evaluation-harness
+    (pip install "geospec[eval]"), then rebuild the report.
+
+    Runs the pipeline as `geospec run` does, up to the eval stage (stages already done are
+    skipped; runs not trained yet are trained first) and the report: each run is exported as a
+    transformers checkpoint to a temporary directory and scored; its scores go to its
+    eval.json, and results.json and report.md compare every metric with the baseline, paired
+    by seed. Runs evaluated with the same settings are not evaluated again.
+    """
+    from geospec.cli.console import warn_broken_plugins
+    from geospec.errors import UsageError
+    from geospec.pipeline.executor import run_pipeline
+    from geospec.spec.loading import load_spec
+
+    warn_broken_plugins()
+    spec = load_spec(spec_path)
+    if spec.eval is None:
+        raise UsageError(
+            f"{spec_path}: no [eval] section; add one naming the tasks, for example\n"
+            '  [eval]\n  tasks = ["geospec_austen_lastword"]'
+        )
+    run_pipeline(spec, spec_path, from_stage="eval" if again else None, run_dir=out)

@@ -1,0 +1,149 @@
+"""The eval stage: every trained arm x seed scored on lm-eval tasks (``[eval]``; the ``eval``
+extra), between train and report.
+
+Each finished run is exported as a transformers checkpoint (:mod:`geospec.engine.export`) into
+a temporary directory, scored by lm-evaluation-harness (:mod:`geospec.evaluate.harness`), and its
+scores are written, sealed, to ``arms/<arm>/seed-<k>/eval.json`` with the key they belong to: the
+run's training key, the eval settings that change scores (tasks, include, limit, num_fewshot;
+not batch_size) and the content of the local task folders. A run whose eval.json holds that key
+(and was not changed after it was written) is not evaluated again. Runs not trained yet (held
+by another process) are left for a later run; the stage then stays unfinished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from geospec.pipeline.context import INCOMPLETE, Done, Plan, RunContext
+from geospec.pipeline.keys import arm_run_key, digest, section
+from geospec.pipeline.run_dir import EVAL_FILE, arm_seed_dir, is_trained, json_problem, read_json
+from geospec.spec.sections import DataSpec, EvalSpec, ModelSpec, Spec, TrainSpec
+
+if TYPE_CHECKING:
+    from geospec.evaluate.harness import Harness
+
+#: Eval settings that change how an evaluation runs but not its scores (left out of keys).
+BOOKKEEPING = ("batch_size",)
+
+
+@dataclass(frozen=True)
+class EvalRun:
+    """One trained run to score: its arm, seed, training directory and eval key."""
+
+    arm: str
+    seed: int
+    out: Path
+    run_key: str
+    key: str
+
+    @property
+    def name(self) -> str:
+        return f"arm {self.arm}, seed {self.seed}"
+
+
+def eval_problem(out: Path, key: str) -> str | None:
+    """What keeps ``out/eval.json`` from holding the scores of ``key`` (None: it holds them)."""
+    problem = json_problem(out / EVAL_FILE, "key", "run_key", "tasks")
+    if problem is not None:
+        return problem
+    if read_json(out / EVAL_FILE)["key"] != key:
+        return f"{EVAL_FILE} holds the scores of other settings"
+    return None
+
+
+@dataclass(frozen=True)
+class Eval:
+    name: ClassVar[str] = "eval"
+    model: ModelSpec
+    data: DataSpec
+    train: TrainSpec
+    arms: tuple[str, ...]
+    probe_only: bool
+    evaluation: EvalSpec | None
+
+    @classmethod
+    def from_spec(cls, spec: Spec) -> Eval:
+        arms = tuple(a.name for a in spec.arms)
+        return cls(spec.model, spec.data, spec.train, arms, spec.probe_only, spec.eval)
+
+    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+        if self.evaluation is None or self.probe_only:
+            return Plan(None)  # nothing to evaluate: no key is recorded, nothing is said
+        from geospec.evaluate.harness import task_definitions_digest, task_dirs
+
+        widths: dict[str, list[int]] = done["solve"].output
+        settings = section(self.evaluation)
+        for name in BOOKKEEPING:
+            settings.pop(name, None)
+        definitions = task_definitions_digest(task_dirs(self.evaluation, run.spec_dir))
+        tasks_key = digest(settings, definitions)
+        runs = []
+        for seed in self.train.seeds:
+            for arm in self.arms:
+                run_key = arm_run_key(self.model, self.data, self.train, widths[arm], seed)
+                out = arm_seed_dir(run.run_dir, arm, seed)
+                runs.append(EvalRun(arm, seed, out, run_key, digest("eval", run_key, tasks_key)))
+        trained = [r for r in runs if is_trained(r.out, r.run_key)]
+        todo = [r for r in trained if forced or eval_problem(r.out, r.key) is not None]
+        return Plan(
+            digest("eval", [r.key for r in runs]),
+            run=lambda: self.evaluate(run, todo, untrained=len(runs) - len(trained)),
+            current=not todo and len(trained) == len(runs),
+            note="[dim]✓ eval: every arm and seed is evaluated (skipped)[/]",
+        )
+
+    def evaluate(self, run: RunContext, todo: list[EvalRun], untrained: int) -> Any:
+        assert self.evaluation is not None
+        if todo:
+            from geospec.evaluate.harness import Harness
+
+            harness = Harness.load(self.evaluation, run.spec_dir)
+            tokens = run.token_data(self.data)  # the runs' tokenizer goes with each export
+            for item in todo:
+                problem = eval_problem(item.out, item.key)
+                if item.out.joinpath(EVAL_FILE).exists() and problem is not None:
+                    run.say(f"[yellow]![/] eval: {item.name}: {problem}; evaluating it again")
+                self.evaluate_one(run, harness, item, tokens.directory)
+        if untrained:
+            run.say(
+                f"[yellow]![/] eval: {untrained} run(s) are not trained yet; they are evaluated "
+                "by a later geospec run"
+            )
+            return INCOMPLETE
+        return None
+
+    def evaluate_one(
+        self, run: RunContext, harness: Harness, item: EvalRun, tokenizer_dir: Path
+    ) -> None:
+        """Export one run to a temporary directory, score it, write its sealed eval.json."""
+        import tempfile
+
+        from geospec.atomic import atomic_write_json
+        from geospec.digests import sealed
+        from geospec.engine.export import export_training_dir
+        from geospec.engine.train import resolve_device
+
+        assert self.evaluation is not None
+        run.say(f"eval: {item.name}: {', '.join(self.evaluation.tasks)}")
+        with tempfile.TemporaryDirectory(prefix="geospec-eval-") as temporary:
+            exported = Path(temporary) / "hf"
+            export_training_dir(item.out, exported, tokenizer_dir)
+            scores = harness.evaluate(exported, str(resolve_device(run.device)))
+        record = {
+            "key": item.key,
+            "run_key": item.run_key,
+            "lm_eval": harness.version,
+            "limit": self.evaluation.limit,
+            "num_fewshot": self.evaluation.num_fewshot,
+            "tasks": scores,
+        }
+        atomic_write_json(item.out / EVAL_FILE, sealed(record))
+        for task, entry in scores.items():
+            shown = ", ".join(
+                f"{metric} {value:.4g}" if value is not None else f"{metric} -"
+                for metric, value in entry["metrics"].items()
+            )
+            run.say(f"  {task}: {shown} ({entry['samples']} examples)")
