@@ -251,12 +251,19 @@ class RunTrainer(Protocol):
 class Launch:
     """What the train stage gives a launcher: the runs still to train, in order (seed-major), the
     trainer of one run, the run directory (a launcher's own files go under
-    ``<run_dir>/launch/``) and where to say what it did."""
+    ``<run_dir>/launch/``) and where to say what it did.
+
+    A launcher that hands runs to a scheduler also gets ``spec``, the spec file being run (a
+    later job may run ``geospec run SPEC --out RUN_DIR`` to finish the pipeline), and
+    ``recorded``, what a run's training directory already says about it without training it:
+    ``done`` (with its final loss), ``failed`` (with its error) or None (neither)."""
 
     runs: tuple[TrainingRun, ...]
     trainer: RunTrainer
     run_dir: Path
     say: Callable[[str], None]
+    spec: Path | None = None
+    recorded: Callable[[TrainingRun], RunOutcome | None] = lambda run: None
 
 
 class Launcher(Plugin):

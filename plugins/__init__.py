@@ -12,4 +12,5 @@ BUILTIN_MODULES = [
     "geospec_plugins.solvers",
     "geospec_plugins.schedules",
     "geospec_plugins.launchers",
+    "geospec_plugins.slurm",
 ]

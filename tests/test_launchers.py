@@ -4,12 +4,15 @@ once and gives exactly the result of the serial run; a failed run is reported wi
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -271,3 +274,119 @@ def test_damaged_claim_and_failure_records_are_said_and_the_run_trains_over_them
     assert claim_path(target).read_text() == ""  # released: no holder recorded
     ours, alone = results(out), results(serial)
     assert ours["cosine/seed-1"]["final_val_loss"] == alone["cosine/seed-1"]["final_val_loss"]
+
+
+# The slurm launcher (plugins/slurm.py) through submitit. The default suite runs its jobs with
+# submitit's local executor; tests/test_slurm_cluster.py (nox -s slurm) runs them on real Slurm.
+
+SLURM_LOCAL = '[launch]\nkind = "slurm"\ncluster = "local"\ncpus_per_task = 1'
+
+
+def test_slurm_jobs_through_submitit_give_exactly_the_serial_results(
+    serial: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("submitit")
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    shutil.rmtree(out / "arms" / "cosine" / "seed-0")  # one job (each starts torch: ~10 s)
+    output = run(write(tmp_path, SLURM_LOCAL), out)
+    said = " ".join(output.split())
+    assert "train: 1 run(s) in jobs" in said and "waiting for them" in said
+    assert "report: " in said  # the report is built when the jobs have ended
+    ours, alone = results(out), results(serial)
+    for name in RUNS:
+        assert ours[name]["final_val_loss"] == alone[name]["final_val_loss"], name
+        assert ours[name]["checksums"] == alone[name]["checksums"], name  # same weights
+    logs = out / "launch" / "slurm"
+    trained = [p.read_text() for p in logs.glob("*_log.err")]  # training logs to stderr
+    assert len(trained) == 1 and "step 10/10" in trained[0]
+
+
+def test_the_report_job_submits_nothing_and_reports_unfinished_runs_as_failed(
+    serial: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the job after the array runs (geospec run with GEOSPEC_SLURM_FINISHING=1): a run
+    whose job failed is reported with its recorded error, a run whose job left no record is
+    reported too, and nothing is submitted again."""
+    from geospec_plugins.slurm import FINISHING
+
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    (out / "arms" / "cosine" / "seed-0" / "result.json").unlink()
+    record_failure(out / "arms" / "cosine" / "seed-0", RuntimeError("CUDA out of memory\nOOM"))
+    shutil.rmtree(out / "arms" / "uniform" / "seed-1")
+    monkeypatch.setenv(FINISHING, "1")
+    spec = write(tmp_path, '[launch]\nkind = "slurm"\npartition = "nowhere"')
+    result = CliRunner().invoke(cli, ["run", str(spec), "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    said = " ".join(result.output.split())
+    assert "train: 2 run(s) failed: cosine/seed-0: OOM; uniform/seed-1: its job ended" in said
+    assert f"without a result (logs in {out / 'launch' / 'slurm'})" in said
+    assert not (out / "launch").exists()  # nothing was submitted
+    assert not (out / "arms" / "uniform" / "seed-1").exists()  # nor trained here
+
+
+@pytest.mark.parametrize(
+    ("launch", "problem"),
+    [
+        ('sbatch = { time = "1:00" }', "launch.sbatch: 'time' is set by the launcher: use its"),
+        ('sbatch = { "--qos" = "high" }', "launch.sbatch: '--qos' is not an sbatch option name"),
+        ('sbatch = { array = "0-3" }', "launch.sbatch: 'array' is set by the launcher for every"),
+        ('cluster = "local"\nnodes_per_run = 2', 'nodes_per_run = 2 needs cluster = "slurm"'),
+        ("gpus_per_run = -1", "launch.gpus_per_run: Input should be greater than or equal to 0"),
+    ],
+)
+def test_slurm_launcher_parameters_are_checked_like_any_plugin_table(
+    tmp_path: Path, launch: str, problem: str
+) -> None:
+    spec = write(tmp_path, f'[launch]\nkind = "slurm"\n{launch}')
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 2, result.output
+    assert problem in " ".join(result.output.split())
+
+
+PREEMPTED_STEPS = 200
+
+
+@pytest.mark.slow  # a job process resumed by submitit and an uninterrupted study: ~40 s
+def test_a_preempted_slurm_job_is_requeued_by_submitit_and_ends_with_the_uninterrupted_loss(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("submitit")
+    from geospec.locks import claim_holder
+
+    def spec(directory: Path, launch: str) -> Path:
+        path = write(directory, launch)
+        text = path.read_text().replace("seeds = [0, 1]", "seeds = [0]")
+        text = text.replace("steps = 10", f"steps = {PREEMPTED_STEPS}\nlog_interval = 1")
+        path.write_text(text.replace("checkpoint_interval = 5", "checkpoint_interval = 1000"))
+        return path
+
+    straight = tmp_path / "straight"
+    run(spec(tmp_path / "a", ""), straight)
+    out = tmp_path / "run"
+    target = out / "arms" / "cosine" / "seed-0"
+
+    def preempt() -> None:  # SIGUSR1 to the job's process once it trains (its claim says who)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            holder = claim_holder(target)
+            metrics = target / "metrics.jsonl"
+            rows = metrics.read_text() if holder and metrics.exists() else ""
+            if holder and rows.count('"loss"') >= 3:
+                os.kill(holder["pid"], signal.SIGUSR1)
+                return
+            time.sleep(0.01)
+
+    signaller = threading.Thread(target=preempt)
+    signaller.start()
+    run(spec(tmp_path / "b", SLURM_LOCAL), out)
+    signaller.join()
+    log = " ".join(p.read_text() for p in (out / "launch" / "slurm").glob("*_log.*"))
+    assert "stopped by SIGUSR1" in log and "asking submitit to requeue it" in log
+    ours = json.loads((target / "result.json").read_text())
+    alone = json.loads((straight / "arms" / "cosine" / "seed-0" / "result.json").read_text())
+    assert ours["final_val_loss"] == alone["final_val_loss"]
+    assert ours["checksums"] == alone["checksums"]
+    rows = [json.loads(line) for line in (target / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == list(range(1, PREEMPTED_STEPS + 1))

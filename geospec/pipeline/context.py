@@ -34,6 +34,8 @@ class RunContext:
     dist: DistContext
     device: str = "auto"
     """Where models run in every stage ('auto': cuda when available)."""
+    spec_path: Path | None = None
+    """The spec file being run (for a launcher whose later job runs the pipeline again)."""
 
     @property
     def is_main(self) -> bool:

@@ -80,6 +80,7 @@ def run_pipeline(
             console or Console(),
             context(),
             spec.train.device,
+            spec_path=spec_path.resolve(),
         )
         if run.is_main:
             prepare_run_dir(run.run_dir)

@@ -10,10 +10,12 @@ each run is trained exactly once and gives the same result.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from geospec.engine.run_files import RESULT_FILE
 from geospec.kinds import RunOutcome, TrainingRun
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ class Trainer:
         return {**self.__dict__, "context": None, "tokens": None}
 
     def __call__(self, run: TrainingRun, threads: int | None = None) -> RunOutcome:
+        from geospec.engine.distributed import process_group
         from geospec.pipeline.training import train_into
 
         context = self._context()
@@ -54,22 +57,38 @@ class Trainer:
         if self.tokens is None:
             self.tokens = context.token_data(self.data)
         index = self.runs.index(run) + 1 if run in self.runs else 0
-        result = train_into(
-            context,
-            run.directory,
-            run.key,
-            self.widths[run.arm],
-            model=self.model,
-            train=self.train,
-            data=self.tokens,
-            seed=run.seed,
-            redo=self.redo,
-            announce=f"[bold]train[/] [{index}/{len(self.runs)}]: arm {run.arm}, seed {run.seed}",
-            reuse=self.reuse,
-        )
+        announce = f"[bold]train[/] [{index}/{len(self.runs)}]: arm {run.arm}, seed {run.seed}"
+        with process_group():  # a scheduler job of several tasks: one DDP group per run
+            result = train_into(
+                context,
+                run.directory,
+                run.key,
+                self.widths[run.arm],
+                model=self.model,
+                train=self.train,
+                data=self.tokens,
+                seed=run.seed,
+                redo=self.redo,
+                announce=announce,
+                reuse=self.reuse,
+            )
         if result is None:
             return RunOutcome(run, "held")
         return RunOutcome(run, "done", f"final loss {result.final_val_loss:.4f}")
+
+    def recorded(self, run: TrainingRun) -> RunOutcome | None:
+        """What ``run``'s training directory says without training it (see
+        :class:`geospec.kinds.Launch`): done, failed with its recorded error, or None."""
+        from geospec.pipeline.run_dir import is_trained, read_failure
+
+        if is_trained(run.directory, run.key):
+            result = json.loads((run.directory / RESULT_FILE).read_text())
+            return RunOutcome(run, "done", f"final loss {result['final_val_loss']:.4f}")
+        failure = read_failure(run.directory)
+        if failure is not None:
+            lines = str(failure["error"]).strip().splitlines() or ["failed"]
+            return RunOutcome(run, "failed", lines[-1])
+        return None
 
     def _context(self) -> RunContext:
         if self.context is None:

@@ -95,7 +95,8 @@ class Train:
             runs, redo=redo, reuse=run.run_dir / REFERENCE_DIR, context=run,
             tokens=run.token_data(self.data),
         )  # fmt: skip
-        outcomes = launcher.launch(Launch(runs, trainer, run.run_dir, run.say))
+        launch = Launch(runs, trainer, run.run_dir, run.say, run.spec_path, trainer.recorded)
+        outcomes = launcher.launch(launch)
         by_state: dict[str, list[str]] = {}
         for outcome in outcomes:
             by_state.setdefault(outcome.state, []).append(
