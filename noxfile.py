@@ -56,6 +56,14 @@ def slow(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-m", "slow", *session.posargs, env=OFFLINE)
 
 
+@nox.session(name="eval", python="3.11")
+def evaluation(session: nox.Session) -> None:
+    """geospec eval with lm-evaluation-harness (the eval extra), offline: the tests marked eval
+    (the bundled Austen task end to end on trained arms, damaged eval.json files)."""
+    session.install(TORCH, "-e", ".[test,eval]")
+    session.run("python", "-m", "pytest", "-m", "eval", *session.posargs, env=OFFLINE)
+
+
 @nox.session(python=["3.10", "3.11", "3.12", "3.13"])
 def core(session: nox.Session) -> None:
     """geospec WITHOUT torch: spec, registries and the validate/plugins/schema CLI."""

@@ -314,6 +314,58 @@ def test_a_damaged_token_cache_is_rebuilt_before_training_on_it(
     assert results_of(copy / "run") == results_of(finished / "run")
 
 
+#: The finished run's spec evaluating its arms (the eval extra; nox -s eval).
+EVAL_SPEC = SPEC + '\n[eval]\ntasks = ["geospec_austen_lastword"]\nlimit = 6\n'
+
+
+@pytest.fixture(scope="module")
+def evaluated(finished: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The finished run with every arm x seed evaluated, made once."""
+    pytest.importorskip("lm_eval")
+    folder = tmp_path_factory.mktemp("evaluated") / "run-folder"
+    shutil.copytree(finished, folder)
+    result = invoke("run", str(write_spec(folder, EVAL_SPEC)))
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def scores_of(run_dir: Path) -> dict[str, Any]:
+    """What a report claims of the downstream scores: every arm's per-seed values."""
+    results = json.loads((run_dir / "results.json").read_text())
+    return {name: arm["eval"] for name, arm in results["arms"].items()}
+
+
+def _change_score(data: Any) -> None:
+    data["tasks"]["geospec_austen_lastword"]["metrics"]["acc"] += 0.5
+
+
+@pytest.mark.eval
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        pytest.param(truncate, "eval.json is unreadable", id="truncated"),
+        pytest.param(wrong_type, "eval.json does not hold what geospec wrote", id="a list"),
+        pytest.param(
+            edit_json(_change_score), "eval.json was changed after geospec wrote it", id="edited"
+        ),
+        pytest.param(delete, "eval: arm cosine, seed 0", id="deleted"),
+    ],
+)
+def test_a_damaged_eval_json_is_evaluated_again(
+    evaluated: Path, tmp_path: Path, damage: Callable[[Path], None], said: str
+) -> None:
+    shutil.copytree(evaluated, tmp_path / "copy")
+    spec = write_spec(tmp_path / "copy", EVAL_SPEC)
+    damage(tmp_path / "copy" / ARM / "eval.json")
+    result = invoke("run", str(spec))
+    assert result.exit_code == 0, result.output
+    assert result.exception is None and "Traceback" not in result.output
+    assert said in result.output
+    assert "arm uniform, seed 0" not in result.output  # only the damaged run is evaluated
+    assert scores_of(tmp_path / "copy" / "run") == scores_of(evaluated / "run")
+    assert results_of(tmp_path / "copy" / "run") == results_of(evaluated / "run")
+
+
 def test_a_damaged_run_json_stops_geospec_report_with_one_line(copy: Path) -> None:
     (copy / "run" / "run.json").write_text("[]")
     result = invoke("report", str(copy / "run"))

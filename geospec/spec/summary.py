@@ -63,6 +63,9 @@ def spec_summary(spec: Spec) -> Group:
     if spec.diagnose.enabled:
         settings = spec.diagnose.model_dump(mode="json", exclude={"enabled"})
         head.add_row("diagnose", ", ".join(f"{k}={v}" for k, v in settings.items()))
+    if spec.eval is not None:
+        limit = f", limit {spec.eval.limit}" if spec.eval.limit is not None else ""
+        head.add_row("eval", f"lm-eval: {', '.join(spec.eval.tasks)}{limit}")
     if spec.probe_only:
         head.add_row("probe only", "no arm is trained; widths are computed and reported")
     arms = Table(title="arms", title_justify="left")
