@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from geospec.plugin import Plugin
 from geospec.solve.profiles import check_profile, resample_profile
@@ -290,6 +290,54 @@ class Launcher(Plugin):
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class TrackedRun:
+    """One training run as an experiment tracker sees it (what :meth:`Tracker.start` receives)."""
+
+    name: str
+    """``<arm>/seed-<k>`` (``reference/seed-<k>`` for the reference): the tracker run's name."""
+    group: str
+    """The spec's name: runs of one study are grouped (wandb group, mlflow experiment, ...)."""
+    id: str
+    """Stable across resumes (derived from the run key): a resumed run continues this id."""
+    directory: Path
+    """Its training directory (``metrics.jsonl`` is there)."""
+    run_dir: Path
+    """The run directory: a tracker's local files go under it unless its params say where."""
+    config: Mapping[str, Any]
+    """``arm``, ``seed``, ``widths`` (the FFN width of every layer), ``run_key`` and the
+    trainer's ``fingerprint`` (what makes two runs the same experiment)."""
+    step: int = 0
+    """The step training starts from: 0, or the checkpoint a resumed run continues from."""
+
+
+class Tracker(Plugin):
+    """Watches training runs for an experiment tracker (TensorBoard, W&B, MLflow, ...).
+
+    A spec lists trackers in ``[train] trackers``; each training run gets a fresh instance
+    (``cls(params)``), on rank 0 only. ``start(run)`` opens (or, for a resumed run, reopens) the
+    tracker's run; ``log(step, metrics)`` receives each row ``metrics.jsonl`` gets, under the
+    same names (``loss``, ``lr``, ``tokens``, ``tokens_per_s``; ``val_loss``); ``end(result)``
+    receives the run's ``result.json`` values (``final_val_loss``, ``steps``, ``tokens``,
+    ``tokens_per_second``, ``params``, ...), or None when the run stopped early (preempted or
+    failed; a later start continues it). Import the tracker's library inside these methods. A
+    method that raises turns this tracker off for the run with one warning: trackers never stop
+    training, and they change no run key.
+    """
+
+    register_hook: ClassVar[str] = "geospec_register_trackers"
+    """The hook that registers plugins of this kind."""
+
+    def start(self, run: TrackedRun) -> None:
+        raise NotImplementedError
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        raise NotImplementedError
+
+    def end(self, result: Mapping[str, Any] | None) -> None:
+        raise NotImplementedError
+
+
 __all__ = [
     "KINDS",
     "Geometry",
@@ -303,6 +351,8 @@ __all__ = [
     "Smoother",
     "Solver",
     "Statistic",
+    "TrackedRun",
+    "Tracker",
     "TrainingRun",
     "WidthProblem",
     "check_profile",
@@ -320,4 +370,5 @@ KINDS: dict[str, type[Plugin]] = {
     "solver": Solver,
     "schedule": Schedule,
     "launcher": Launcher,
+    "tracker": Tracker,
 }

@@ -157,6 +157,7 @@ if TYPE_CHECKING:
     SolverRef = PluginParams
     ScheduleRef = PluginParams
     LauncherRef = PluginParams
+    TrackerRef = PluginParams
 else:
     GeometryRef = Annotated[PluginParams, PluginTable("geometry")]
     StatisticRef = Annotated[PluginParams, PluginTable("statistic")]
@@ -164,6 +165,7 @@ else:
     SolverRef = Annotated[PluginParams, PluginTable("solver")]
     ScheduleRef = Annotated[PluginParams, PluginTable("schedule")]
     LauncherRef = Annotated[PluginParams, PluginTable("launcher")]
+    TrackerRef = Annotated[PluginParams, PluginTable("tracker")]
 
 
 def create_plugin(kind: str, table: Any) -> Any:

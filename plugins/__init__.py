@@ -13,4 +13,5 @@ BUILTIN_MODULES = [
     "geospec_plugins.schedules",
     "geospec_plugins.launchers",
     "geospec_plugins.slurm",
+    "geospec_plugins.trackers",
 ]

@@ -199,6 +199,7 @@ def test_entry_points_load_each_on_its_own(entry_point_dists: Path) -> None:
             "solver": [],
             "schedule": [],
             "launcher": [],
+            "tracker": [],
         },
     } in described["plugins"]
 
@@ -275,7 +276,7 @@ def test_every_hook_is_documented_and_tested() -> None:
 
 
 def test_one_plugin_can_implement_every_hook() -> None:
-    from geospec.kinds import Launcher, Schedule, Smoother, Solver
+    from geospec.kinds import Launcher, Schedule, Smoother, Solver, Tracker
 
     def plugin_class(base: type, name: str) -> type:
         params = type(
@@ -292,6 +293,7 @@ def test_one_plugin_can_implement_every_hook() -> None:
             ("solver", Solver),
             ("schedule", Schedule),
             ("launcher", Launcher),
+            ("tracker", Tracker),
         ]
     }
 
@@ -319,6 +321,10 @@ def test_one_plugin_can_implement_every_hook() -> None:
         @hookimpl
         def geospec_register_launchers(self, register):  # type: ignore[no-untyped-def]
             register(classes["launcher"])
+
+        @hookimpl
+        def geospec_register_trackers(self, register):  # type: ignore[no-untyped-def]
+            register(classes["tracker"])
 
     with registered(Everything(), name="everything") as registries:
         [info] = [p for p in registries.plugins if p.name == "everything"]

@@ -99,6 +99,7 @@ def train(
     from geospec.pipeline.context import RunContext
     from geospec.pipeline.keys import arm_run_key
     from geospec.pipeline.run_dir import arm_seed_dir
+    from geospec.pipeline.tracking import TrackAs
     from geospec.pipeline.training import train_into
     from geospec.spec.loading import load_spec
 
@@ -140,6 +141,7 @@ def train(
             seed=seed,
             steps=steps,
             replace=False,
+            track=TrackAs(spec.name, arm),
         )
         if result is None:
             raise UsageError(

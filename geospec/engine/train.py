@@ -14,7 +14,11 @@ micro-batches.
 SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the time limit) stops a run at the
 end of its current step: it writes a checkpoint of that step and raises
 :class:`geospec.errors.Preempted`, whose exit status (75, ``REQUEUE_EXIT_CODE``) asks for a
-requeue; started again, it resumes to the result an uninterrupted run has."""
+requeue; started again, it resumes to the result an uninterrupted run has.
+
+An observer (:class:`TrainObserver`; the pipeline's experiment trackers) is told on rank 0 where
+the run starts, every row ``metrics.jsonl`` gets and the result; the engine knows nothing of what
+it does with them."""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -57,7 +61,14 @@ from geospec.engine.token_data import TokenData
 from geospec.errors import GeospecError, Preempted, UsageError
 from geospec.spec.sections import TrainSpec
 
-__all__ = ["TrainResult", "load_model", "resolve_device", "total_steps", "train_model"]
+__all__ = [
+    "TrainObserver",
+    "TrainResult",
+    "load_model",
+    "resolve_device",
+    "total_steps",
+    "train_model",
+]
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,19 @@ class TrainResult:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainResult:
         return cls(**{name: data[name] for name in cls.__dataclass_fields__})
+
+
+class TrainObserver(Protocol):
+    """Watches one run on rank 0 (experiment trackers); it must not raise into training."""
+
+    def start(self, fingerprint: dict[str, Any], step: int) -> None:
+        """Training starts at ``step`` (0, or the checkpoint a resumed run continues from)."""
+
+    def log(self, row: dict[str, Any]) -> None:
+        """A row just appended to ``metrics.jsonl``."""
+
+    def end(self, result: dict[str, Any] | None) -> None:
+        """The run finished (``result.json``'s values) or stopped early (None)."""
 
 
 def resolve_device(device: str = "auto", local_rank: int = 0) -> torch.device:
@@ -335,9 +359,11 @@ def train_model(
     seed: int,
     steps: int | None = None,
     progress: bool = True,
+    observer: TrainObserver | None = None,
 ) -> TrainResult:
-    """Train (or resume, or return the finished result of) one model; see the module docstring."""
-    return _Run(train, config, data, Path(out_dir), seed, steps, progress).run()
+    """Train (or resume, or return the finished result of) one model; see the module docstring.
+    ``observer`` watches it on rank 0 (not a finished run returned as it is)."""
+    return _Run(train, config, data, Path(out_dir), seed, steps, progress, observer).run()
 
 
 class _Run:
@@ -352,6 +378,7 @@ class _Run:
         seed: int,
         steps: int | None,
         progress: bool,
+        observer: TrainObserver | None = None,
     ) -> None:
         self.train, self.config, self.data, self.out_dir, self.seed = (
             train,
@@ -370,6 +397,7 @@ class _Run:
         self.fingerprint = fingerprint(train, config, data, seed, self.total)
         self.show_progress = progress and self.ctx.is_main
         self.tokens_per_step = train.batch_size * config.seq_len
+        self.observer = observer if self.ctx.is_main else None
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -420,9 +448,19 @@ class _Run:
         self._resume()
         if self.ctx.is_main:
             write_config(self.out_dir, self.config)
-        with recompile_limit(limit), _stop_signals() as stop:
-            self.stop = stop
-            return self._loop()
+        if self.observer is not None:
+            self.observer.start(self.fingerprint, self.step)
+        try:
+            with recompile_limit(limit), _stop_signals() as stop:
+                self.stop = stop
+                result = self._loop()
+        except BaseException:  # preempted, failed or interrupted: the observer closes its run
+            if self.observer is not None:
+                self.observer.end(None)
+            raise
+        if self.observer is not None:
+            self.observer.end(result.to_dict())
+        return result
 
     def _resume(self) -> None:
         found: tuple[Path, dict[str, Any]] | None = None
@@ -609,6 +647,8 @@ class _Run:
     def _log(self, row: dict[str, Any]) -> None:
         if self.ctx.is_main:
             append_metrics(self.out_dir, row)
+        if self.observer is not None:
+            self.observer.log(row)
 
     def _finish(self) -> TrainResult:
         if self.last_val is None or self.last_val[0] != self.total:

@@ -34,9 +34,9 @@ def data_key(data: DataSpec) -> str:
 
 
 #: Train settings that change how a run is carried out (CPU threads, how often it saves and
-#: logs) but not what it computes. Keys see them at their defaults, so changing one never
-#: retrains anything.
-BOOKKEEPING = ("threads", "checkpoint_interval", "log_interval")
+#: logs, which experiment trackers watch it) but not what it computes. Keys see them at their
+#: defaults, so changing one never retrains anything.
+BOOKKEEPING = ("threads", "checkpoint_interval", "log_interval", "trackers")
 
 
 def training_settings(train: TrainSpec) -> dict[str, Any]:

@@ -38,6 +38,8 @@ class Trainer:
     runs: tuple[TrainingRun, ...]
     redo: bool = False
     reuse: Path | None = None
+    study: str = ""
+    """The spec's name: experiment trackers group the runs by it."""
     context: RunContext | None = field(default=None, repr=False)
     tokens: TokenData | None = field(default=None, repr=False)
 
@@ -47,6 +49,7 @@ class Trainer:
 
     def __call__(self, run: TrainingRun, threads: int | None = None) -> RunOutcome:
         from geospec.engine.distributed import process_group
+        from geospec.pipeline.tracking import TrackAs
         from geospec.pipeline.training import train_into
 
         context = self._context()
@@ -71,6 +74,7 @@ class Trainer:
                 redo=self.redo,
                 announce=announce,
                 reuse=self.reuse,
+                track=TrackAs(self.study, run.arm),
             )
         if result is None:
             return RunOutcome(run, "held")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from geospec.engine.token_data import TokenData
     from geospec.engine.train import TrainResult
     from geospec.pipeline.context import RunContext
+    from geospec.pipeline.tracking import RunTrackers, TrackAs
     from geospec.spec.sections import ModelSpec, TrainSpec
 
 
@@ -46,6 +47,7 @@ def train_into(
     replace: bool = True,
     announce: str | None = None,
     reuse: Path | None = None,
+    track: TrackAs | None = None,
 ) -> TrainResult | None:
     """Train the run ``key`` (``widths``, ``seed``) into ``out`` and return its result.
 
@@ -54,6 +56,8 @@ def train_into(
     refused). ``reuse``: a finished training directory to copy instead of
     training when the trainer's fingerprint of both runs is identical (the reference is often
     exactly the uniform arm's run for its seed). ``announce`` is said when training starts.
+    ``track``: how the spec's experiment trackers (``train.trackers``) name the run; none watch
+    it without.
 
     A run that raises records the error in ``out`` (``failure.json``, read by ``geospec status``)
     before the error goes on; the next attempt removes the record. A preempted run (SIGTERM,
@@ -78,14 +82,34 @@ def train_into(
             if reuse is not None and run.is_main:
                 _reuse(run, reuse, out, train, config, data, seed)
             return train_model(
-                train, config, data, out, seed=seed, steps=steps, progress=run.is_main
-            )
+                train, config, data, out, seed=seed, steps=steps, progress=run.is_main,
+                observer=_trackers(run, out, key, widths, train, seed, track),
+            )  # fmt: skip
         except Preempted:
             raise
         except Exception as error:
             if run.is_main:
                 record_failure(out, error)
             raise
+
+
+def _trackers(
+    run: RunContext,
+    out: Path,
+    key: str,
+    widths: list[int],
+    train: TrainSpec,
+    seed: int,
+    track: TrackAs | None,
+) -> RunTrackers | None:
+    if track is None or not run.is_main:
+        return None
+    from geospec.pipeline.tracking import run_trackers
+
+    return run_trackers(
+        train.trackers, track, key=key, directory=out, run_dir=run.run_dir, seed=seed,
+        widths=widths, say=run.say,
+    )  # fmt: skip
 
 
 def _reuse(

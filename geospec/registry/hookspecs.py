@@ -79,5 +79,16 @@ def geospec_register_launchers(register: Register) -> None:
     """
 
 
+@hookspec
+def geospec_register_trackers(register: Register) -> None:
+    """Register experiment trackers (subclasses of :class:`geospec.kinds.Tracker`).
+
+    Called once when the plugin registries are built. A spec lists trackers in ``[train]
+    trackers``; every training run gets a fresh instance on rank 0: ``start(TrackedRun)``,
+    ``log(step, metrics)`` for each ``metrics.jsonl`` row, ``end(result or None)``. A tracker that
+    raises is turned off for that run with one warning; training goes on.
+    """
+
+
 #: Hook name -> plugin kind it registers (from the kinds table).
 REGISTER_HOOKS: dict[str, str] = {base.register_hook: kind for kind, base in KINDS.items()}

@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from geospec.plugin import GeometryRef, LauncherRef, ScheduleRef, StatisticRef
+from geospec.plugin import GeometryRef, LauncherRef, ScheduleRef, StatisticRef, TrackerRef
 from geospec.report.stats import MIN_RELIABILITY
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
@@ -327,6 +327,10 @@ class TrainSpec(Section):
     """Data parallelism under torchrun."""
     threads: int | None = Field(None, ge=1)
     """torch intra-op threads on CPU (default: torch's)."""
+    trackers: Annotated[tuple[TrackerRef, ...], ADDED_LATER, Field(max_length=16)] = ()
+    """Experiment trackers that watch every training run, for example
+    [{ kind = "tensorboard" }, { kind = "wandb", mode = "offline" }, { kind = "mlflow" }]
+    (docs/trackers.md). Observing a run changes no run key: trackers can be added at any time."""
 
     @model_validator(mode="after")
     def _steps_or_tokens(self) -> TrainSpec:

@@ -18,6 +18,7 @@ from geospec.errors import UsageError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest, section, training_settings
 from geospec.pipeline.run_dir import REFERENCE_DIR, finished_model_problem
+from geospec.pipeline.tracking import TrackAs
 from geospec.pipeline.training import train_into
 from geospec.spec.sections import DataSpec, ModelSpec, ReferenceSpec, Spec, TrainSpec
 
@@ -33,6 +34,8 @@ class Reference:
     data: DataSpec
     train: TrainSpec
     """Trained like the arms (with the reference's seed, and its own step count if given)."""
+    study: str = ""
+    """The spec's name (experiment trackers group the reference with the arms by it)."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Reference:
@@ -99,6 +102,7 @@ class Reference:
             steps=steps,
             redo=redo,
             announce=f"[bold]reference[/]: training the uniform model ({budget})",
+            track=TrackAs(self.study, "reference"),
         )
         if trained is None:
             raise UsageError(

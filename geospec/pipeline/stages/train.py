@@ -40,11 +40,13 @@ class Train:
     probe_only: bool
     launch: PluginParams | None = None
     """The spec's [launch] table (None: local)."""
+    study: str = ""
+    """The spec's name (experiment trackers group the runs by it)."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Train:
         arms = tuple(a.name for a in spec.arms)
-        return cls(spec.model, spec.data, spec.train, arms, spec.probe_only, spec.launch)
+        return cls(spec.model, spec.data, spec.train, arms, spec.probe_only, spec.launch, spec.name)
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         if self.probe_only:
@@ -92,7 +94,7 @@ class Train:
         runs = tuple(TrainingRun(arm, seed, out, key) for arm, seed, out, key in todo)
         trainer = Trainer(
             run.run_dir, run.spec_dir, run.device, self.model, self.data, self.train, widths,
-            runs, redo=redo, reuse=run.run_dir / REFERENCE_DIR, context=run,
+            runs, redo=redo, reuse=run.run_dir / REFERENCE_DIR, study=self.study, context=run,
             tokens=run.token_data(self.data),
         )  # fmt: skip
         launch = Launch(runs, trainer, run.run_dir, run.say, run.spec_path, trainer.recorded)
