@@ -64,6 +64,16 @@ def evaluation(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-m", "eval", *session.posargs, env=OFFLINE)
 
 
+@nox.session(python="3.11")
+def trackers(session: nox.Session) -> None:
+    """The experiment trackers against their real libraries (the tensorboard, wandb and mlflow
+    extras coexist): what each logged is read back and compared with metrics.jsonl. Nothing goes
+    to the network: W&B runs offline, MLflow writes a file store."""
+    session.install(TORCH, "-e", ".[test,tensorboard,wandb,mlflow]")
+    offline = {**OFFLINE, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    session.run("python", "-m", "pytest", "tests/test_trackers.py", *session.posargs, env=offline)
+
+
 @nox.session(python=["3.10", "3.11", "3.12", "3.13"])
 def core(session: nox.Session) -> None:
     """geospec WITHOUT torch: spec, registries and the validate/plugins/schema CLI."""
