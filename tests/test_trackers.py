@@ -443,6 +443,23 @@ def test_wandb_offline_run_holds_metrics_jsonl_and_the_result(
     assert summary["result/final_val_loss"] == result_json(out)["final_val_loss"]
 
 
+@pytest.mark.trackers
+def test_wandb_online_without_credentials_warns_once_and_training_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb")
+    for name in ("WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings of the user's
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    tracker = f'{{ kind = "wandb", mode = "online", dir = "{tmp_path / "wb"}" }}'
+    output = train(write_spec(tmp_path, tracker), out)
+    assert output.count("tracker wandb") == 1, output
+    assert "training goes on without it" in output
+    assert math.isfinite(result_json(out)["final_val_loss"])
+
+
 # -- MLflow -------------------------------------------------------------------------------------
 
 
