@@ -337,6 +337,14 @@ def test_geospec_run_names_every_run_and_groups_them_by_the_spec(tmp_path: Path)
     assert starts[1].id == tracker_run_id(NAME, "cosine/seed-0", run_key(cosine))
 
 
+def test_validate_lists_the_trackers(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, '"tensorboard"', '{ kind = "wandb", mode = "offline" }')
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 0, result.output
+    assert "trackers" in result.output
+    assert "tensorboard, wandb(mode=offline, project=geospec)" in " ".join(result.output.split())
+
+
 # -- TensorBoard --------------------------------------------------------------------------------
 
 

@@ -51,6 +51,9 @@ def spec_summary(spec: Spec) -> Group:
         head.add_row(
             "training", f"{budget}, batch {spec.train.batch_size}, seeds {list(spec.train.seeds)}"
         )
+        if spec.train.trackers:
+            watched = [plugin_call(t.model_dump(mode="json")) for t in spec.train.trackers]
+            head.add_row("trackers", Text(", ".join(watched)))
     profiles = [entry.profile for entry in measures(spec)]
     head.add_row("measures", ", ".join(profiles) if profiles else "(none)")
     if spec.probe.replicates > 1:
