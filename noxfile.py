@@ -134,6 +134,26 @@ def plugins(session: nox.Session) -> None:
         session.run("python", f"{session.invoked_from}/examples/check_plugins.py")
 
 
+@nox.session(python="3.11")
+def slurm(session: nox.Session) -> None:
+    """The slurm launcher on a real Slurm: scripts/slurm_local.sh installs Debian's slurmctld,
+    slurmd and munge (as root) and starts a one-node cluster on this machine; a tiny study is
+    submitted, one run preempted with `scancel --signal USR1`, requeued and resumed, and the
+    report job reports (tests/test_slurm_cluster.py). The daemons stop at the end, also on a
+    failure. About 5 minutes on 2 cores (a requeued job waits for Slurm to start it again); not
+    part of CI's run."""
+    session.install(TORCH, "-e", ".[test,slurm]")
+    state = os.environ.get("GEOSPEC_SLURM_DIR", "/tmp/geospec-slurm")
+    env = {**OFFLINE, "GEOSPEC_SLURM_DIR": state}
+    session.run("bash", "scripts/slurm_local.sh", "start", env=env, external=True)
+    try:
+        env.update(SLURM_CONF=os.path.join(state, "slurm.conf"), GEOSPEC_SLURM_TESTS="1")
+        session.run("python", "-m", "pytest", "-m", "slurm", "tests/test_slurm_cluster.py",
+                    *session.posargs, env=env)  # fmt: skip
+    finally:
+        session.run("bash", "scripts/slurm_local.sh", "stop", env=env, external=True)
+
+
 #: What geospec's training path imports from the device image (all in
 #: benchmarks/device_packages.txt), at the versions a session saw there where this machine's
 #: registry has them (numpy 2.5.2 it has not); pip adds their dependencies, checked too.

@@ -55,6 +55,12 @@ REQUEUE_EXIT_CODE = 75
 
 class Preempted(GeospecError):
     """Training stopped on SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the
-    time limit) after checkpointing its current step; exit status :data:`REQUEUE_EXIT_CODE`."""
+    time limit) after checkpointing its current step; exit status :data:`REQUEUE_EXIT_CODE`.
+    ``signal`` names the signal (``SIGUSR1``: a warning, requeue me; ``SIGTERM``: stop; a
+    scheduler that preempts with SIGTERM requeues the job itself)."""
 
     exit_code = REQUEUE_EXIT_CODE
+
+    def __init__(self, message: str, signal: str | None = None) -> None:
+        super().__init__(message)
+        self.signal = signal

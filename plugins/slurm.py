@@ -14,6 +14,8 @@ Preemption: Slurm's warning before the time limit (``--signal=USR1@warning_s``) 
 (:class:`geospec.errors.Preempted`, exit status 75); the run is then requeued through submitit's
 checkpointing protocol (:meth:`TrainJob.checkpoint` returns the same call as a
 ``DelayedSubmission``) and resumes from the checkpoint to the result an uninterrupted run has.
+SIGTERM (``scancel``; Slurm preempting a job, which it requeues itself when configured to) also
+checkpoints, but the job is not requeued: ``scancel`` stops a run.
 
 ``cluster = "local"`` runs the same jobs through submitit's local executor, as processes on this
 machine; ``geospec run`` then waits for them and builds the report itself (as with ``wait``).
@@ -166,7 +168,8 @@ class Slurm(Launcher):
         threads = params.cpus_per_task
         job = TrainJob(launch.trainer, threads)
         try:
-            jobs = executor.map_array(job, runs)
+            with _outside_this_job():
+                jobs = executor.map_array(job, runs)
         except Exception as error:  # sbatch refused: its own message says why
             raise UsageError(f"launch: sbatch refused the runs: {_last_line(error)}") from None
         ids = [str(j.job_id) for j in jobs]
@@ -239,8 +242,27 @@ class Slurm(Launcher):
         )
         command = [sys.executable, "-m", "geospec", "run", str(launch.spec)]
         command += ["--out", str(launch.run_dir.resolve())]
-        job = executor.submit(FinishPipeline(command))
+        with _outside_this_job():
+            job = executor.submit(FinishPipeline(command))
         return str(job.job_id)
+
+
+@contextlib.contextmanager
+def _outside_this_job() -> Iterator[None]:
+    """Submitting from inside a job (``geospec run`` in an allocation): the job's own variables
+    (SLURM_*, SRUN_*, torchrun's) would leak into the new jobs' settings, so they are hidden
+    meanwhile, as ``submitit.helpers.clean_env`` does; SLURM_CONF (which cluster) and the user's
+    SBATCH_* defaults stay."""
+    hidden = {
+        name: os.environ.pop(name)
+        for name in list(os.environ)
+        if (name.startswith(("SLURM_", "SLURMD_", "SRUN_")) and name != "SLURM_CONF")
+        or name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
 
 
 def _options(params: SlurmParams) -> dict[str, str | int | bool]:
@@ -294,7 +316,12 @@ def _outcome(run: TrainingRun, job: Any, launch: Launch) -> RunOutcome:
         recorded = launch.recorded(run)
         if recorded is not None and recorded.state == "failed":
             return recorded
-        return RunOutcome(run, "failed", f"job {job.job_id}: {_last_line(error)}")
+        return RunOutcome(
+            run,
+            "failed",
+            f"job {job.job_id} ended before the run finished ({_last_line(error)}); run again "
+            "to resume it from its last checkpoint",
+        )
     launch.say(f"train: {run.name}: {outcome.state} ({outcome.detail or 'no detail'})")
     return outcome
 
@@ -320,6 +347,9 @@ class TrainJob:
             with _noted(signal.SIGUSR1):  # a warning outside training must not kill the job
                 return self.trainer(run, self.threads)
         except Preempted as stopped:
+            if stopped.signal == "SIGTERM":  # scancel, or Slurm preempting (and requeueing) it
+                print(f"{run.name}: {stopped}; not requeued (SIGTERM means stop)", flush=True)
+                raise SystemExit(REQUEUE_EXIT_CODE) from None
             print(f"{run.name}: {stopped}; asking submitit to requeue it", flush=True)
             _requeue(submitit)
             raise SystemExit(REQUEUE_EXIT_CODE) from None  # a task that is not rank 0

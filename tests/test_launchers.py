@@ -390,3 +390,41 @@ def test_a_preempted_slurm_job_is_requeued_by_submitit_and_ends_with_the_uninter
     assert ours["checksums"] == alone["checksums"]
     rows = [json.loads(line) for line in (target / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, PREEMPTED_STEPS + 1))
+
+
+class LaterParams(PluginParams):
+    kind: Literal["later"] = "later"
+
+
+class Later(Launcher):
+    """A launcher that only submits: every run is left to a scheduler."""
+
+    Params = LaterParams
+
+    def launch(self, launch: Launch) -> list[RunOutcome]:
+        return [RunOutcome(run, "submitted", "job 1") for run in launch.runs]
+
+
+class LaterPlugin:
+    @hookimpl
+    def geospec_register_launchers(self, register: Register) -> None:
+        register(Later)
+
+
+def test_a_report_of_submitted_runs_is_built_again_once_they_have_finished(
+    serial: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    shutil.rmtree(out / "arms" / "cosine" / "seed-1")
+    with registered(LaterPlugin(), name="later"):
+        run(write(tmp_path, '[launch]\nkind = "later"'), out)
+    seeds = json.loads((out / "results.json").read_text())["arms"]["cosine"]["val_loss"]["seeds"]
+    assert list(seeds) == ["0"]  # the report of the runs finished so far
+    shutil.copytree(serial / "arms" / "cosine" / "seed-1", out / "arms" / "cosine" / "seed-1")
+    output = run(write(tmp_path), out)  # the job has finished it: nothing to train, a new report
+    assert "every arm and seed is trained (skipped)" in output
+    seeds = json.loads((out / "results.json").read_text())["arms"]["cosine"]["val_loss"]["seeds"]
+    assert seeds == {"0": results(serial)["cosine/seed-0"]["final_val_loss"],
+                     "1": results(serial)["cosine/seed-1"]["final_val_loss"]}  # fmt: skip
+    assert "nothing to do" in run(write(tmp_path), out)  # and now it is recorded

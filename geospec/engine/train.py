@@ -563,7 +563,8 @@ class _Run:
                 if stopping:
                     raise Preempted(
                         f"training {self.out_dir}: stopped by {self.stop.name} at step "
-                        f"{self.step} of {self.total} after a checkpoint; run again to resume"
+                        f"{self.step} of {self.total} after a checkpoint; run again to resume",
+                        signal=self.stop.name,
                     )
                 tick = time.perf_counter()
         self.wall_seconds += time.perf_counter() - session_start

@@ -62,7 +62,8 @@ class RunContext:
 
 
 #: What a stage's ``run`` returns when it did only part of its work (runs held by another
-#: process): its key is not recorded, so the next ``geospec run`` finishes it.
+#: process or sent to a scheduler): neither its key nor those of the stages after it (the report
+#: of part of the runs) are recorded, so the next ``geospec run`` finishes them.
 INCOMPLETE: Any = object()
 
 

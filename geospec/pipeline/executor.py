@@ -88,6 +88,7 @@ def run_pipeline(
         wait_for_main(run.dist)
         log = StageLog(run.run_dir / STAGES_FILE)
         done: dict[str, Done] = {}
+        partial = False  # a stage did part of its work: the later ones ran on part of it too
         for index, stage_type in enumerate(STAGE_TYPES[: last + 1]):
             stage = stage_type.from_spec(spec)
             plan = stage.plan(run, done, forced=index >= first)
@@ -115,8 +116,11 @@ def run_pipeline(
             wait_for_main(run.dist)  # rank 0 may work alone for hours (probe, measure)
             if not works_here:
                 output = plan.load()  # rank 0 has written the stage's artifacts
-            if run.is_main and output is not INCOMPLETE:
+            partial = partial or output is INCOMPLETE
+            if run.is_main and not partial:  # recorded: skipped next time
                 log.record(stage.name, plan.key)
+            elif run.is_main:  # an older record would skip it next time
+                log.forget(stage.name)
             done[stage.name] = Done(plan.key, output, ran=not current)
         ran = [name for name, stage_done in done.items() if stage_done.ran]
         if not ran:

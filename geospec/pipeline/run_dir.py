@@ -108,6 +108,13 @@ class StageLog:
             keys[stage] = key
             atomic_write_json(self.path, keys)
 
+    def forget(self, stage: str) -> None:
+        """Drop ``stage``'s key: it did part of its work, and runs again next time."""
+        keys = self.keys()
+        if stage in keys:
+            del keys[stage]
+            atomic_write_json(self.path, keys)
+
 
 # ---------------------------------------------------------------------------------------------
 # training directories
