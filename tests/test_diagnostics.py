@@ -371,7 +371,17 @@ def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (directory / "spec.toml").write_text(tomlkit.dumps(document))
     output = invoke("diagnose", str(directory / "spec.toml"))
     assert "diagnostics: per layer" in output and "arm" not in output
+    (directory / "output.txt").write_text(output)
     return directory
+
+
+def test_long_loops_report_progress_in_logs(diagnosed: Path) -> None:
+    """Not on a terminal (CliRunner), every long loop of the stage prints its last count: TwoNN
+    per layer, and one perturbation of one batch per unit (3 batches x (2 x 4 layers + 4 pairs));
+    no note of full forward passes (geospec's model runs from the perturbed layer on)."""
+    output = (diagnosed / "output.txt").read_text()
+    assert "TwoNN: 4/4" in output and "perturbing: 36/36" in output
+    assert "full forward passes" not in output
 
 
 def test_diagnose_writes_diagnostics_and_trains_no_arm(diagnosed: Path) -> None:
@@ -483,7 +493,9 @@ def test_diagnose_a_pretrained_checkpoint(tmp_path: Path) -> None:
         )
         spec["data"]["tokenizer"]["path"] = str(tmp_path / "model")
         (tmp_path / "spec.toml").write_text(tomlkit.dumps(spec))
-        invoke("diagnose", str(tmp_path / "spec.toml"))
+        output = invoke("diagnose", str(tmp_path / "spec.toml"))
+        # the ffn site probes the residual stream again, a loop that reports its progress too
+        assert ("probing the residual stream: " in output) == (site == "ffn")
         layers[site] = json.loads((tmp_path / site / "diagnostics.json").read_text())["layers"]
     assert len(layers["residual"]) == 3  # the checkpoint's depth, not model.n_layers
     assert all(row["loss_remove"] != 0 for row in layers["residual"])

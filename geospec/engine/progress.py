@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 from rich.console import Console
@@ -119,3 +120,20 @@ class LogProgress:
             f"{self.what}: {self.done}/{self.total}  elapsed {format_duration(elapsed)}  "
             f"eta {format_duration(eta)}"
         )
+
+
+@contextmanager
+def stage_progress(
+    console: Console, say: Callable[[str], None], what: str, total: int
+) -> Iterator[Callable[[int], None]]:
+    """Progress of one long loop of a stage, advanced by the function it yields: a transient bar
+    on a terminal, a :class:`LogProgress` line every few seconds otherwise (logs, batch jobs)."""
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task(what, total=total)
+        log = LogProgress(say, what, total, enabled=not console.is_terminal)
+
+        def advance(done: int = 1) -> None:
+            bar.advance(task, done)
+            log.advance(done)
+
+        yield advance

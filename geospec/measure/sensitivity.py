@@ -75,6 +75,12 @@ def loss_batches(
     return batches
 
 
+def perturbed(x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+    """A decoder layer's output with its FFN sub-layer's contribution y - x scaled: x + scale
+    (y - x), and x itself for scale 0 (x enters the FFN's pre-norm, y leaves the layer)."""
+    return x if scale == 0 else x + scale * (y - x)
+
+
 @contextmanager
 def scaled_sublayers(sites: Sequence[FFNSite], scales: Mapping[int, float]) -> Iterator[None]:
     """Inside the block, layer l's FFN sub-layer output is multiplied by ``scales[l]``."""
@@ -95,8 +101,7 @@ def scaled_sublayers(sites: Sequence[FFNSite], scales: Mapping[int, float]) -> I
             scale: float = scale,
         ) -> Any:
             y = out[0] if isinstance(out, tuple) else out
-            x = store[0]
-            new = x if scale == 0 else x + scale * (y - x)
+            new = perturbed(store[0], y, scale)
             return (new, *out[1:]) if isinstance(out, tuple) else new
 
         handles.append(site.pre_norm.register_forward_pre_hook(remember))

@@ -110,20 +110,12 @@ class Diagnose:
 
     def measure_reference(self, run: RunContext) -> dict[str, Any]:
         """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity."""
-        from rich.progress import Progress
-
-        from geospec.engine.progress import LogProgress
+        from geospec.engine.progress import stage_progress
         from geospec.measure.diagnostics import residual_norms
         from geospec.measure.intrinsic_dimension import two_nn
         from geospec.measure.probe import find_ffn_sites
-        from geospec.measure.sensitivity import (
-            additivity,
-            layer_sensitivity,
-            logits_of,
-            loss_batches,
-            sample_pairs,
-            scored_text,
-        )
+        from geospec.measure.sensitivity import logits_of, loss_batches, sample_pairs, scored_text
+        from geospec.measure.suffix import perturb_layers
         from geospec.pipeline.stages.probe import load_clouds
         from geospec.pipeline.stages.reference import load_reference
 
@@ -148,25 +140,26 @@ class Diagnose:
                 "rerun with --from probe"
             )
         dimensions = []
-        for layer, (x, _) in enumerate(clouds):
-            try:
-                dimensions.append(two_nn(x, settings.twonn_discard))
-            except GeospecError as error:
-                raise GeospecError(f"diagnose: layer {layer}: {error}") from None
-        norms = residual_norms(self._residual_clouds(model, width, data, clouds))
-        with Progress(
-            console=run.console, transient=True, disable=not run.console.is_terminal
-        ) as bar:
-            total = 2 * len(sites) + len(pairs)
-            task = bar.add_task("perturbing", total=total)
-            log = LogProgress(run.say, "perturbing", total, enabled=not run.console.is_terminal)
-
-            def step(done: int) -> None:
-                bar.advance(task, done)
-                log.advance(done)
-
-            sensitivity = layer_sensitivity(model, sites, batches, settings.eps, progress=step)
-            pair_effects = additivity(model, sites, batches, sensitivity, pairs, progress=step)
+        with stage_progress(run.console, run.say, "TwoNN", len(clouds)) as advance:
+            for layer, (x, _) in enumerate(clouds):
+                try:
+                    dimensions.append(two_nn(x, settings.twonn_discard))
+                except GeospecError as error:
+                    raise GeospecError(f"diagnose: layer {layer}: {error}") from None
+                advance(1)
+        norms = residual_norms(self._residual_clouds(run, model, width, data, clouds))
+        # one unit: one perturbation (a layer's FFN scaled or removed, or a pair) on one batch
+        total = len(batches) * (2 * len(sites) + len(pairs))
+        with stage_progress(run.console, run.say, "perturbing", total) as advance:
+            perturbations = perturb_layers(
+                model, sites, batches, settings.eps, pairs, progress=advance
+            )
+        if perturbations.fallback is not None:
+            run.say(
+                "diagnose: full forward passes for every perturbation (slower, same numbers): "
+                f"{perturbations.fallback}"
+            )
+        sensitivity, pair_effects = perturbations.sensitivity, perturbations.additivity
         layers = [
             {
                 "layer": layer,
@@ -201,6 +194,7 @@ class Diagnose:
 
     def _residual_clouds(
         self,
+        run: RunContext,
         model: nn.Module,
         width: int,
         data: Any,
@@ -209,9 +203,15 @@ class Diagnose:
         """The residual stream at the probed tokens: the stored clouds, or (with ``probe.site =
         "ffn"``, whose clouds are normalised FFN inputs and outputs) the same tokens probed
         again at the residual site."""
+        from geospec.engine.progress import stage_progress
+
         if self.probe.probe.site == "residual":
             return clouds
-        return self.probe.clouds(model, width, data, self.probe.sample(data), site="residual")
+        sample = self.probe.sample(data)
+        with stage_progress(
+            run.console, run.say, "probing the residual stream", len(sample.windows)
+        ) as advance:
+            return self.probe.clouds(model, width, data, sample, site="residual", progress=advance)
 
 
 def _pair(effect: Any) -> dict[str, Any]:
