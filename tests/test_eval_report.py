@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +193,15 @@ def test_the_exportable_models_are_exactly_those_export_can_write() -> None:
         except UsageError:
             exportable = False
         assert refused is not exportable, (model, kv)
+
+
+def test_without_lm_eval_the_eval_stage_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from geospec.errors import UsageError
+    from geospec.evaluate.harness import Harness
+    from geospec.spec.sections import EvalSpec
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
+    with pytest.raises(UsageError, match=r"lm_eval is missing\); pip install \"geospec\[eval\]\""):
+        Harness.load(EvalSpec(tasks=["geospec_austen_lastword"]), tmp_path)

@@ -113,11 +113,12 @@ class Harness:
         did-you-mean)."""
         try:
             import lm_eval
+            import lm_eval.models.huggingface  # HFLM: needs lm-eval's hf extra (accelerate)
             from lm_eval.tasks import TaskManager
-        except ImportError:
+        except ImportError as error:
             raise UsageError(
-                'eval: lm-evaluation-harness is not installed; pip install "geospec[eval]" '
-                "(or remove [eval] from the spec)"
+                f"eval: lm-evaluation-harness is not installed with what it needs ({error.name} "
+                'is missing); pip install "geospec[eval]" (or remove [eval] from the spec)'
             ) from None
         dirs = [str(d) for d in task_dirs(evaluation, spec_dir)]
         manager = TaskManager(include_path=dirs, include_defaults=False)
