@@ -311,7 +311,7 @@ def _outcome(run: TrainingRun, job: Any, launch: Launch) -> RunOutcome:
     """A waited-for job's outcome: its own (done, held), or failed with the run's recorded
     error (or the job's last line when the run recorded none)."""
     try:
-        outcome: RunOutcome = job.result()
+        outcome: RunOutcome = job.results()[0]  # rank 0's, when a run has several processes
     except Exception as error:
         recorded = launch.recorded(run)
         if recorded is not None and recorded.state == "failed":

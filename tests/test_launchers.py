@@ -428,3 +428,21 @@ def test_a_report_of_submitted_runs_is_built_again_once_they_have_finished(
     assert seeds == {"0": results(serial)["cosine/seed-0"]["final_val_loss"],
                      "1": results(serial)["cosine/seed-1"]["final_val_loss"]}  # fmt: skip
     assert "nothing to do" in run(write(tmp_path), out)  # and now it is recorded
+
+
+@pytest.mark.slow  # two job processes in one DDP group: ~30 s on 2 cores
+def test_a_slurm_run_of_several_processes_trains_as_one_ddp_group(
+    serial: Path, tmp_path: Path
+) -> None:
+    """gpus_per_run = 2 on a machine without GPUs: two tasks joined by submitit's torchrun
+    variables in one gloo group; the same global batch, so the serial run up to rounding."""
+    pytest.importorskip("submitit")
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    shutil.rmtree(out / "arms" / "cosine" / "seed-1")
+    run(write(tmp_path, SLURM_LOCAL + "\ngpus_per_run = 2"), out)
+    ours, alone = results(out)["cosine/seed-1"], results(serial)["cosine/seed-1"]
+    assert abs(float(ours["final_val_loss"]) - float(alone["final_val_loss"])) < 1e-5  # type: ignore[arg-type]
+    logs = sorted((out / "launch" / "slurm").glob("*_log.out"))
+    assert len(logs) == 2  # one per process
+    assert "global_rank=1(2)" in logs[1].read_text()
