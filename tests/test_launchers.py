@@ -418,7 +418,10 @@ def test_a_report_of_submitted_runs_is_built_again_once_they_have_finished(
     shutil.copytree(serial, out)
     shutil.rmtree(out / "arms" / "cosine" / "seed-1")
     with registered(LaterPlugin(), name="later"):
-        run(write(tmp_path, '[launch]\nkind = "later"'), out)
+        output = run(write(tmp_path, '[launch]\nkind = "later"'), out)
+    assert "1 run(s) were handed to a scheduler; the report below leaves them out" in " ".join(
+        output.split()
+    )
     seeds = json.loads((out / "results.json").read_text())["arms"]["cosine"]["val_loss"]["seeds"]
     assert list(seeds) == ["0"]  # the report of the runs finished so far
     shutil.copytree(serial / "arms" / "cosine" / "seed-1", out / "arms" / "cosine" / "seed-1")

@@ -121,6 +121,12 @@ class Train:
                 f"{run.run_dir}); fix the cause and run again"
             )
         unfinished = len(outcomes) < len(runs) or any(state != "done" for state in by_state)
+        if by_state.get("submitted"):
+            run.say(
+                f"[yellow]![/] train: {len(by_state['submitted'])} run(s) were handed to a "
+                "scheduler; the report below leaves them out and is built again when they have "
+                "finished"
+            )
         if by_state.get("held"):
             run.say(
                 f"[yellow]![/] train: {len(by_state['held'])} run(s) were being trained by another "
