@@ -68,10 +68,12 @@ def evaluation(session: nox.Session) -> None:
 def trackers(session: nox.Session) -> None:
     """The experiment trackers against their real libraries (the tensorboard, wandb and mlflow
     extras coexist): what each logged is read back and compared with metrics.jsonl. Nothing goes
-    to the network: W&B runs offline, MLflow writes a file store."""
+    to the network: W&B runs offline, MLflow writes a file store. The slow test (trackers in
+    pool workers) runs here too."""
     session.install(TORCH, "-e", ".[test,tensorboard,wandb,mlflow]")
     offline = {**OFFLINE, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    session.run("python", "-m", "pytest", "tests/test_trackers.py", *session.posargs, env=offline)
+    tests = ["tests/test_trackers.py", "-m", "not eval"]  # slow included
+    session.run("python", "-m", "pytest", *tests, *session.posargs, env=offline)
 
 
 #: The real GGUF the gguf session probes: SmolLM2-135M-Instruct, Q4_1 (94 MB, Apache-2.0), shipped

@@ -370,6 +370,34 @@ def test_tensorboard_event_files_hold_metrics_jsonl_and_the_result(tmp_path: Pat
     assert json.loads(text.removeprefix("```json\n").removesuffix("\n```")) == expected_config(out)
 
 
+@pytest.mark.slow  # two spawned pool workers start torch: ~30 s on 2 cores
+@pytest.mark.trackers
+def test_pool_workers_track_their_runs(tmp_path: Path) -> None:
+    """Runs trained in pool workers (a pickled trainer in spawned processes) are tracked as in
+    this process: one event directory per run, holding that run's metrics.jsonl."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logs = tmp_path / "tb"
+    spec = write_spec(tmp_path, f'{{ kind = "tensorboard", log_dir = "{logs}" }}')
+    text = spec.read_text().replace("threads = 1\n", "threads = 1\nseeds = [0, 1]\n")
+    spec.write_text(text + '\n[launch]\nkind = "pool"\nworkers = 2\nthreads = 1\n')
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["run", str(spec), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "on 2 pool workers" in result.output
+    trained = ["uniform/seed-1", "cosine/seed-0", "cosine/seed-1"]  # uniform/seed-0: reused
+    found = sorted(str(p.relative_to(logs / NAME)) for p in (logs / NAME).glob("*/seed-*"))
+    assert found == sorted([*trained, "reference/seed-0"])
+    for name in trained:
+        events = EventAccumulator(str(logs / NAME / name), size_guidance={"scalars": 0})
+        events.Reload()
+        loss = metrics_series(out / "arms" / name)["loss"]
+        assert [(s.step, s.value) for s in events.Scalars("loss")] == [
+            (step, struct.unpack("f", struct.pack("f", value))[0]) for step, value in loss
+        ], name
+
+
 # -- Weights & Biases ---------------------------------------------------------------------------
 
 
