@@ -22,10 +22,11 @@ def load_pretrained(
     """A causal LM in ``dtype`` and eval mode on ``device``.
 
     Low memory: transformers builds the model without initialising weights, reads safetensors
-    memory-mapped and casts each tensor to ``dtype`` as it is placed on ``device`` (``device_map``),
-    so the peak is about one copy of the weights in ``dtype`` (docs/pretrained.md). GGUF files are
-    de-quantised by transformers (the ``gguf`` extra: gguf and accelerate). Code shipped with the
-    checkpoint (``auto_map``) runs only with ``trust_remote_code``. Every load failure is one
+    memory-mapped and casts each tensor to ``dtype`` as it loads it (straight onto a GPU through
+    ``device_map``), so the peak is about one copy of the weights in ``dtype`` plus the runtime
+    (docs/pretrained.md). GGUF files are de-quantised by transformers (the ``gguf`` extra: gguf
+    and accelerate). Code shipped with the checkpoint (``auto_map``) runs only with
+    ``trust_remote_code``. Every load failure is one
     :class:`UsageError` naming the checkpoint.
     """
     import torch
@@ -36,11 +37,13 @@ def load_pretrained(
     if dtype not in DTYPES:
         raise UsageError(f"reference.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     location, keywords = source.from_pretrained_args()
+    placed = device != "cpu" and _places_on_devices()
+    if placed:
+        keywords["device_map"] = device
     try:
         model = AutoModelForCausalLM.from_pretrained(
             location,
             dtype=getattr(torch, dtype),
-            device_map=device,
             trust_remote_code=trust_remote_code,
             **keywords,
         )
@@ -48,7 +51,18 @@ def load_pretrained(
         raise UsageError(
             f"{source.field}: cannot load {source} as a causal LM: {load_error(error)}"
         ) from None
-    return model.eval()
+    return (model if placed else model.to(device)).eval()  # type: ignore[arg-type]
+
+
+def _places_on_devices() -> bool:
+    """Whether ``from_pretrained`` can put the weights straight on a device (``device_map``):
+    transformers 5 can itself, earlier releases only with accelerate installed."""
+    import importlib.util
+
+    import transformers
+
+    major = int(transformers.__version__.split(".")[0])
+    return major >= 5 or importlib.util.find_spec("accelerate") is not None
 
 
 def hidden_width(model: Any) -> int:

@@ -222,7 +222,7 @@ class ReferenceSpec(Section):
     cache (HF_HUB_OFFLINE=1 works once it is cached). Required for a hub id: branches move."""
     dtype: Annotated[Literal["float32", "bfloat16", "float16"], ADDED_LATER] = "float32"
     """The pretrained checkpoint's weights and activations: bfloat16 halves memory (a 7B model
-    probes in about 17 GB; docs/pretrained.md); probed clouds are stored in float32 either way."""
+    probes in about 15 GiB; docs/pretrained.md); probed clouds are stored in float32 either way."""
 
     @model_validator(mode="after")
     def _one_of(self) -> ReferenceSpec:
