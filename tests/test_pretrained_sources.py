@@ -253,6 +253,21 @@ def test_a_commit_missing_from_the_cache_is_one_line(offline_cache: Path) -> Non
     assert f"cached commits: {COMMIT}" in lines[0] and "HF_HUB_OFFLINE=1" in lines[0]
 
 
+def test_the_tokenizer_of_a_hub_id_is_read_from_the_cache(offline_cache: Path) -> None:
+    from geospec.engine.tokenizer import build_tokenizer
+    from geospec.spec.sections import PretrainedTokenizer
+
+    pinned = PretrainedTokenizer(path=REPO, revision=COMMIT)
+    from_hub, eos = build_tokenizer(pinned, [], offline_cache)
+    from_disk, _ = build_tokenizer(PretrainedTokenizer(path="model"), [], offline_cache)
+    text = "w3 w14 w15 w92 w65"
+    assert from_hub.encode(text).ids == from_disk.encode(text).ids == [5, 16, 17, 94, 67]
+    assert eos == 1
+    missing = PretrainedTokenizer(path=REPO, revision="e" * 40)
+    with pytest.raises(UsageError, match=f"data.tokenizer.revision: commit e{{40}} of {REPO}"):
+        build_tokenizer(missing, [], offline_cache)
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_checkpoint_loads_straight_into_its_dtype(hub_cache: Path, dtype: str) -> None:

@@ -72,14 +72,14 @@ def pretrained_tokenizer(
 
     if not isinstance(source, Source):
         source = locate(str(source), None, Path.cwd(), "data.tokenizer.path")
-    if source.on_hub:
-        check_hub_files(source, "tokenizer_config.json")
     location, keywords = source.from_pretrained_args()
     try:
         loaded = AutoTokenizer.from_pretrained(
             location, trust_remote_code=trust_remote_code, **keywords
         )
     except Exception as error:  # transformers raises many kinds; each is the user's file
+        if source.on_hub:  # a wrong id or commit, or one missing from the cache, said plainly
+            check_hub_files(source, "tokenizer_config.json")
         raise UsageError(
             f"data.tokenizer.path: cannot load a tokenizer from {source}: {load_error(error)}"
             + _gguf_hint(source)
