@@ -82,6 +82,8 @@ class SlurmParams(PluginParams):
     sbatch: dict[str, str | int | bool] = Field(default_factory=dict)
     """Further sbatch options, without the dashes: ``{ qos = "high", constraint = "a100",
     mem = "64G", exclusive = true }``."""
+    report_minutes: int = Field(60, ge=1, le=366 * 24 * 60)
+    """Time limit of the report job (one CPU; with ``[eval]`` it evaluates the runs too)."""
     wait: bool = False
     """Wait in ``geospec run`` until every run has ended, then build the report here (no
     report job)."""
@@ -232,7 +234,7 @@ class Slurm(Launcher):
             job_name=f"{name}-report",
             partition=params.partition,
             account=params.account,
-            time=60,
+            time=params.report_minutes,
             nodes=1,
             ntasks_per_node=1,
             cpus_per_task=1,
@@ -295,6 +297,11 @@ def _queued_jobs(name: str) -> list[str]:
             text=True,
             timeout=60,
         )
+    except FileNotFoundError:
+        raise UsageError(
+            "launch: squeue is not on PATH: the slurm launcher submits from a machine with "
+            'Slurm\'s clients (a login node), or runs its jobs here with cluster = "local"'
+        ) from None
     except (OSError, subprocess.TimeoutExpired) as error:
         raise UsageError(f"launch: cannot ask Slurm for queued jobs (squeue): {error}") from None
     if found.returncode != 0:

@@ -449,3 +449,19 @@ def test_a_slurm_run_of_several_processes_trains_as_one_ddp_group(
     logs = sorted((out / "launch" / "slurm").glob("*_log.out"))
     assert len(logs) == 2  # one per process
     assert "global_rank=1(2)" in logs[1].read_text()
+
+
+def test_the_slurm_launcher_without_slurm_says_so_in_one_line(
+    serial: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    shutil.rmtree(out / "arms" / "cosine" / "seed-1")
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no squeue, no sbatch
+    spec = write(tmp_path, '[launch]\nkind = "slurm"')
+    result = CliRunner().invoke(cli, ["run", str(spec), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "launch: squeue is not on PATH: the slurm launcher submits from a machine" in " ".join(
+        result.output.split()
+    )
+    assert not (out / "launch").exists()
