@@ -376,10 +376,12 @@ def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_long_loops_report_progress_in_logs(diagnosed: Path) -> None:
-    """Not on a terminal (CliRunner), every long loop of the stage prints its last count: TwoNN
-    per layer, and one perturbation of one batch per unit (3 batches x (2 x 4 layers + 4 pairs));
-    no note of full forward passes (geospec's model runs from the perturbed layer on)."""
+    """Not on a terminal (CliRunner), every long loop prints its last count: the probe stage's
+    windows (4 x 160 tokens / 32 per window: 20), TwoNN per layer, and one perturbation of one
+    batch per unit (3 batches x (2 x 4 layers + 4 pairs)); no note of full forward passes
+    (geospec's model runs from the perturbed layer on)."""
     output = (diagnosed / "output.txt").read_text()
+    assert "probing: 20/20" in output
     assert "TwoNN: 4/4" in output and "perturbing: 36/36" in output
     assert "full forward passes" not in output
 

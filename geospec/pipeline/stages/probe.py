@@ -59,9 +59,9 @@ class Probe:
         )
 
     def write_clouds(self, run: RunContext, clouds_dir: Path) -> None:
-        from rich.progress import Progress
         from safetensors.torch import save_file
 
+        from geospec.engine.progress import stage_progress
         from geospec.pipeline.stages.reference import load_reference
 
         probe = self.probe
@@ -73,13 +73,8 @@ class Probe:
             f"[bold]probe[/]: {samples}{probe.tokens} tokens from {len(sample.windows)} "
             f"validation windows, site {probe.site}"
         )
-        with Progress(
-            console=run.console, transient=True, disable=not run.console.is_terminal
-        ) as bar:
-            task = bar.add_task("probing", total=len(sample.windows))
-            clouds = self.clouds(
-                model, width, data, sample, progress=lambda k: bar.advance(task, k)
-            )
+        with stage_progress(run.console, run.say, "probing", len(sample.windows)) as advance:
+            clouds = self.clouds(model, width, data, sample, progress=advance)
         # only geospec's own files go: a folder named clouds/ may hold the user's too
         (clouds_dir / META_FILE).unlink(missing_ok=True)
         for old in clouds_dir.glob("layer-*.safetensors"):
