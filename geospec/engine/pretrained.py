@@ -37,7 +37,10 @@ def load_pretrained(
     if dtype not in DTYPES:
         raise UsageError(f"reference.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     location, keywords = source.from_pretrained_args()
-    placed = device != "cpu" and _places_on_devices()
+    low_memory = _low_memory_loading()
+    if low_memory:  # transformers 5 always loads this way and ignores the flag; 4.x needs it
+        keywords["low_cpu_mem_usage"] = True
+    placed = device != "cpu" and low_memory
     if placed:
         keywords["device_map"] = device
     try:
@@ -54,9 +57,10 @@ def load_pretrained(
     return (model if placed else model.to(device)).eval()  # type: ignore[arg-type]
 
 
-def _places_on_devices() -> bool:
-    """Whether ``from_pretrained`` can put the weights straight on a device (``device_map``):
-    transformers 5 can itself, earlier releases only with accelerate installed."""
+def _low_memory_loading() -> bool:
+    """Whether ``from_pretrained`` can build the model without initialising it and put the weights
+    straight on a device (``device_map``): transformers 5 does itself, earlier releases only with
+    accelerate installed."""
     import importlib.util
 
     import transformers
