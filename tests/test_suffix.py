@@ -180,12 +180,13 @@ def test_progress_counts_every_perturbation_of_every_batch() -> None:
 
 
 class ValueResidualLayer(nn.Module):
-    """A pre-norm block whose attention also adds the first layer's value (kept on the model):
-    layers share state beside the residual stream, as value-residual transformers do."""
+    """A pre-norm block whose attention also adds a value it reads from ``shared``: its own
+    (``independent``), the first layer's (``shared``: value-residual transformers), or the layer
+    before it's, handed over once per pass (``handoff``: the model empties ``shared`` first)."""
 
-    def __init__(self, width: int, shared: dict[str, torch.Tensor], first: bool) -> None:
+    def __init__(self, width: int, case: str, index: int, shared: dict[str, Any]) -> None:
         super().__init__()
-        self.shared, self.first = shared, first
+        self.case, self.index, self.shared = case, index, shared
         self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
         self.value = nn.Linear(width, width)
         self.ffn = nn.Sequential(
@@ -194,30 +195,35 @@ class ValueResidualLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         value = self.value(self.norm1(x))
-        if self.first:
+        if self.case == "independent":
+            other = value
+        elif self.case == "shared":
+            if self.index == 0:
+                self.shared["value"] = value
+            other = self.shared["value"]
+        else:
+            other = self.shared.pop("value") if self.index else value
             self.shared["value"] = value
-        x = x + value + self.shared["value"]
+        x = x + value + other
         return x + self.ffn(self.norm2(x))
 
 
 class TinyLM(nn.Module):
-    """Embedding, a stack of blocks, a readout."""
+    """Embedding, a stack of :class:`ValueResidualLayer`, a readout."""
 
-    def __init__(self, width: int = 16, layers: int = 4, shared: bool = False) -> None:
+    def __init__(self, case: str, width: int = 16, layers: int = 4) -> None:
         super().__init__()
         torch.manual_seed(0)
-        state: dict[str, torch.Tensor] = {}
+        self.shared: dict[str, Any] = {}
         self.wte = nn.Embedding(VOCAB, width)
         self.blocks = nn.ModuleList(
-            ValueResidualLayer(width, state, first=shared and i == 0) for i in range(layers)
+            ValueResidualLayer(width, case, i, self.shared) for i in range(layers)
         )
-        if not shared:  # every block keeps its own value: no state across layers
-            for block in self.blocks:
-                block.shared = {}
-                block.first = True
         self.head = nn.Linear(width, VOCAB)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.blocks[0].case == "handoff":
+            self.shared.clear()
         x = self.wte(ids)
         for block in self.blocks:
             x = block(x)
@@ -229,16 +235,18 @@ class TinyLM(nn.Module):
     ("case", "reason"),
     [
         ("independent", None),
-        ("shared", "depends on the tokens of the previous pass"),
+        ("shared", "the loss from layer 2 on depends on the tokens of the previous pass"),
+        ("handoff", "running from layer 1 on fails: KeyError"),
     ],
 )
 def test_models_the_suffix_cannot_reproduce_use_full_forward_passes(
     case: str, reason: str | None
 ) -> None:
     """The check runs on the model itself: a first layer's value kept on the module for the
-    later layers (state between passes) falls back, and says why; the same blocks without shared
-    state run from the layer on. The numbers equal the full passes' either way."""
-    model = TinyLM(shared=case == "shared").eval()
+    later layers (state between passes), or a value handed from layer to layer within a pass,
+    fall back and say why; the same blocks without shared state run from the layer on. The
+    numbers equal the full passes' either way."""
+    model = TinyLM(case).eval()
     sites = sites_of(model, 16)
     pairs = sample_pairs(4, 3, seed=0)
     result = fast(model, sites, pairs)

@@ -177,8 +177,8 @@ def suffix_problem(runner: SuffixRunner, batch: Batch) -> str | None:
         stop = None if layer == len(sites) - 1 else layer
         try:
             walked, states = runner.run(batch, layer - 1, state, keep=(layer,), stop=stop)
-        except RuntimeError as error:
-            return str(error)
+        except Exception as error:  # a model that cannot run so is measured the reference's way
+            return f"running from layer {layer} on fails: {type(error).__name__}: {error}"
         state = states[layer][1]
         if not torch.equal(state, outputs[layer]):
             return f"layer {layer}'s output differs when the layers before it are not run"
@@ -187,7 +187,10 @@ def suffix_problem(runner: SuffixRunner, batch: Batch) -> str | None:
     middle = (len(sites) - 1) // 2
     inputs, targets = batch
     runner.loss(runner.model, inputs.flip(-1), targets)
-    after, _ = runner.run(batch, middle, outputs[middle])
+    try:
+        after, _ = runner.run(batch, middle, outputs[middle])
+    except Exception as error:
+        return f"running from layer {middle + 1} on fails: {type(error).__name__}: {error}"
     if after != full:
         return (
             f"the loss from layer {middle + 1} on depends on the tokens of the previous pass "
