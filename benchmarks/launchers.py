@@ -5,7 +5,10 @@
 Prepares one run directory up to the solve stage, copies it twice, then times `geospec run` on
 each copy: once with the default launcher (one process, torch's threads: every core), once with
 ``[launch] kind = "pool"`` (N workers, cores / N threads each). Prints both wall times, the ratio
-local / pool (above 1: the pool is faster) and whether every run's final loss is identical.
+local / pool (above 1: the pool is faster) and whether every run's final loss is identical
+(expected only at equal thread counts). On 2 quiet cores the two are even for this small model
+(0.98 at --steps 300; 0.80 at 60 steps, where starting the workers weighs); the pool wins when
+the cores are contended, where one process's 2 threads wait on each other.
 """
 
 from __future__ import annotations
@@ -99,7 +102,10 @@ def main() -> None:
     print(f"local (1 process, {cores} threads):       {t_local:7.1f} s")
     each = max(1, cores // args.workers)
     print(f"pool ({args.workers} workers, {each} thread(s) each): {t_pool:7.1f} s")
-    print(f"ratio local / pool: {t_local / t_pool:.2f}  (identical final losses: {same})")
+    # Bit-identical losses need equal thread counts (a reduction split over 2 threads rounds
+    # differently); tests/test_launchers.py compares the pool with a serial run at equal threads.
+    note = "" if each == cores else f"; {cores} vs {each} threads, so not expected"
+    print(f"ratio local / pool: {t_local / t_pool:.2f}  (identical final losses: {same}{note})")
 
 
 if __name__ == "__main__":
