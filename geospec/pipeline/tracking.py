@@ -62,9 +62,9 @@ class RunTrackers:
             self.active.append((table.kind, tracker))
 
     def log(self, row: dict[str, Any]) -> None:
-        step = int(row["step"])
-        metrics = {name: float(value) for name, value in row.items() if name != "step"}
-        self._each(lambda tracker: tracker.log(step, metrics))
+        # converted inside the guarded call: a row a tracker cannot take turns it off, never
+        # training
+        self._each(lambda tracker: tracker.log(int(row["step"]), _metrics(row)))
 
     def end(self, result: dict[str, Any] | None) -> None:
         self._each(lambda tracker: tracker.end(result))
@@ -112,6 +112,10 @@ def run_trackers(
         config={"arm": track.arm, "seed": seed, "widths": list(widths), "run_key": key},
     )
     return RunTrackers(tables, run, say)
+
+
+def _metrics(row: dict[str, Any]) -> dict[str, float]:
+    return {name: float(value) for name, value in row.items() if name != "step"}
 
 
 def _create(table: PluginParams) -> Tracker:
