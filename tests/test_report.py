@@ -103,6 +103,7 @@ def test_results_match_per_seed_metrics(tmp_path: Path) -> None:
     # gelu FFN with biases, per layer: up d x w + w, down w x d + d
     assert taper["ffn_params"] == sum(2 * 32 * w + w + 32 for w in WIDTHS["taper"])
     assert results["equal_params"] is True
+    assert not any(note.startswith("Partial") for note in results["notes"])  # every run finished
     for name in ("profiles.png", "widths.png", "val_loss.png", "differences.png"):
         assert (run_dir / "plots" / name).stat().st_size > 1000
     report = (run_dir / "report.md").read_text()
@@ -266,6 +267,17 @@ def test_damaged_metrics_lines_and_unfinished_runs_are_left_out(tmp_path: Path) 
     taper = results["arms"]["taper"]
     assert taper["val_loss"]["seeds"] == {"0": LOSSES["taper"][0], "1": LOSSES["taper"][1]}
     assert taper["vs_uniform"]["n"] == 2
+    planned = len(LOSSES) * 3
+    assert results["notes"][0] == (
+        f"Partial: {planned - 1} of {planned} planned runs have finished; not in these figures: "
+        "taper seed 2. Each comparison pairs only the seeds both arms have."
+    )
+    for seed in (0, 1):
+        (run_dir / "arms" / "uniform" / f"seed-{seed}" / "result.json").unlink()
+    assert build_results(run_dir)["notes"][0].startswith(
+        f"Partial: {planned - 3} of {planned} planned runs have finished; not in these figures: "
+        "uniform seeds 0, 1; taper seed 2."
+    )
 
 
 def test_report_command(tmp_path: Path) -> None:

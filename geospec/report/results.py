@@ -174,7 +174,8 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         "checks": comparison_checks(runs),
         "arms": arms,
         "profiles": profiles,
-        "notes": exact_test_notes(arms, 1 - confidence)
+        "notes": unfinished_notes(arms, resolved["seeds"])
+        + exact_test_notes(arms, 1 - confidence)
         + reliability_notes(reliability, {name: r[1] for name, r in reads.items()}),
         "curves": {
             name: {str(r.seed): r.curve for r in seed_runs} for name, seed_runs in runs.items()
@@ -230,6 +231,28 @@ def schedule_reads(table: dict[str, Any]) -> tuple[list[str], list[str]]:
     except (GeospecError, ValueError):
         return [], []
     return schedule.required_arms(), schedule.required_profiles()
+
+
+def unfinished_notes(arms: dict[str, Any], seeds: list[int]) -> list[str]:
+    """A report built before every planned run has finished says so, naming the runs it lacks
+    (a study in progress, runs still queued on a cluster): its figures are not the study's."""
+    missing = {
+        name: [seed for seed in seeds if str(seed) not in entry["val_loss"]["seeds"]]
+        for name, entry in arms.items()
+    }
+    missing = {name: lacking for name, lacking in missing.items() if lacking}
+    if not missing:
+        return []
+    planned = len(arms) * len(seeds)
+    finished = planned - sum(len(lacking) for lacking in missing.values())
+    lacking = "; ".join(
+        f"{name} seed{'s' if len(seeds_) > 1 else ''} {', '.join(map(str, seeds_))}"
+        for name, seeds_ in missing.items()
+    )
+    return [
+        f"Partial: {finished} of {planned} planned runs have finished; not in these figures: "
+        f"{lacking}. Each comparison pairs only the seeds both arms have."
+    ]
 
 
 def exact_test_notes(arms: dict[str, Any], alpha: float) -> list[str]:
