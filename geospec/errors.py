@@ -64,3 +64,10 @@ class Preempted(GeospecError):
     def __init__(self, message: str, signal: str | None = None) -> None:
         super().__init__(message)
         self.signal = signal
+
+
+def last_line(error: object) -> str:
+    """The last line of an error's text (where a message or a tool's stderr says what went
+    wrong), or the error's type name when the text is empty: what one-line reports show."""
+    lines = str(error).strip().splitlines()
+    return lines[-1] if lines else type(error).__name__

@@ -38,7 +38,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from geospec import hookimpl
-from geospec.errors import REQUEUE_EXIT_CODE, GeospecError, Preempted, UsageError
+from geospec.errors import REQUEUE_EXIT_CODE, GeospecError, Preempted, UsageError, last_line
 from geospec.kinds import Launch, Launcher, RunOutcome, RunTrainer, TrainingRun
 from geospec.plugin import PluginParams, Register
 
@@ -173,7 +173,7 @@ class Slurm(Launcher):
             with _outside_this_job():
                 jobs = executor.map_array(job, runs)
         except Exception as error:  # sbatch refused: its own message says why
-            raise UsageError(f"launch: sbatch refused the runs: {_last_line(error)}") from None
+            raise UsageError(f"launch: sbatch refused the runs: {last_line(error)}") from None
         ids = [str(j.job_id) for j in jobs]
         if params.cluster == "local" or params.wait:
             launch.say(
@@ -305,13 +305,8 @@ def _queued_jobs(name: str) -> list[str]:
     except (OSError, subprocess.TimeoutExpired) as error:
         raise UsageError(f"launch: cannot ask Slurm for queued jobs (squeue): {error}") from None
     if found.returncode != 0:
-        raise UsageError(f"launch: squeue failed: {_last_line(found.stderr)}")
+        raise UsageError(f"launch: squeue failed: {last_line(found.stderr)}")
     return found.stdout.split()
-
-
-def _last_line(error: object) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[-1] if lines else type(error).__name__
 
 
 def _outcome(run: TrainingRun, job: Any, launch: Launch) -> RunOutcome:
@@ -326,7 +321,7 @@ def _outcome(run: TrainingRun, job: Any, launch: Launch) -> RunOutcome:
         return RunOutcome(
             run,
             "failed",
-            f"job {job.job_id} ended before the run finished ({_last_line(error)}); run again "
+            f"job {job.job_id} ended before the run finished ({last_line(error)}); run again "
             "to resume it from its last checkpoint",
         )
     launch.say(f"train: {run.name}: {outcome.state} ({outcome.detail or 'no detail'})")

@@ -89,9 +89,8 @@ class Trainer:
             result = json.loads((run.directory / RESULT_FILE).read_text())
             return RunOutcome(run, "done", f"final loss {result['final_val_loss']:.4f}")
         failure = read_failure(run.directory)
-        if failure is not None:
-            lines = str(failure["error"]).strip().splitlines() or ["failed"]
-            return RunOutcome(run, "failed", lines[-1])
+        if failure is not None:  # its error is one line (record_failure), as status shows it
+            return RunOutcome(run, "failed", failure["error"])
         return None
 
     def _context(self) -> RunContext:

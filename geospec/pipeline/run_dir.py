@@ -25,7 +25,7 @@ from geospec import __version__
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import file_digest, seal_broken
 from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
-from geospec.errors import UsageError
+from geospec.errors import UsageError, last_line
 
 if TYPE_CHECKING:
     from geospec.pipeline.context import RunContext
@@ -133,9 +133,8 @@ def record_failure(out: Path, error: BaseException) -> None:
 
     from geospec.digests import sealed
 
-    text = str(error).strip() or type(error).__name__
     record = {
-        "error": text.splitlines()[-1],
+        "error": last_line(error),
         "type": type(error).__name__,
         "host": socket.gethostname(),
         "pid": os.getpid(),

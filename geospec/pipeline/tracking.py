@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from geospec.errors import last_line
 from geospec.kinds import TrackedRun, Tracker
 from geospec.pipeline.keys import digest
 from geospec.plugin import PluginParams
@@ -81,9 +82,8 @@ class RunTrackers:
     def _warn(self, kind: str, error: Exception) -> None:
         from rich.markup import escape
 
-        lines = str(error).strip().splitlines() or [type(error).__name__]
         self.say(
-            f"[yellow]![/] tracker {kind} ({self.run.name}): {escape(lines[-1])}; "
+            f"[yellow]![/] tracker {kind} ({self.run.name}): {escape(last_line(error))}; "
             "training goes on without it"
         )
 
