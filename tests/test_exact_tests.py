@@ -201,11 +201,16 @@ SCHEDULES = {
     "gw": {"kind": "geometric", "profile": "gw/spherical"},
     "fitted-gw": {"kind": "fitted", "of": "gw"},
     "sorted-gw": {"kind": "sorted", "of": "gw"},
+    "shift": {"kind": "geometric", "profile": "shift/spherical"},
+    "gw-elsewhere": {"kind": "geometric", "profile": "gw/spherical", "profiles": "other.json"},
 }
 
 
-def write_run(run_dir: Path, losses: dict[str, list[float]]) -> None:
-    """A finished run directory: run.json and every arm's result.json and config.json."""
+def write_run(
+    run_dir: Path, losses: dict[str, list[float | None]], compare: list[list[str]] | None = None
+) -> None:
+    """A run directory: run.json and the result.json and config.json of every arm's seed whose
+    loss is not None (None: that seed has not finished)."""
     seeds = list(range(len(losses["uniform"])))
     run_dir.mkdir()
     run = {
@@ -215,10 +220,13 @@ def write_run(run_dir: Path, losses: dict[str, list[float]]) -> None:
         "bootstrap": 0,
         "arms": [{"name": arm, "schedule": SCHEDULES[arm]} for arm in losses],
         "seeds": seeds,
+        **({"compare": compare} if compare is not None else {}),
     }
     (run_dir / "run.json").write_text(json.dumps(run))
     for arm, values in losses.items():
         for seed, loss in zip(seeds, values, strict=True):
+            if loss is None:
+                continue
             out = run_dir / "arms" / arm / f"seed-{seed}"
             out.mkdir(parents=True)
             (out / "result.json").write_text(json.dumps({"final_val_loss": loss}))
@@ -266,6 +274,63 @@ def test_report_gives_exact_and_holm_p_values_and_compares_derived_arms(
     six = {arm: [*values, values[0] - 0.01] for arm, values in losses.items()}
     write_run(tmp_path / "six", six)
     assert write_report(tmp_path / "six", plots=False)["notes"] == []
+
+
+def test_report_compares_the_pairs_the_spec_names(
+    tmp_path: Path, geospec_registries: object
+) -> None:
+    rng = np.random.default_rng(11)
+    base = rng.normal(4.5, 0.02, 6)
+    losses: dict[str, list[float | None]] = {
+        "uniform": list(base),
+        "gw": list(base - 0.04 + rng.normal(0, 0.01, 6)),
+        "gw-elsewhere": list(base - 0.02 + rng.normal(0, 0.01, 6)),
+        "shift": list(base - 0.01 + rng.normal(0, 0.02, 6)),
+    }
+    losses["shift"][4] = losses["shift"][5] = None  # two seeds of shift have not finished
+    pairs = [["gw-elsewhere", "gw"], ["shift", "gw"], ["shift", "gw-elsewhere"]]
+    write_run(tmp_path / "run", losses, compare=pairs)
+    results = write_report(tmp_path / "run", plots=False)
+    chosen = results["comparisons"]
+    assert [[c["arm"], c["against"]] for c in chosen] == pairs
+    p = {}
+    for c in chosen:
+        shared = [
+            (a, b)
+            for a, b in zip(losses[c["arm"]], losses[c["against"]], strict=True)
+            if a is not None and b is not None
+        ]
+        d = [a - b for a, b in shared]
+        vs = c["difference"]
+        assert vs["n"] == len(d) and vs["mean"] == pytest.approx(float(np.mean(d)))
+        assert vs["improved"] == sum(x < 0 for x in d)
+        assert vs["p_exact"] == pytest.approx(enumerated_p(d), abs=1e-15)
+        low, high = stats.ttest_rel(*zip(*shared, strict=True)).confidence_interval(0.95)
+        assert vs["ci95"] == pytest.approx([low, high])
+        p[f"{c['arm']}-{c['against']}"] = vs["p_exact"]
+    assert chosen[1]["difference"]["n"] == 4
+    for c in chosen:  # Holm across the spec's pairs only, not the arms' comparisons
+        key, adjusted = f"{c['arm']}-{c['against']}", c["difference"]["p_holm"]
+        assert key in holm_rejects(p, adjusted * (1 + 1e-12))
+        assert adjusted >= 1.0 or key not in holm_rejects(p, adjusted * (1 - 1e-9))
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "report.compare" in report
+    for arm, against in pairs:
+        assert f"| {arm} | {against} |" in report
+
+    planned = CliRunner().invoke(
+        cli, ["plan", str(tmp_path / "run"), "--effect", "0.01", "--json", "--holm"]
+    )
+    rows = {(r["arm"], r["against"]): r for r in json.loads(planned.output)["comparisons"]}
+    for arm, against in pairs:  # three pairs: Holm's strictest step is alpha / 3
+        assert rows[(arm, against)]["alpha"] == pytest.approx(0.05 / 3)
+
+    del losses["gw-elsewhere"]  # a pair whose arms share no finished seed has no difference
+    losses["shift"] = [None] * 6
+    write_run(tmp_path / "pending", losses, compare=[["shift", "gw"]])
+    [pending] = write_report(tmp_path / "pending", plots=False)["comparisons"]
+    assert pending == {"arm": "shift", "against": "gw", "difference": None}
+    assert "| shift | gw | - |" in (tmp_path / "pending" / "report.md").read_text()
 
 
 def test_plan_gives_the_seeds_each_comparison_needs(

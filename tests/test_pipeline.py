@@ -77,6 +77,9 @@ eval_interval = 20
 eval_tokens = 4096
 checkpoint_interval = 5
 threads = 1
+
+[report]
+compare = [["shift-spherical", "cosine"]]
 """
 
 
@@ -153,6 +156,14 @@ def test_equal_budgets_and_report_numbers_match_per_seed_results(finished: Path)
             diffs = [arm["val_loss"]["seeds"][s] - base[s] for s in ("0", "1")]
             assert arm["vs_uniform"]["mean"] == pytest.approx(sum(diffs) / 2)
             assert arm["vs_uniform"]["improved"] == sum(d < 0 for d in diffs)
+    [pair] = results["comparisons"]  # report.compare, from the spec through run.json
+    losses = {
+        name: results["arms"][name]["val_loss"]["seeds"] for name in ("shift-spherical", "cosine")
+    }
+    diffs = [losses["shift-spherical"][s] - losses["cosine"][s] for s in ("0", "1")]
+    assert (pair["arm"], pair["against"]) == ("shift-spherical", "cosine")
+    assert pair["difference"]["mean"] == pytest.approx(sum(diffs) / 2)
+    assert "| shift-spherical | cosine |" in (run_dir / "report.md").read_text()
     # the anti control inverts its profile: more work, never more width; the layer with the
     # most work is the narrowest and the one with the least the widest
     work, anti = results["profiles"]["gw/hyperbolic"], results["arms"]["anti"]["widths"]

@@ -380,9 +380,10 @@ def test_results_json_has_the_documented_keys(tmp_path: Path) -> None:
     make_run(run_dir)
     results = build_results(run_dir)
     assert set(results) == {
-        "name", "baseline", "confidence", "equal_params", "checks", "arms", "profiles", "notes",
-        "curves",
+        "name", "baseline", "confidence", "equal_params", "checks", "arms", "comparisons",
+        "profiles", "notes", "curves",
     }  # fmt: skip
+    assert results["comparisons"] == []  # run.json names no pairs (report.compare)
     for name, arm in results["arms"].items():
         assert set(arm) == {
             "schedule", "widths", "params", "ffn_params", "val_loss", "vs_uniform", "vs_source"

@@ -44,6 +44,11 @@ def replace(old: str, new: str) -> bytes:
     return VALID.replace(old, new, 1).encode()
 
 
+def compare(pairs: str) -> bytes:
+    """VALID with report.compare set to ``pairs`` (TOML)."""
+    return VALID.encode() + f"\n[report]\ncompare = {pairs}\n".encode()
+
+
 # (spec bytes, text the message must contain)
 MALFORMED: list[tuple[str, bytes, str]] = [
     ("empty file", b"", "empty"),
@@ -123,6 +128,26 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("both source and files", replace("[data]", '[data]\nsource = "x"\nfiles = ["a.txt"]'), "data"),
     ("missing baseline arm", replace('name = "uniform"', 'name = "flat"'), "report.baseline"),
     ("model is not a table", replace("[model]", "model = 3\n[unused]"), "model"),
+    (
+        "compare names an unknown arm",
+        compare('[["taper", "tapr"]]'),
+        "report.compare[0]: no arm is named 'tapr'",
+    ),
+    (
+        "compare an arm with itself",
+        compare('[["uniform", "taper"], ["taper", "taper"]]'),
+        "report.compare[1]: compares 'taper' with itself",
+    ),
+    (
+        "compare a pair twice",
+        compare('[["uniform", "taper"], ["taper", "uniform"]]'),
+        "compared already in report.compare[0]",
+    ),
+    (
+        "compare is not a pair",
+        compare('[["uniform", "taper", "uniform"]]'),
+        "report.compare[0]: Tuple should have at most 2 items",
+    ),
 ]
 
 

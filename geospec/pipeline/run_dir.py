@@ -293,6 +293,7 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
             "confidence": spec.report.confidence,
             "bootstrap": spec.report.bootstrap,
             "min_reliability": spec.report.min_reliability,
+            "compare": [list(pair) for pair in spec.report.compare],
             "arms": [{"name": a.name, "schedule": section(a.schedule)} for a in spec.arms],
             "seeds": list(spec.train.seeds),
             # the report reads the arms' eval.json files only when the spec evaluates them

@@ -79,6 +79,15 @@ SOURCE_HEADERS = [
     "p (sign-flip)",
     "p (Holm)",
 ]
+CHOSEN_HEADERS = [
+    "arm",
+    "against",
+    "Δ vs against",
+    "{level}% CI",
+    "improved",
+    "p (sign-flip)",
+    "p (Holm)",
+]
 RELIABILITY_HEADERS = ["profile", "replicates", "split-half ρ", "largest SE / mean", "flag"]
 EVAL_HEADERS = [
     "task / metric",
@@ -138,6 +147,14 @@ def source_rows(results: dict[str, Any]) -> list[list[str]]:
     ]
 
 
+def chosen_rows(results: dict[str, Any]) -> list[list[str]]:
+    """One row per pair of report.compare: the paired comparison ``arm - against``."""
+    return [
+        [pair["arm"], pair["against"], *comparison_cells(pair["difference"])]
+        for pair in results.get("comparisons", [])
+    ]
+
+
 def reliability_rows(results: dict[str, Any]) -> list[list[str]]:
     """One row per profile measured on several token samples."""
     reliability = results.get("reliability")
@@ -191,6 +208,14 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
             "seeds (negative = the derived arm is better; Holm across these comparisons):",
             "",
             *markdown_table(headers(results, SOURCE_HEADERS), derived),
+        ]
+    chosen = chosen_rows(results)
+    if chosen:
+        lines += [
+            "The spec's own comparisons (`report.compare`), on the same seeds (negative = `arm` "
+            "is better; Holm across these comparisons):",
+            "",
+            *markdown_table(headers(results, CHOSEN_HEADERS), chosen),
         ]
     lines += [f"- {note}" for note in results.get("notes", [])]
     if results.get("notes"):

@@ -16,25 +16,32 @@ def plan_seeds(
     difference of ``effect`` in validation loss.
 
     The level is 1 - confidence (two-sided); with ``holm`` it is divided by the number of
-    comparisons in each family (against the baseline; derived arms against their source), the
-    strictest step of Holm's procedure. ``seeds`` is None for a comparison whose pilot has fewer
-    than two paired seeds (no spread to plan from). ``exact_minimum`` is the fewest seeds with
-    which the exact sign-flip test can reach ``exact_level`` (the strictest level) at all.
+    comparisons in each family (against the baseline; derived arms against their source; the
+    spec's report.compare pairs), the strictest step of Holm's procedure. ``seeds`` is None for
+    a comparison whose pilot has fewer than two paired seeds (no spread to plan from).
+    ``exact_minimum`` is the fewest seeds with which the exact sign-flip test can reach
+    ``exact_level`` (the strictest level) at all.
     """
     alpha = 1 - results["confidence"]
-    families = {"vs_uniform": results["baseline"], "vs_source": None}
+    baseline = results["baseline"]
+    families = [
+        [(n, baseline, a["vs_uniform"]) for n, a in results["arms"].items() if a.get("vs_uniform")],
+        [(n, a["vs_source"]["arm"], a["vs_source"]) for n, a in results["arms"].items()
+         if a.get("vs_source")],
+        [(c["arm"], c["against"], c["difference"]) for c in results.get("comparisons", [])
+         if c["difference"]],
+    ]  # fmt: skip
     comparisons = []
     strictest = alpha
-    for key, against in families.items():
-        found = [(n, a[key]) for n, a in results["arms"].items() if a.get(key)]
+    for found in families:
         level = alpha / len(found) if holm and found else alpha
         strictest = min(strictest, level)
-        for name, vs in found:
+        for name, against, vs in found:
             sd = vs.get("sd")
             comparisons.append(
                 {
                     "arm": name,
-                    "against": against or vs["arm"],
+                    "against": against,
                     "pilot_seeds": vs["n"],
                     "mean": vs["mean"],
                     "sd": sd,

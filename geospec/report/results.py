@@ -13,6 +13,8 @@ results.json::
                                        "improved": k, "n": n,
                                        "p_exact": p, "p_holm": p, "p_min": p} | null,
                         "vs_source": {"arm": "<source>", ...as vs_uniform} | null}},
+     "comparisons": [{"arm": "<arm>", "against": "<arm>",
+                      "difference": {...as vs_uniform} | null}],   (report.compare)
      "equal_params": bool,
      "checks": {"same_data_and_validation": bool | null, "same_training": ...,
                 "same_shape_apart_from_widths": ..., "seeds_paired": ...},
@@ -27,6 +29,8 @@ paired by seed; ``ci95`` holds the interval at ``confidence`` (0.95 unless the s
 ``p_exact`` is the exact sign-flip p-value, ``p_holm`` the same Holm-adjusted across the arms,
 ``p_min`` the smallest p-value the number of seeds allows. ``vs_source`` compares an arm derived
 from another (``fitted``, ``sorted``) with that arm (Holm across those comparisons).
+``comparisons`` holds the spec's own pairs (``report.compare``), Holm-adjusted across them;
+``difference`` is null while the two arms share no finished seed.
 """
 
 from __future__ import annotations
@@ -161,6 +165,7 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         tests = {name: entry[key]["p_exact"] for name, entry in arms.items() if entry[key]}
         for name, adjusted in holm(tests).items():
             arms[name][key]["p_holm"] = adjusted
+    comparisons = chosen_comparisons(arms, resolved.get("compare", []), confidence, resolved)
     counts = {a["params"] for a in arms.values() if a["params"] is not None}
     stored = read_json(run_dir / PROFILES_FILE)
     replicates = stored.get("replicates") if isinstance(stored, dict) else None
@@ -173,6 +178,7 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         "equal_params": len(counts) <= 1,
         "checks": comparison_checks(runs),
         "arms": arms,
+        "comparisons": comparisons,
         "profiles": profiles,
         "notes": unfinished_notes(arms, resolved["seeds"])
         + exact_test_notes(arms, 1 - confidence)
@@ -190,6 +196,28 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         for name, entry in scores.items():
             arms[name]["eval"] = entry
     return results
+
+
+def chosen_comparisons(
+    arms: dict[str, Any], pairs: list[list[str]], confidence: float, resolved: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The spec's own pairs (report.compare), ``arm - against`` paired by seed, Holm-adjusted
+    across the pairs."""
+    chosen: list[dict[str, Any]] = [
+        {
+            "arm": arm,
+            "against": against,
+            "difference": comparison(
+                _losses(arms[arm]), _losses(arms[against]), confidence, resolved
+            ),
+        }
+        for arm, against in pairs
+        if arm in arms and against in arms  # validation guarantees it for a current spec
+    ]
+    tests = {str(i): c["difference"]["p_exact"] for i, c in enumerate(chosen) if c["difference"]}
+    for i, adjusted in holm(tests).items():
+        chosen[int(i)]["difference"]["p_holm"] = adjusted
+    return chosen
 
 
 def _losses(entry: dict[str, Any]) -> dict[int, float]:

@@ -16,8 +16,10 @@ from geospec.report.diagnostics import (
     summary_lines,
 )
 from geospec.report.markdown import (
+    CHOSEN_HEADERS,
     EVAL_HEADERS,
     SOURCE_HEADERS,
+    chosen_rows,
     eval_rows,
     headers,
     source_rows,
@@ -39,14 +41,17 @@ def print_table(results: dict[str, Any]) -> None:
     if not console.is_terminal:
         console = Console(width=140)  # logs and pipes: don't wrap the table at 80 columns
     console.print(table)
-    derived = source_rows(results)
-    if derived:
-        against = Table(title="derived arms against their source")
-        for header in headers(results, SOURCE_HEADERS):
-            against.add_column(header, justify="left" if header in ("arm", "source") else "right")
-        for row in derived:
-            against.add_row(*row)
-        console.print(against)
+    for title, columns, rows in (
+        ("derived arms against their source", SOURCE_HEADERS, source_rows(results)),
+        ("the spec's own comparisons (report.compare)", CHOSEN_HEADERS, chosen_rows(results)),
+    ):
+        if rows:
+            pairs = Table(title=title)
+            for header in headers(results, columns):  # the two arm names left, numbers right
+                pairs.add_column(header, justify="left" if header in columns[:2] else "right")
+            for row in rows:
+                pairs.add_row(*row)
+            console.print(pairs)
     scores = eval_rows(results)
     if scores:
         downstream = Table(title="downstream evaluation (lm-eval)")

@@ -149,6 +149,36 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 + ", ".join(repr(a.name) for a in spec.arms),
             )
         )
+    problems += _compare_problems(spec, seen)
+    return problems
+
+
+def _compare_problems(spec: Spec, arms: dict[str, int]) -> list[tuple[str, str]]:
+    """Each report.compare pair names two different arms of the spec, once."""
+    problems: list[tuple[str, str]] = []
+    pairs: dict[frozenset[str], int] = {}
+    for i, (arm, against) in enumerate(spec.report.compare):
+        where = f"report.compare[{i}]"
+        unknown = [name for name in (arm, against) if name not in arms]
+        if unknown:
+            problems.append(
+                (
+                    where,
+                    f"no arm is named {unknown[0]!r}; the arms are "
+                    + ", ".join(repr(a.name) for a in spec.arms),
+                )
+            )
+        elif arm == against:
+            problems.append((where, f"compares {arm!r} with itself; name two different arms"))
+        elif frozenset((arm, against)) in pairs:
+            problems.append(
+                (
+                    where,
+                    f"{arm!r} and {against!r} are compared already in report.compare"
+                    f"[{pairs[frozenset((arm, against))]}]; remove one of the two",
+                )
+            )
+        pairs.setdefault(frozenset((arm, against)), i)
     return problems
 
 

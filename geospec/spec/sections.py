@@ -356,6 +356,10 @@ class ReportSpec(Section):
     min_reliability: Annotated[float, ADDED_LATER, Field(ge=-1.0, le=1.0)] = MIN_RELIABILITY
     """Flag a profile measured with probe.replicates > 1 whose split-half reliability (Spearman
     between the means of two halves of its replicates) is below this: mostly sampling noise."""
+    compare: Annotated[list[tuple[Name, Name]], ADDED_LATER] = []
+    """Further paired comparisons, each ``[arm, against]`` (e.g. an arm solved from another
+    model's profiles against the same schedule solved from this model's): reported like the
+    comparisons with the baseline, Holm-adjusted across these pairs."""
 
 
 class DiagnoseSpec(Section):

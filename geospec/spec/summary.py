@@ -63,6 +63,8 @@ def spec_summary(spec: Spec) -> Group:
             f"tokens (the solver uses their mean; flagged below split-half "
             f"{spec.report.min_reliability:g})",
         )
+    if spec.report.compare:
+        head.add_row("compare", ", ".join(f"{a} vs {b}" for a, b in spec.report.compare))
     if spec.diagnose.enabled:
         settings = spec.diagnose.model_dump(mode="json", exclude={"enabled"})
         head.add_row("diagnose", ", ".join(f"{k}={v}" for k, v in settings.items()))
