@@ -230,6 +230,24 @@ def test_evaluated_runs_are_not_evaluated_again(evaluated: Path, tmp_path: Path)
     assert (tmp_path / "copy" / "run" / "results.json").read_text() == before
 
 
+def test_status_says_which_trained_runs_are_evaluated(evaluated: Path, tmp_path: Path) -> None:
+    from geospec.digests import SEAL, sealed
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(evaluated / "run", run_dir)
+    found = json.loads(invoke("status", str(run_dir), "--json").output)
+    assert [r["evaluated"] for r in found["runs"]] == [True] * len(ARMS) * len(SEEDS)
+    (run_dir / "arms" / "cosine" / "seed-1" / "eval.json").unlink()
+    other = run_dir / "arms" / "uniform" / "seed-2" / "eval.json"  # scores of another model
+    record = {k: v for k, v in json.loads(other.read_text()).items() if k != SEAL}
+    other.write_text(json.dumps(sealed({**record, "run_key": "another model"})))
+    found = json.loads(invoke("status", str(run_dir), "--json").output)
+    unscored = {(r["arm"], r["seed"]) for r in found["runs"] if r["evaluated"] is False}
+    assert unscored == {("cosine", 1), ("uniform", 2)}
+    table = " ".join(invoke("status", str(run_dir)).output.split())
+    assert table.count("not yet evaluated") == 2 and table.count(", evaluated") == 4
+
+
 def test_an_unknown_task_and_a_spec_without_eval_are_one_line(
     evaluated: Path, tmp_path: Path
 ) -> None:

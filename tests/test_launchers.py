@@ -207,7 +207,11 @@ def test_status_of_a_finished_run(serial: Path) -> None:
     for name, result in results(serial).items():
         assert runs[name]["state"] == "done"
         assert runs[name]["final_loss"] == result["final_val_loss"]
-    assert found["counts"] == {"done": 4, "running": 0, "stale": 0, "failed": 0, "pending": 0}
+    assert found["counts"] == {
+        "done": 4, "running": 0, "stale": 0, "failed": 0, "submitted": 0, "pending": 0
+    }  # fmt: skip
+    assert found["notes"] == []
+    assert all(r["evaluated"] is None and r["job"] is None for r in found["runs"])  # no [eval]
     table = CliRunner().invoke(cli, ["status", str(serial)])
     assert table.exit_code == 0 and "final loss" in table.output
 
@@ -243,6 +247,56 @@ def test_status_of_a_run_in_progress_a_failed_run_and_a_stale_claim(
     assert runs["cosine/seed-0"]["state"] == "stale"
     table = CliRunner().invoke(cli, ["status", str(out)])
     assert "its holder died" in " ".join(table.output.split())
+
+
+class QueueParams(PluginParams):
+    kind: Literal["queue"] = "queue"
+
+
+class Queue(Launcher):
+    """A scheduler that queues every run it is given and returns (as the slurm launcher does
+    without `wait`); its job ids are the runs' positions."""
+
+    Params = QueueParams
+
+    def launch(self, launch: Launch) -> list[RunOutcome]:
+        return [RunOutcome(r, "submitted", f"job 7_{i}") for i, r in enumerate(launch.runs)]
+
+
+class QueuePlugin:
+    @hookimpl
+    def geospec_register_launchers(self, register: Register) -> None:
+        register(Queue)
+
+
+def test_status_shows_the_runs_queued_on_a_scheduler_until_they_are_trained(
+    serial: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    for name in ("uniform/seed-1", "cosine/seed-1"):
+        (out / "arms" / name / "result.json").unlink()
+    with registered(QueuePlugin(), name="queue"):
+        run(write(tmp_path, '[launch]\nkind = "queue"'), out)
+    found = status_of(out)
+    runs = by_name(found)
+    queued = {n: r["job"] for n, r in runs.items() if r["state"] == "submitted"}
+    assert queued == {"uniform/seed-1": "job 7_0", "cosine/seed-1": "job 7_1"}  # seed-major
+    assert found["counts"]["submitted"] == 2 and found["counts"]["done"] == 2
+    assert all(runs[n]["since"] is not None for n in queued)
+    table = " ".join(CliRunner().invoke(cli, ["status", str(out)]).output.split())
+    assert "queued: job 7_0" in table and "queued: job 7_1" in table
+    record = out / "launch" / "submitted.json"
+    record.write_text("{damaged")  # fault injection: said, never a traceback
+    found = status_of(out)
+    assert found["counts"]["submitted"] == 0 and found["counts"]["pending"] == 2
+    [note] = found["notes"]
+    assert "launch/submitted.json cannot be read" in note
+    assert "note: launch/submitted.json" in CliRunner().invoke(cli, ["status", str(out)]).output
+    run(write(tmp_path), out)  # trained here: no run is queued any more
+    assert json.loads(record.read_text())["runs"] == {}
+    found = status_of(out)
+    assert found["counts"]["done"] == 4 and found["notes"] == []
 
 
 def test_damaged_claim_and_failure_records_are_said_and_the_run_trains_over_them(

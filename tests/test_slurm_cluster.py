@@ -125,6 +125,10 @@ def test_a_study_on_slurm_with_a_preempted_run_ends_with_the_serial_results(
 
     again = geospec_run(spec, out)  # while the jobs are queued: nothing is submitted twice
     assert "still queued or running" in again and "nothing submitted" in again
+    status = CliRunner().invoke(cli, ["status", str(out), "--json"])
+    for entry in json.loads(status.output)["runs"]:  # queued ones name their job array
+        assert entry["state"] in ("submitted", "running", "done"), entry
+        assert entry["state"] != "submitted" or array[1] in entry["job"], entry
 
     target = out / "arms" / PREEMPTED
     wait_until(

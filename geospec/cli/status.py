@@ -13,8 +13,9 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print the stable JSON form.")
 def status(run_dir: Path, as_json: bool) -> None:
     """Show where RUN_DIR stands: each stage, and each arm x seed (done with its final loss,
-    running with its step, speed and holder, pending, failed with its error, or a stale claim
-    whose holder died). Reads the directory only; takes no lock."""
+    running with its step, speed and holder, queued on a scheduler with its job, pending, failed
+    with its error, or a stale claim whose holder died; whether a trained run has been evaluated
+    where the spec evaluates the arms). Reads the directory only; takes no lock."""
     from geospec.cli.console import escape, stdout
     from geospec.pipeline.status import describe
     from geospec.pipeline.status import status as read_status
@@ -25,7 +26,9 @@ def status(run_dir: Path, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    colours = {"done": "green", "running": "cyan", "stale": "yellow", "failed": "red"}
+    colours = {
+        "done": "green", "running": "cyan", "stale": "yellow", "failed": "red", "submitted": "blue"
+    }  # fmt: skip
     console = stdout()
     stages = "  ".join(f"[{colours.get(s['state'], 'dim')}]{s['name']}[/]" for s in found["stages"])
     console.print(f"[bold]{escape(found['name'])}[/] ({escape(found['run_dir'])})")
@@ -42,3 +45,5 @@ def status(run_dir: Path, as_json: bool) -> None:
     console.print(table)
     counts = ", ".join(f"{n} {state}" for state, n in found["counts"].items() if n)
     console.print(f"runs: {counts}", highlight=False)
+    for note in found["notes"]:
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)

@@ -7,7 +7,8 @@ Layout (docs/pipeline.md): ``spec.resolved.toml``, ``plugins.json``, ``env.json`
 ``report.md``, ``plots/``. A training directory holds ``run_key.json`` (the key of the run it
 belongs to) besides the files of :mod:`geospec.engine.checkpoint`, ``failure.json`` while
 its last attempt failed (:func:`record_failure`), and ``eval.json`` once the eval stage has
-scored its model.
+scored its model. ``launch/submitted.json`` lists the runs the last train stage left queued on a
+scheduler (:func:`record_submissions`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from geospec import __version__
 from geospec.atomic import atomic_write_json, atomic_write_text
-from geospec.digests import file_digest, seal_broken
+from geospec.digests import file_digest, seal_broken, sealed
 from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
 from geospec.errors import UsageError, last_line
 
@@ -43,6 +44,7 @@ REPORT_FILE = "report.md"
 RUN_KEY_FILE = "run_key.json"
 FAILURE_FILE = "failure.json"
 EVAL_FILE = "eval.json"
+SUBMITTED_FILE = "launch/submitted.json"
 
 
 def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:
@@ -131,8 +133,6 @@ def record_failure(out: Path, error: BaseException) -> None:
     import socket
     import time
 
-    from geospec.digests import sealed
-
     record = {
         "error": last_line(error),
         "type": type(error).__name__,
@@ -155,6 +155,31 @@ def read_failure(out: Path) -> dict[str, Any] | None:
         return {"error": f"the failure record is damaged ({problem})", "damaged": True}
     record: dict[str, Any] = json.loads(path.read_text())
     return record
+
+
+def record_submissions(run_dir: Path, submitted: dict[str, str]) -> None:
+    """Record which runs (``"<arm>/seed-<k>"``) the train stage just left to a scheduler, each
+    with the launcher's word on where (``"job 1234_5"``), for ``geospec status``. Every train
+    stage rewrites the record, so a run trained, failed or no longer submitted since is not
+    listed; a run directory that never submitted anything gets no file."""
+    import time
+
+    path = run_dir / SUBMITTED_FILE
+    if submitted or path.exists():
+        atomic_write_json(path, sealed({"time": time.time(), "runs": submitted}))
+
+
+def read_submissions(run_dir: Path) -> dict[str, Any]:
+    """The record of :func:`record_submissions`: ``{"time": t, "runs": {run: where}}``, empty
+    runs when there is none, and ``{"damaged": "<why>", "runs": {}}`` when it cannot be read."""
+    path = run_dir / SUBMITTED_FILE
+    if not path.exists():
+        return {"time": None, "runs": {}}
+    problem = json_problem(path, "time", "runs")
+    record = None if problem else json.loads(path.read_text())
+    if record is None or not isinstance(record["runs"], dict):
+        return {"damaged": problem or "its runs are not a table", "runs": {}}
+    return {"time": record["time"], "runs": {str(k): str(v) for k, v in record["runs"].items()}}
 
 
 def prepare_run_dir(path: Path) -> Path:

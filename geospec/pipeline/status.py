@@ -4,8 +4,9 @@ Read from the run directory alone, without torch and without taking any lock: ``
 and the stages' artifacts; for each training directory its ``result.json`` (done), the holder
 record of its claim (:func:`geospec.locks.claim_holder`: running, or a stale claim whose holder
 died), ``failure.json`` (failed, with the last error line) and ``metrics.jsonl`` (the step a run
-has reached and its speed). The JSON form (:func:`status`) is stable: scripts may rely on its
-keys.
+has reached and its speed); ``launch/submitted.json`` for the runs the last train stage left
+queued on a scheduler (submitted, with the job), and ``eval.json`` where the spec evaluates the
+arms. The JSON form (:func:`status`) is stable: scripts may rely on its keys.
 """
 
 from __future__ import annotations
@@ -19,20 +20,23 @@ from geospec.engine.run_files import METRICS_FILE, RESULT_FILE
 from geospec.errors import UsageError
 from geospec.locks import claim_holder, holder_alive
 from geospec.pipeline.run_dir import (
+    EVAL_FILE,
     REPORT_FILE,
     RUN_FILE,
+    RUN_KEY_FILE,
     STAGES_FILE,
     StageLog,
     arm_seed_dir,
     json_problem,
     read_failure,
+    read_submissions,
 )
 
 #: The pipeline's stages in order (as geospec.pipeline.executor.STAGES, without importing it).
 STAGE_NAMES = ("reference", "probe", "measure", "diagnose", "solve", "train", "eval", "report")
 
 #: Every state a run can be in.
-RUN_STATES = ("done", "running", "stale", "failed", "pending")
+RUN_STATES = ("done", "running", "stale", "failed", "submitted", "pending")
 
 
 def status(run_dir: Path) -> dict[str, Any]:
@@ -47,18 +51,29 @@ def status(run_dir: Path) -> dict[str, Any]:
         if state == "pending" and any(later in keys for later in STAGE_NAMES[index + 1 :]):
             state = "skipped"  # the spec does not use it (diagnose off, probe-only, ...)
         stages.append({"name": name, "state": state})
-    runs = [
-        run_status(arm_seed_dir(run_dir, arm, seed), arm, seed)
-        for seed in record["seeds"]
-        for arm in record["arms"]
-    ]
+    submissions = read_submissions(run_dir)
+    runs = []
+    for seed in record["seeds"]:
+        for arm in record["arms"]:
+            entry = run_status(arm_seed_dir(run_dir, arm, seed), arm, seed, record["eval"])
+            where = submissions["runs"].get(f"{arm}/seed-{seed}")
+            if entry["state"] == "pending" and where is not None:  # queued, not started
+                entry.update(state="submitted", job=where, since=submissions["time"])
+            runs.append(entry)
     counts = {state: sum(r["state"] == state for r in runs) for state in RUN_STATES}
+    notes = []
+    if "damaged" in submissions:
+        notes.append(
+            f"launch/submitted.json cannot be read ({submissions['damaged']}): runs queued on "
+            "a scheduler show as pending; the next `geospec run` rewrites it"
+        )
     return {
         "run_dir": str(run_dir),
         "name": record["name"],
         "stages": stages,
         "runs": runs,
         "counts": counts,
+        "notes": notes,
     }
 
 
@@ -73,11 +88,14 @@ def _run_record(run_dir: Path) -> dict[str, Any]:
         )
     data = json.loads((run_dir / RUN_FILE).read_text())
     arms = [a["name"] if isinstance(a, dict) else str(a) for a in data["arms"]]
-    return {"name": data["name"], "arms": arms, "seeds": [int(s) for s in data["seeds"]]}
+    seeds = [int(s) for s in data["seeds"]]
+    return {"name": data["name"], "arms": arms, "seeds": seeds, "eval": bool(data.get("eval"))}
 
 
-def run_status(directory: Path, arm: str, seed: int) -> dict[str, Any]:
-    """One run's state: every key is always present (None where it does not apply)."""
+def run_status(directory: Path, arm: str, seed: int, evaluates: bool = False) -> dict[str, Any]:
+    """One run's state: every key is always present (None where it does not apply).
+    ``evaluated``: whether eval.json holds scores of the run's model (None when the spec does not
+    evaluate the arms); ``job``: where a submitted run is queued."""
     entry: dict[str, Any] = {
         "arm": arm,
         "seed": seed,
@@ -88,10 +106,14 @@ def run_status(directory: Path, arm: str, seed: int) -> dict[str, Any]:
         "holder": None,
         "since": None,
         "error": None,
+        "job": None,
+        "evaluated": None,
     }
     if json_problem(directory / RESULT_FILE, "final_val_loss") is None:
         result = json.loads((directory / RESULT_FILE).read_text())
         entry.update(state="done", final_loss=result["final_val_loss"], step=result.get("steps"))
+        if evaluates:
+            entry["evaluated"] = _scored(directory)
         return entry
     last = _last_logged(directory)
     if last is not None:
@@ -110,6 +132,17 @@ def run_status(directory: Path, arm: str, seed: int) -> dict[str, Any]:
     if failure is not None:
         entry.update(state="failed", error=failure["error"], since=failure.get("time"))
     return entry
+
+
+def _scored(directory: Path) -> bool:
+    """An intact eval.json holds scores of the model this directory holds now (the eval stage
+    also checks that they are for the spec's current tasks and settings)."""
+    if json_problem(directory / EVAL_FILE, "run_key", "tasks") is not None:
+        return False
+    if json_problem(directory / RUN_KEY_FILE, "key") is not None:
+        return False
+    scores = json.loads((directory / EVAL_FILE).read_text())
+    return bool(scores["run_key"] == json.loads((directory / RUN_KEY_FILE).read_text())["key"])
 
 
 def _last_logged(directory: Path) -> dict[str, Any] | None:
@@ -133,8 +166,11 @@ def describe(entry: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     state = entry["state"]
     if state == "done":
-        return f"final loss {entry['final_loss']:.4f}"
+        scored = {True: ", evaluated", False: ", not yet evaluated"}.get(entry["evaluated"], "")
+        return f"final loss {entry['final_loss']:.4f}{scored}"
     parts = []
+    if state == "submitted":
+        parts.append(f"queued: {entry['job']}" if entry["job"] else "queued")
     if entry["step"] is not None:
         parts.append(f"step {entry['step']}")
     if state in ("running", "stale") and entry["tokens_per_s"]:
@@ -143,7 +179,7 @@ def describe(entry: dict[str, Any], now: float | None = None) -> str:
     if holder:
         who = f"job {holder['job']}" if holder.get("job") else f"pid {holder['pid']}"
         parts.append(f"{who} on {holder['host']}")
-    if entry["since"] is not None and state in ("running", "stale"):
+    if entry["since"] is not None and state in ("running", "stale", "submitted"):
         parts.append(f"since {_ago(now - entry['since'])}")
     if state == "stale":
         parts.append("its holder died; the next `geospec run` takes it over")

@@ -25,7 +25,12 @@ from geospec.kinds import Launch, Launcher, TrainingRun
 from geospec.pipeline.context import INCOMPLETE, Done, Plan, RunContext
 from geospec.pipeline.keys import arm_run_key, digest
 from geospec.pipeline.launching import Trainer
-from geospec.pipeline.run_dir import REFERENCE_DIR, arm_seed_dir, is_trained
+from geospec.pipeline.run_dir import (
+    REFERENCE_DIR,
+    arm_seed_dir,
+    is_trained,
+    record_submissions,
+)
 from geospec.plugin import PluginParams
 from geospec.spec.sections import DataSpec, ModelSpec, Spec, TrainSpec
 
@@ -99,6 +104,11 @@ class Train:
         )  # fmt: skip
         launch = Launch(runs, trainer, run.run_dir, run.say, run.spec_path, trainer.recorded)
         outcomes = launcher.launch(launch)
+        if run.is_main:
+            record_submissions(
+                run.run_dir,
+                {o.run.name: o.detail for o in outcomes if o.state == "submitted"},
+            )
         by_state: dict[str, list[str]] = {}
         for outcome in outcomes:
             by_state.setdefault(outcome.state, []).append(
