@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 import pytest
 from click.testing import CliRunner
+from small_spec import small_spec
 
 from geospec import hookimpl
 from geospec.cli import cli
@@ -30,49 +31,18 @@ from geospec.testing import registered
 
 pytestmark = pytest.mark.torch
 
-SPEC = """
-name = "launch-test"
-measure = []
-
-[model]
-n_layers = 2
-d_model = 32
-n_heads = 2
-ffn_width = 64
-seq_len = 32
-multiple_of = 8
-
-[data]
-source = "bundled:austen"
-tokenizer = {{ kind = "bpe", vocab_size = 300 }}
-max_documents = 100
-
-[[arms]]
-name = "uniform"
-schedule = {{ kind = "uniform" }}
-
-[[arms]]
-name = "cosine"
-schedule = {{ kind = "cosine", start = 1.5, end = 0.5 }}
-
-[train]
-steps = 10
-batch_size = 4
-lr = {lr}
-seeds = [0, 1]
-eval_tokens = 1024
-checkpoint_interval = 5
-threads = 1
-{launch}
-"""
+#: The [train] settings of this file's study (tests/small_spec.py has the rest).
+TRAIN = {"steps": 10, "seeds": [0, 1], "checkpoint_interval": 5}
 
 RUNS = ["uniform/seed-0", "uniform/seed-1", "cosine/seed-0", "cosine/seed-1"]
 
 
-def write(directory: Path, launch: str = "", lr: str = "3e-3") -> Path:
+def write(directory: Path, launch: str = "", **train: Any) -> Path:
+    """The study's spec in ``directory`` with ``launch`` (a [launch] table, as TOML text) and
+    ``train`` changing its [train] settings."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "spec.toml"
-    path.write_text(SPEC.format(launch=launch, lr=lr))
+    path.write_text(f"{small_spec('launch-test', TRAIN | train)}\n{launch}\n")
     return path
 
 
@@ -410,11 +380,10 @@ def test_a_preempted_slurm_job_is_requeued_by_submitit_and_ends_with_the_uninter
     from geospec.locks import claim_holder
 
     def spec(directory: Path, launch: str) -> Path:
-        path = write(directory, launch)
-        text = path.read_text().replace("seeds = [0, 1]", "seeds = [0]")
-        text = text.replace("steps = 10", f"steps = {PREEMPTED_STEPS}\nlog_interval = 1")
-        path.write_text(text.replace("checkpoint_interval = 5", "checkpoint_interval = 1000"))
-        return path
+        return write(
+            directory, launch, seeds=[0], steps=PREEMPTED_STEPS, log_interval=1,
+            checkpoint_interval=1000,
+        )  # fmt: skip
 
     straight = tmp_path / "straight"
     run(spec(tmp_path / "a", ""), straight)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from small_spec import small_spec
 
 from geospec.engine.checkpoint import read_checkpoint
 from geospec.engine.model import config_from_spec
@@ -25,36 +26,12 @@ from geospec.spec.loading import load_spec
 pytestmark = pytest.mark.torch
 
 STEPS = 120
-SPEC = f"""
-name = "preempt"
-measure = []
-
-[model]
-n_layers = 2
-d_model = 32
-n_heads = 2
-ffn_width = 64
-seq_len = 32
-multiple_of = 8
-
-[data]
-source = "bundled:austen"
-tokenizer = {{ kind = "bpe", vocab_size = 300 }}
-max_documents = 100
-
-[[arms]]
-name = "uniform"
-schedule = {{ kind = "uniform" }}
-
-[train]
-steps = {STEPS}
-batch_size = 4
-lr = 3e-3
-eval_tokens = 1024
-checkpoint_interval = 1000   # never on its own: the only checkpoint is the signal's
-log_interval = 1
-threads = 1
-"""
+#: The only checkpoint is the signal's (checkpoint_interval is never reached).
+SPEC = small_spec(
+    "preempt",
+    {"steps": STEPS, "checkpoint_interval": 1000, "log_interval": 1},
+    arms=("uniform",),
+)
 
 
 def command(spec: Path, out: Path) -> list[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from small_spec import small_spec
 
 from geospec.cli import cli
 from geospec.locks import claim_holder
@@ -34,41 +35,11 @@ pytestmark = [
 ]
 
 STEPS = 150
-SPEC = f"""
-name = "slurm-test"
-measure = []
-
-[model]
-n_layers = 2
-d_model = 32
-n_heads = 2
-ffn_width = 64
-seq_len = 32
-multiple_of = 8
-
-[data]
-source = "bundled:austen"
-tokenizer = {{ kind = "bpe", vocab_size = 300 }}
-max_documents = 100
-
-[[arms]]
-name = "uniform"
-schedule = {{ kind = "uniform" }}
-
-[[arms]]
-name = "cosine"
-schedule = {{ kind = "cosine", start = 1.5, end = 0.5 }}
-
-[train]
-steps = {STEPS}
-batch_size = 4
-lr = 3e-3
-seeds = [0, 1]
-eval_tokens = 1024
-checkpoint_interval = 1000   # the preempted run's only checkpoint is the signal's
-log_interval = 1
-threads = 1
-"""
+#: The preempted run's only checkpoint is the signal's (checkpoint_interval is never reached).
+SPEC = small_spec(
+    "slurm-test",
+    {"steps": STEPS, "seeds": [0, 1], "checkpoint_interval": 1000, "log_interval": 1},
+)
 LAUNCH = '\n[launch]\nkind = "slurm"\ncpus_per_task = 1\nminutes = 30\n'
 RUNS = ["uniform/seed-0", "cosine/seed-0", "uniform/seed-1", "cosine/seed-1"]
 PREEMPTED = "cosine/seed-1"

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 
 import pytest
 from click.testing import CliRunner, Result
+from small_spec import toml_value, write_small_spec
 
 from geospec import hookimpl
 from geospec.cli import cli
@@ -35,42 +36,10 @@ pytestmark = pytest.mark.torch
 
 NAME = "tracker-test"
 STEPS = 12
-SPEC = """
-name = "tracker-test"
-measure = []
-
-[model]
-n_layers = 2
-d_model = 32
-n_heads = 2
-ffn_width = 64
-seq_len = 32
-multiple_of = 8
-
-[data]
-source = "bundled:austen"
-tokenizer = {{ kind = "bpe", vocab_size = 300 }}
-max_documents = 100
-
-[[arms]]
-name = "uniform"
-schedule = {{ kind = "uniform" }}
-
-[[arms]]
-name = "cosine"
-schedule = {{ kind = "cosine", start = 1.5, end = 0.5 }}
-
-[train]
-steps = 12
-batch_size = 4
-lr = 3e-3
-eval_interval = 4
-eval_tokens = 1024
-checkpoint_interval = 4
-log_interval = 1
-threads = 1
-trackers = [{trackers}]
-"""
+#: The [train] settings of this file's study (tests/small_spec.py has the rest).
+TRAIN = {
+    "steps": STEPS, "eval_interval": 4, "checkpoint_interval": 4, "log_interval": 1
+}  # fmt: skip
 
 RESULT_FIELDS = (
     "final_val_loss", "steps", "tokens", "wall_seconds", "train_seconds", "tokens_per_second",
@@ -167,9 +136,9 @@ def test_trackers() -> Iterator[None]:
 
 
 def write_spec(directory: Path, *trackers: str, file: str = "spec.toml") -> Path:
-    path = directory / file
-    path.write_text(SPEC.format(trackers=", ".join(trackers)))
-    return path
+    """The study's spec with ``trackers`` (each a TOML value: ``'"wandb"'``, an inline table)."""
+    watched = [toml_value(tracker) for tracker in trackers]
+    return write_small_spec(directory, NAME, TRAIN | {"trackers": watched}, file=file)
 
 
 def train(spec: Path, out: Path, expect: int = 0) -> str:

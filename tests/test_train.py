@@ -20,6 +20,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
+from small_spec import write_small_spec
 
 from geospec import hookimpl
 from geospec.cli import cli
@@ -54,52 +55,19 @@ from geospec.testing import registered
 
 pytestmark = pytest.mark.torch
 
-SPEC = """
-name = "t"
-out = "{out}"
-measure = []
-
-[model]
-n_layers = 2
-d_model = 32
-n_heads = 2
-ffn_width = 64
-seq_len = 32
-multiple_of = 8
-
-[data]
-source = "bundled:austen"
-max_documents = 30
-tokenizer = {{ kind = "bpe", vocab_size = 512 }}
-
-[[arms]]
-name = "uniform"
-schedule = {{ kind = "uniform" }}
-
-[[arms]]
-name = "cosine"
-schedule = {{ kind = "cosine" }}
-
-[train]
-steps = {steps}
-batch_size = 8
-micro_batch_size = 4
-lr = 3e-3
-warmup = 10
-eval_interval = 100
-eval_tokens = 2048
-checkpoint_interval = 25
-log_interval = 25
-threads = 1
-{extra}
-"""
+#: This file's study (tests/small_spec.py has the rest): fewer documents, a larger vocabulary,
+#: gradient accumulation (two micro-batches a step).
+DATA = {"max_documents": 30, "tokenizer": {"kind": "bpe", "vocab_size": 512}}
+TRAIN = {
+    "batch_size": 8, "micro_batch_size": 4, "warmup": 10, "eval_interval": 100,
+    "eval_tokens": 2048, "checkpoint_interval": 25, "log_interval": 25,
+}  # fmt: skip
 
 
-def write_spec(directory: Path, steps: int = 400, extra: str = "") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "spec.toml"
-    path.write_text(SPEC.format(out=directory / "run", steps=steps, extra=extra))
-    return path
+def write_spec(directory: Path, steps: int = 400, **train: Any) -> Path:
+    """The study's spec (run directory ``directory / "run"``), ``train`` changing [train]."""
+    settings = TRAIN | {"steps": steps, **train}
+    return write_small_spec(directory, "t", settings, out=str(directory / "run"), data=DATA)
 
 
 @pytest.fixture(autouse=True)
@@ -404,7 +372,7 @@ def _torchrun(spec_path: Path, out: Path, steps: int) -> tuple[int, str]:
 @pytest.mark.parametrize("mode", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow)])
 def test_two_processes_match_one(mode: str, tmp_path: Path) -> None:
     """torchrun with 2 gloo processes: the same global batch, so the same run up to rounding."""
-    spec_path = write_spec(tmp_path, extra=f'distributed = "{mode}"')
+    spec_path = write_spec(tmp_path, distributed=mode)
     spec = load_spec(spec_path)
     status, stderr = _torchrun(spec_path, tmp_path / "two", steps=60)
     assert status == 0, stderr[-3000:]
