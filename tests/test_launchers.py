@@ -180,7 +180,7 @@ def test_status_of_a_finished_run(serial: Path) -> None:
     assert found["counts"] == {
         "done": 4, "running": 0, "stale": 0, "failed": 0, "submitted": 0, "pending": 0
     }  # fmt: skip
-    assert found["notes"] == []
+    assert found["notes"] == [] and found["seconds_left"] is None  # nothing left to train
     assert all(r["evaluated"] is None and r["job"] is None for r in found["runs"])  # no [eval]
     table = CliRunner().invoke(cli, ["status", str(serial)])
     assert table.exit_code == 0 and "final loss" in table.output
@@ -200,7 +200,10 @@ def test_status_of_a_run_in_progress_a_failed_run_and_a_stale_claim(
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "True"
         record_failure(out / "arms" / "uniform" / "seed-1", UsageError("boom\nthe last line"))
-        runs = by_name(status_of(out))
+        found = status_of(out)
+        runs = by_name(found)
+        # one run pending, the running one at its last logged step: one finished run's time left
+        assert found["seconds_left"] == pytest.approx(runs["uniform/seed-0"]["wall_seconds"])
         assert runs["uniform/seed-0"]["state"] == "done"
         now = runs["cosine/seed-0"]
         assert now["state"] == "running"

@@ -8,6 +8,11 @@ from pathlib import Path
 import click
 
 
+def _duration(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 @click.command()
 @click.argument("run_dir", metavar="RUN_DIR", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the stable JSON form.")
@@ -44,6 +49,13 @@ def status(run_dir: Path, as_json: bool) -> None:
         )
     console.print(table)
     counts = ", ".join(f"{n} {state}" for state, n in found["counts"].items() if n)
+    left = found["seconds_left"]
+    if left is not None:
+        processes = found["counts"]["running"]
+        counts += (
+            f"; about {_duration(left)} left at the finished runs' pace "
+            f"({processes} process{'es' if processes > 1 else ''} training)"
+        )
     console.print(f"runs: {counts}", highlight=False)
     for note in found["notes"]:
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)

@@ -73,8 +73,25 @@ def status(run_dir: Path) -> dict[str, Any]:
         "stages": stages,
         "runs": runs,
         "counts": counts,
+        "seconds_left": seconds_left(runs),
         "notes": notes,
     }
+
+
+def seconds_left(runs: list[dict[str, Any]]) -> float | None:
+    """About how long until every run not yet done has trained: the finished runs' mean wall
+    time for each pending (or stale) run and the unfinished fraction of each running one, shared
+    by the processes training now. None when nothing trains here, when runs are queued on a
+    scheduler (whose pace is not this machine's), or before any run has finished."""
+    finished = [r for r in runs if r["state"] == "done" and r["wall_seconds"] and r["step"]]
+    running = [r for r in runs if r["state"] == "running"]
+    if not finished or not running or any(r["state"] == "submitted" for r in runs):
+        return None
+    per_run = sum(r["wall_seconds"] for r in finished) / len(finished)
+    steps = max(r["step"] for r in finished)
+    waiting = sum(r["state"] in ("pending", "stale") for r in runs)
+    started = sum(max(0.0, 1 - (r["step"] or 0) / steps) for r in running)
+    return per_run * (waiting + started) / len(running)
 
 
 def _run_record(run_dir: Path) -> dict[str, Any]:
@@ -95,7 +112,8 @@ def _run_record(run_dir: Path) -> dict[str, Any]:
 def run_status(directory: Path, arm: str, seed: int, evaluates: bool = False) -> dict[str, Any]:
     """One run's state: every key is always present (None where it does not apply).
     ``evaluated``: whether eval.json holds scores of the run's model (None when the spec does not
-    evaluate the arms); ``job``: where a submitted run is queued."""
+    evaluate the arms); ``job``: where a submitted run is queued; ``wall_seconds``: how long a
+    finished run took (over all its attempts)."""
     entry: dict[str, Any] = {
         "arm": arm,
         "seed": seed,
@@ -108,10 +126,16 @@ def run_status(directory: Path, arm: str, seed: int, evaluates: bool = False) ->
         "error": None,
         "job": None,
         "evaluated": None,
+        "wall_seconds": None,
     }
     if json_problem(directory / RESULT_FILE, "final_val_loss") is None:
         result = json.loads((directory / RESULT_FILE).read_text())
-        entry.update(state="done", final_loss=result["final_val_loss"], step=result.get("steps"))
+        entry.update(
+            state="done",
+            final_loss=result["final_val_loss"],
+            step=result.get("steps"),
+            wall_seconds=result.get("wall_seconds"),
+        )
         if evaluates:
             entry["evaluated"] = _scored(directory)
         return entry
