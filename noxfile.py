@@ -38,6 +38,7 @@ CORE_TESTS = [
     "tests/test_cli_core.py",
     "tests/test_architecture.py",
     "tests/test_plugin_edges.py",
+    "tests/test_status.py",
 ]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
