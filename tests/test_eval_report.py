@@ -205,3 +205,37 @@ def test_without_lm_eval_the_eval_stage_says_what_to_install(
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # as if it were not installed
     with pytest.raises(UsageError, match=r"lm_eval is missing\); pip install \"geospec\[eval\]\""):
         Harness.load(EvalSpec(tasks=["geospec_austen_lastword"]), tmp_path)
+
+
+def test_the_report_carries_the_scores_only_for_a_spec_that_evaluates(tmp_path: Path) -> None:
+    """Through build_results (report.md, results.json), not eval_results alone."""
+    from geospec.report.write import write_report
+
+    evaluates = write_run(tmp_path)
+    config = {
+        "vocab_size": 97, "n_layers": 2, "d_model": 16, "n_heads": 2, "seq_len": 8,
+        "activation": "gelu", "norm": "layernorm", "positions": "learned", "rope_theta": 1e4,
+        "bias": True, "tie_embeddings": True, "dropout": 0.0, "ffn_widths": [32, 32],
+    }  # fmt: skip
+    for index, arm in enumerate(SCORES):
+        for seed in SEEDS:
+            out = arm_seed_dir(tmp_path, arm, seed)
+            atomic_write_json(out / "result.json", {"final_val_loss": 4.0 + index / 100 + seed})
+            atomic_write_json(out / "config.json", config)
+    run = evaluates | {
+        "name": "evaluated",
+        "confidence": 0.95,
+        "arms": [{"name": arm, "schedule": {"kind": "uniform"}} for arm in SCORES],
+    }
+    atomic_write_json(tmp_path / "run.json", run)
+    per_arm, evaluated = eval_results(tmp_path, run, 0.95)
+    results = write_report(tmp_path, plots=False)
+    assert results["eval"] == evaluated
+    for arm in SCORES:
+        assert results["arms"][arm]["eval"] == per_arm[arm]
+    assert "## Downstream evaluation" in (tmp_path / "report.md").read_text()
+
+    atomic_write_json(tmp_path / "run.json", {k: v for k, v in run.items() if k != "eval"})
+    results = write_report(tmp_path, plots=False)  # scores on disk, but the spec has no [eval]
+    assert "eval" not in results and not any("eval" in arm for arm in results["arms"].values())
+    assert "Downstream evaluation" not in (tmp_path / "report.md").read_text()
