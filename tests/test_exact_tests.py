@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from scipy import stats
 
 from geospec.cli import cli
+from geospec.report.results import holm_floor_notes
 from geospec.report.stats import (
     EXACT_UP_TO,
     holm,
@@ -273,7 +274,19 @@ def test_report_gives_exact_and_holm_p_values_and_compares_derived_arms(
 
     six = {arm: [*values, values[0] - 0.01] for arm, values in losses.items()}
     write_run(tmp_path / "six", six)
-    assert write_report(tmp_path / "six", plots=False)["notes"] == []
+    # each comparison alone can reach 0.05 on 6 seeds (2/64), but Holm across the 3 arms, or the
+    # 2 derived ones, cannot (3 x 2/64, 2 x 2/64 > 0.05): said, with the seeds that would do
+    assert write_report(tmp_path / "six", plots=False)["notes"] == [
+        "Holm's adjustment across the 3 comparisons with the baseline cannot give any of them a "
+        "p-value below 0.09375 (3 x 0.03125), so none can pass it at 0.05; that takes at least 7 "
+        "paired seeds.",
+        "Holm's adjustment across the 2 comparisons of derived arms with their source cannot give "
+        "any of them a p-value below 0.0625 (2 x 0.03125), so none can pass it at 0.05; that "
+        "takes at least 7 paired seeds.",
+    ]
+    seven = {arm: [*values, values[1] - 0.01] for arm, values in six.items()}
+    write_run(tmp_path / "seven", seven)
+    assert write_report(tmp_path / "seven", plots=False)["notes"] == []
 
 
 def test_report_compares_the_pairs_the_spec_names(
@@ -332,6 +345,23 @@ def test_report_compares_the_pairs_the_spec_names(
     [pending] = write_report(tmp_path / "pending", plots=False)["comparisons"]
     assert pending == {"arm": "shift", "against": "gw", "difference": None}
     assert "| shift | gw | - |" in (tmp_path / "pending" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("m", range(1, 11))
+def test_a_holm_floor_note_exactly_when_holm_cannot_reject_what_one_test_could(m: int) -> None:
+    """Against Holm's procedure run on the best case: every p-value at the smallest one n seeds
+    allow."""
+    for n in range(1, 13):
+        best = {str(i): smallest_sign_flip_p(n) for i in range(m)}
+        arms = {str(i): {"vs_uniform": {"n": n, "p_min": p}} for i, p in best.items()}
+        notes = holm_floor_notes(arms, [], 0.05)
+        alone, together = best["0"] <= 0.05, bool(holm_rejects(best, 0.05))
+        assert bool(notes) == (alone and not together), (m, n, notes)
+        if notes:
+            enough = next(k for k in range(n, 40) if holm_rejects(
+                {str(i): smallest_sign_flip_p(k) for i in range(m)}, 0.05
+            ))  # fmt: skip
+            assert notes[0].endswith(f"at least {enough} paired seeds.")
 
 
 def test_plan_gives_the_seeds_each_comparison_needs(

@@ -182,6 +182,7 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         "profiles": profiles,
         "notes": unfinished_notes(arms, resolved["seeds"])
         + exact_test_notes(arms, 1 - confidence)
+        + holm_floor_notes(arms, comparisons, 1 - confidence)
         + reliability_notes(reliability, {name: r[1] for name, r in reads.items()}),
         "curves": {
             name: {str(r.seed): r.curve for r in seed_runs} for name, seed_runs in runs.items()
@@ -301,6 +302,30 @@ def exact_test_notes(arms: dict[str, Any], alpha: float) -> list[str]:
         f"{seeds_to_reach(alpha)} paired seeds."
         for n in too_few
     ]
+
+
+def holm_floor_notes(arms: dict[str, Any], chosen: list[dict[str, Any]], alpha: float) -> list[str]:
+    """A plain note for every family of comparisons whose Holm adjustment cannot reach the level
+    at all, though each comparison alone could: Holm multiplies the smallest p-value by the
+    number m of comparisons, so no adjusted p-value goes below m times the smallest p_min."""
+    families = {
+        "with the baseline": [a["vs_uniform"] for a in arms.values() if a.get("vs_uniform")],
+        "of derived arms with their source": [
+            a["vs_source"] for a in arms.values() if a.get("vs_source")
+        ],
+        "of report.compare": [c["difference"] for c in chosen if c["difference"]],
+    }
+    notes = []
+    for label, family in families.items():
+        m = len(family)
+        smallest = min((vs["p_min"] for vs in family), default=1.0)
+        if m > 1 and smallest <= alpha < m * smallest:
+            notes.append(
+                f"Holm's adjustment across the {m} comparisons {label} cannot give any of them "
+                f"a p-value below {m * smallest:.4g} ({m} x {smallest:.4g}), so none can pass it "
+                f"at {alpha:.3g}; that takes at least {seeds_to_reach(alpha / m)} paired seeds."
+            )
+    return notes
 
 
 def profile_reliability(
