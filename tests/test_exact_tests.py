@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from scipy import stats
 
 from geospec.cli import cli
-from geospec.report.results import holm_floor_notes
+from geospec.report.results import comparison_families, holm_floor_notes
 from geospec.report.stats import (
     EXACT_UP_TO,
     holm,
@@ -354,7 +354,7 @@ def test_a_holm_floor_note_exactly_when_holm_cannot_reject_what_one_test_could(m
     for n in range(1, 13):
         best = {str(i): smallest_sign_flip_p(n) for i in range(m)}
         arms = {str(i): {"vs_uniform": {"n": n, "p_min": p}} for i, p in best.items()}
-        notes = holm_floor_notes(arms, [], 0.05)
+        notes = holm_floor_notes(comparison_families(arms, [], "uniform"), 0.05)
         alone, together = best["0"] <= 0.05, bool(holm_rejects(best, 0.05))
         assert bool(notes) == (alone and not together), (m, n, notes)
         if notes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from geospec.report.results import comparison_families
 from geospec.report.stats import seeds_needed, seeds_to_reach
 
 
@@ -23,17 +24,12 @@ def plan_seeds(
     ``exact_level`` (the strictest level) at all.
     """
     alpha = 1 - results["confidence"]
-    baseline = results["baseline"]
-    families = [
-        [(n, baseline, a["vs_uniform"]) for n, a in results["arms"].items() if a.get("vs_uniform")],
-        [(n, a["vs_source"]["arm"], a["vs_source"]) for n, a in results["arms"].items()
-         if a.get("vs_source")],
-        [(c["arm"], c["against"], c["difference"]) for c in results.get("comparisons", [])
-         if c["difference"]],
-    ]  # fmt: skip
+    families = comparison_families(
+        results["arms"], results.get("comparisons", []), results["baseline"]
+    )
     comparisons = []
     strictest = alpha
-    for found in families:
+    for found in families.values():
         level = alpha / len(found) if holm and found else alpha
         strictest = min(strictest, level)
         for name, against, vs in found:

@@ -161,11 +161,12 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         if source is not None:
             against = comparison(_losses(entry), _losses(arms[source]), confidence, resolved)
             entry["vs_source"] = {"arm": source, **against} if against else None
-    for key in ("vs_uniform", "vs_source"):  # Holm across each family of comparisons
-        tests = {name: entry[key]["p_exact"] for name, entry in arms.items() if entry[key]}
-        for name, adjusted in holm(tests).items():
-            arms[name][key]["p_holm"] = adjusted
     comparisons = chosen_comparisons(arms, resolved.get("compare", []), confidence, resolved)
+    families = comparison_families(arms, comparisons, baseline)
+    for family in families.values():  # Holm across each family of comparisons
+        tests = {str(i): vs["p_exact"] for i, (_, _, vs) in enumerate(family)}
+        for i, adjusted in holm(tests).items():
+            family[int(i)][2]["p_holm"] = adjusted
     counts = {a["params"] for a in arms.values() if a["params"] is not None}
     stored = read_json(run_dir / PROFILES_FILE)
     replicates = stored.get("replicates") if isinstance(stored, dict) else None
@@ -182,7 +183,7 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         "profiles": profiles,
         "notes": unfinished_notes(arms, resolved["seeds"])
         + exact_test_notes(arms, 1 - confidence)
-        + holm_floor_notes(arms, comparisons, 1 - confidence)
+        + holm_floor_notes(families, 1 - confidence)
         + reliability_notes(reliability, {name: r[1] for name, r in reads.items()}),
         "curves": {
             name: {str(r.seed): r.curve for r in seed_runs} for name, seed_runs in runs.items()
@@ -202,9 +203,9 @@ def build_results(run_dir: Path) -> dict[str, Any]:
 def chosen_comparisons(
     arms: dict[str, Any], pairs: list[list[str]], confidence: float, resolved: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """The spec's own pairs (report.compare), ``arm - against`` paired by seed, Holm-adjusted
-    across the pairs."""
-    chosen: list[dict[str, Any]] = [
+    """The spec's own pairs (report.compare), ``arm - against`` paired by seed (``p_holm`` is
+    filled in across the pairs by :func:`build_results`)."""
+    return [
         {
             "arm": arm,
             "against": against,
@@ -215,10 +216,31 @@ def chosen_comparisons(
         for arm, against in pairs
         if arm in arms and against in arms  # validation guarantees it for a current spec
     ]
-    tests = {str(i): c["difference"]["p_exact"] for i, c in enumerate(chosen) if c["difference"]}
-    for i, adjusted in holm(tests).items():
-        chosen[int(i)]["difference"]["p_holm"] = adjusted
-    return chosen
+
+
+#: One paired comparison of a family: (arm, the arm it is compared with, its comparison entry).
+Compared = tuple[str, str, dict[str, Any]]
+
+
+def comparison_families(
+    arms: dict[str, Any], chosen: list[dict[str, Any]], baseline: str
+) -> dict[str, list[Compared]]:
+    """The report's three families of paired comparisons, each Holm-adjusted on its own: every
+    arm against the baseline, derived arms against their source, the spec's report.compare
+    pairs (only comparisons that exist: two arms with a shared finished seed)."""
+    return {
+        "with the baseline": [
+            (name, baseline, a["vs_uniform"]) for name, a in arms.items() if a.get("vs_uniform")
+        ],
+        "of derived arms with their source": [
+            (name, a["vs_source"]["arm"], a["vs_source"])
+            for name, a in arms.items()
+            if a.get("vs_source")
+        ],
+        "of report.compare": [
+            (c["arm"], c["against"], c["difference"]) for c in chosen if c["difference"]
+        ],
+    }
 
 
 def _losses(entry: dict[str, Any]) -> dict[int, float]:
@@ -304,21 +326,15 @@ def exact_test_notes(arms: dict[str, Any], alpha: float) -> list[str]:
     ]
 
 
-def holm_floor_notes(arms: dict[str, Any], chosen: list[dict[str, Any]], alpha: float) -> list[str]:
-    """A plain note for every family of comparisons whose Holm adjustment cannot reach the level
-    at all, though each comparison alone could: Holm multiplies the smallest p-value by the
-    number m of comparisons, so no adjusted p-value goes below m times the smallest p_min."""
-    families = {
-        "with the baseline": [a["vs_uniform"] for a in arms.values() if a.get("vs_uniform")],
-        "of derived arms with their source": [
-            a["vs_source"] for a in arms.values() if a.get("vs_source")
-        ],
-        "of report.compare": [c["difference"] for c in chosen if c["difference"]],
-    }
+def holm_floor_notes(families: dict[str, list[Compared]], alpha: float) -> list[str]:
+    """A plain note for every family of comparisons (:func:`comparison_families`) whose Holm
+    adjustment cannot reach the level at all, though each comparison alone could: Holm multiplies
+    the smallest p-value by the number m of comparisons, so no adjusted p-value goes below m
+    times the smallest p_min."""
     notes = []
     for label, family in families.items():
         m = len(family)
-        smallest = min((vs["p_min"] for vs in family), default=1.0)
+        smallest = min((vs["p_min"] for _, _, vs in family), default=1.0)
         if m > 1 and smallest <= alpha < m * smallest:
             notes.append(
                 f"Holm's adjustment across the {m} comparisons {label} cannot give any of them "
