@@ -155,6 +155,12 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ): "a constant priority orders nothing: any constant is the same",
     (
         "geospec/report/results.py",
+        "families = comparison_families(arms, comparisons, baseline)",
+        "families = comparison_families(arms, comparisons, None)",
+    ): "the baseline only names what each comparison is against (geospec plan prints it); the "
+    "Holm adjustment and the notes read the p-values and the family labels",
+    (
+        "geospec/report/results.py",
         'widths_file = read_json_or_none(run_dir / WIDTHS_FILE) or {"arms": {}}',
         'widths_file = read_json_or_none(run_dir / WIDTHS_FILE) or {"XXarmsXX": {}}',
     ): "the stand-in is read with .get('arms') or {}: any stand-in without arms is the same",

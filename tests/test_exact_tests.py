@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -347,21 +348,44 @@ def test_report_compares_the_pairs_the_spec_names(
     assert "| shift | gw | - |" in (tmp_path / "pending" / "report.md").read_text()
 
 
+def _family_at_best(
+    family: str, best: dict[str, float]
+) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+    """arms, report.compare entries and the family's label in the notes for one family of
+    comparisons whose p-values are ``best``, the other two families empty."""
+    vs = {name: {"arm": "source", "n": 0, "p_min": p} for name, p in best.items()}
+    if family == "baseline":
+        return {n: {"vs_uniform": v, "vs_source": None} for n, v in vs.items()}, [], "with the"
+    if family == "derived":
+        return {n: {"vs_uniform": None, "vs_source": v} for n, v in vs.items()}, [], "of derived"
+    chosen = [{"arm": name, "against": "source", "difference": v} for name, v in vs.items()]
+    return {}, chosen, "of report.compare"
+
+
+@pytest.mark.parametrize("family", ["baseline", "derived", "compare"])
 @pytest.mark.parametrize("m", range(1, 11))
-def test_a_holm_floor_note_exactly_when_holm_cannot_reject_what_one_test_could(m: int) -> None:
+def test_a_holm_floor_note_exactly_when_holm_cannot_reject_what_one_test_could(
+    m: int, family: str
+) -> None:
     """Against Holm's procedure run on the best case: every p-value at the smallest one n seeds
-    allow."""
-    for n in range(1, 13):
+    allow; in each family of comparisons, the other two empty."""
+    # 0.0625 and 0.03125 are smallest p-values themselves (2/2^5, 2/2^6): the levels where a
+    # comparison alone, or Holm's m x p, lands exactly on the level and still passes
+    for alpha, n in itertools.product((0.05, 0.01, 0.0625, 0.03125), range(1, 13)):
         best = {str(i): smallest_sign_flip_p(n) for i in range(m)}
-        arms = {str(i): {"vs_uniform": {"n": n, "p_min": p}} for i, p in best.items()}
-        notes = holm_floor_notes(comparison_families(arms, [], "uniform"), 0.05)
-        alone, together = best["0"] <= 0.05, bool(holm_rejects(best, 0.05))
-        assert bool(notes) == (alone and not together), (m, n, notes)
+        arms, chosen, label = _family_at_best(family, best)
+        notes = holm_floor_notes(comparison_families(arms, chosen, "uniform"), alpha)
+        alone, together = best["0"] <= alpha, bool(holm_rejects(best, alpha))
+        assert bool(notes) == (alone and not together), (m, n, alpha, notes)
         if notes:
+            [note] = notes
+            assert note.startswith(f"Holm's adjustment across the {m} comparisons {label}")
+            # Holm's smallest adjusted p-value is m x the smallest p-value
+            assert f"a p-value below {m * best['0']:.4g} ({m} x {best['0']:.4g})" in note
             enough = next(k for k in range(n, 40) if holm_rejects(
-                {str(i): smallest_sign_flip_p(k) for i in range(m)}, 0.05
+                {str(i): smallest_sign_flip_p(k) for i in range(m)}, alpha
             ))  # fmt: skip
-            assert notes[0].endswith(f"at least {enough} paired seeds.")
+            assert note.endswith(f"at least {enough} paired seeds."), (m, n, alpha)
 
 
 def test_plan_gives_the_seeds_each_comparison_needs(

@@ -333,9 +333,11 @@ def holm_floor_notes(families: dict[str, list[Compared]], alpha: float) -> list[
     times the smallest p_min."""
     notes = []
     for label, family in families.items():
+        if not family:
+            continue
         m = len(family)
-        smallest = min((vs["p_min"] for _, _, vs in family), default=1.0)
-        if m > 1 and smallest <= alpha < m * smallest:
+        smallest = min(vs["p_min"] for _, _, vs in family)
+        if smallest <= alpha < m * smallest:  # never for m = 1: Holm leaves one p-value as it is
             notes.append(
                 f"Holm's adjustment across the {m} comparisons {label} cannot give any of them "
                 f"a p-value below {m * smallest:.4g} ({m} x {smallest:.4g}), so none can pass it "
