@@ -55,9 +55,10 @@ REQUEUE_EXIT_CODE = 75
 
 class Preempted(GeospecError):
     """Training stopped on SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the
-    time limit) after checkpointing its current step; exit status :data:`REQUEUE_EXIT_CODE`.
-    ``signal`` names the signal (``SIGUSR1``: a warning, requeue me; ``SIGTERM``: stop; a
-    scheduler that preempts with SIGTERM requeues the job itself)."""
+    time limit), or under torchrun because the launcher exited, after checkpointing its current
+    step; exit status :data:`REQUEUE_EXIT_CODE`. ``signal`` names the signal (``SIGUSR1``: a
+    warning, requeue me; ``SIGTERM``: stop; a scheduler that preempts with SIGTERM requeues the
+    job itself); None for a lost launcher or a stop another process received."""
 
     exit_code = REQUEUE_EXIT_CODE
 

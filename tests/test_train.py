@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -181,8 +182,36 @@ def test_finished_run_is_not_retrained(
         train_model(spec.train, config, data, tmp_path, seed=1, steps=10)
 
 
-def _kill_after_first_checkpoint(command: list[str], out: Path, env: dict[str, str]) -> int:
-    """Start ``command``, SIGKILL its process group once a checkpoint exists; the saved step."""
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants, parents first (Linux's /proc). torchrun starts each
+    worker in a session of its own, so its process group is the launcher alone."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):  # a process that has just exited
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
+    tree = [pid]
+    for member in tree:  # grows as it goes: breadth first
+        tree.extend(children.get(member, []))
+    return tree
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs (an unreaped zombie has exited: its files and locks are
+    closed)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _kill_after_first_checkpoint(
+    command: list[str], out: Path, env: dict[str, str], kill: str = "everything"
+) -> tuple[int, str]:
+    """Start ``command``; once a checkpoint exists, SIGKILL every process it started
+    (``"everything"``, as a machine that fails) or only the first (``"launcher"``); wait until
+    none runs. The step saved then and the processes' stderr."""
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
@@ -192,11 +221,18 @@ def _kill_after_first_checkpoint(command: list[str], out: Path, env: dict[str, s
         assert time.monotonic() < deadline
         time.sleep(0.005)
     time.sleep(0.05)  # let it run on: the kill may land anywhere, even inside a checkpoint write
-    os.killpg(process.pid, signal.SIGKILL)
+    tree = _process_tree(process.pid)
+    for pid in tree if kill == "everything" else tree[:1]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     process.wait()
+    while any(_running(pid) for pid in tree):
+        assert time.monotonic() < deadline, f"still running after the kill: {tree}"
+        time.sleep(0.05)
+    stderr = process.stderr.read().decode() if process.stderr else ""  # the workers wrote it too
     found = read_checkpoint(out)
     assert found is not None
-    return int(found[1]["step"])
+    return int(found[1]["step"]), stderr
 
 
 def _env() -> dict[str, str]:
@@ -210,7 +246,7 @@ def killed_run(
     """A real `geospec train` process killed with SIGKILL mid-training (400 steps planned)."""
     spec_path, _, _ = workspace
     out = tmp_path_factory.mktemp("killed") / "run"
-    step = _kill_after_first_checkpoint(cli_command(spec_path, out), out, _env())
+    step, _ = _kill_after_first_checkpoint(cli_command(spec_path, out), out, _env())
     assert not (out / "result.json").exists() and 0 < step < 400
     return out, step
 
@@ -394,15 +430,21 @@ def test_two_processes_match_one(mode: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kill", ["everything", "launcher"])
 def test_a_killed_torchrun_run_resumes_under_torchrun_to_the_same_result(
-    workspace: tuple[Path, Spec, TokenData], tmp_path: Path
+    kill: str, workspace: tuple[Path, Spec, TokenData], tmp_path: Path
 ) -> None:
-    """2 processes killed (launcher and workers, SIGKILL) after a checkpoint, resumed by 2 new
-    processes: the same model as one uninterrupted process."""
+    """torchrun and its 2 workers killed with SIGKILL after a checkpoint (or torchrun alone: its
+    workers checkpoint and stop by themselves at the next log interval), resumed by a new
+    torchrun: the same model as one uninterrupted process."""
     spec_path, spec, data = workspace
     out = tmp_path / "two"
-    step = _kill_after_first_checkpoint(_torchrun_command(spec_path, out, 100), out, _env())
+    command = _torchrun_command(spec_path, out, 100)
+    step, stderr = _kill_after_first_checkpoint(command, out, _env(), kill)
     assert 0 < step < 100 and not (out / "result.json").exists()
+    if kill == "launcher":  # log_interval 25: they noticed at the first log step after the kill
+        assert step in (50, 75), stderr[-3000:]
+        assert f"stopped by the exit of its launcher at step {step} of 100" in stderr
     status, stderr = _torchrun(spec_path, out, steps=100)
     assert status == 0, stderr[-3000:]
     single = train_model(

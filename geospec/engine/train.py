@@ -14,7 +14,11 @@ micro-batches.
 SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the time limit) stops a run at the
 end of its current step: it writes a checkpoint of that step and raises
 :class:`geospec.errors.Preempted`, whose exit status (75, ``REQUEUE_EXIT_CODE``) asks for a
-requeue; started again, it resumes to the result an uninterrupted run has.
+requeue; started again, it resumes to the result an uninterrupted run has. Under torchrun the
+processes also stop so, at the next log interval, when their launcher is gone: torchrun starts
+its workers in sessions of their own, so a launcher killed outright (SIGKILL, the out-of-memory
+killer) would leave them training on unwatched, holding the run's claim, where one failing
+process leaves the other waiting in a collective.
 
 An observer (:class:`TrainObserver`; the pipeline's experiment trackers) is told on rank 0 where
 the run starts, every row ``metrics.jsonl`` gets and the result; the engine knows nothing of what
@@ -25,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -322,13 +327,27 @@ def evaluate(
 
 
 class _StopSignal:
-    """The stop signal a run received (None: none yet)."""
+    """Why this process stops early: the signal it received (None: none yet), or, under
+    torchrun, that its launcher is gone."""
 
     signum: int | None = None
+    orphaned: bool = False
+
+    @property
+    def received(self) -> bool:
+        return self.signum is not None or self.orphaned
+
+    @property
+    def signal_name(self) -> str | None:
+        return signal.Signals(self.signum).name if self.signum is not None else None
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum is not None else "nothing"
+        if self.signal_name is not None:
+            return self.signal_name
+        if self.orphaned:
+            return "the exit of its launcher"
+        return "a stop another process received"
 
 
 @contextlib.contextmanager
@@ -398,6 +417,8 @@ class _Run:
         self.show_progress = progress and self.ctx.is_main
         self.tokens_per_step = train.batch_size * config.seq_len
         self.observer = observer if self.ctx.is_main else None
+        # under torchrun, the launcher (the elastic agent): a parent that changes has exited
+        self.launcher = os.getppid()
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -564,20 +585,22 @@ class _Run:
                     raise Preempted(
                         f"training {self.out_dir}: stopped by {self.stop.name} at step "
                         f"{self.step} of {self.total} after a checkpoint; run again to resume",
-                        signal=self.stop.name,
+                        signal=self.stop.signal_name,
                     )
                 tick = time.perf_counter()
         self.wall_seconds += time.perf_counter() - session_start
         return self._finish()
 
     def _stop_requested(self) -> bool:
-        """Whether a stop signal arrived; under torchrun every rank learns whether any rank got
-        one (at the steps where the loop syncs anyway), so all of them stop at the same step."""
+        """Whether a stop signal arrived; under torchrun, also whether the launcher is gone, and
+        every rank learns whether any rank has a reason to stop (at the steps where the loop syncs
+        anyway), so all of them stop at the same step."""
         if not self.ctx.enabled:
-            return self.stop.signum is not None
+            return self.stop.received
         if self.step % self.train.log_interval:
             return False
-        flag = torch.tensor(float(self.stop.signum is not None), device=self.device)
+        self.stop.orphaned = os.getppid() != self.launcher
+        flag = torch.tensor(float(self.stop.received), device=self.device)
         return bool(distributed.all_reduce_sum(flag, self.ctx).item() > 0)
 
     def _step(self, lr: float) -> torch.Tensor:
