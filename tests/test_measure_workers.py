@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import alive, children
 
 pytestmark = pytest.mark.torch
 
@@ -22,27 +23,6 @@ if __name__ == "__main__":
     clouds = [(torch.randn(1500, 64), torch.randn(1500, 64)) for _ in range(8)]
     measure_profiles(clouds, ["topology/raw", "gw/raw"], workers=2, progress=False)
 """
-
-
-def children(pid: int) -> set[int]:
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from processes import alive, process_tree
 from safetensors.torch import load_file
 from small_spec import write_small_spec
 
@@ -182,30 +183,6 @@ def test_finished_run_is_not_retrained(
         train_model(spec.train, config, data, tmp_path, seed=1, steps=10)
 
 
-def _process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants, parents first (Linux's /proc). torchrun starts each
-    worker in a session of its own, so its process group is the launcher alone."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):  # a process that has just exited
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(stat.parent.name))
-    tree = [pid]
-    for member in tree:  # grows as it goes: breadth first
-        tree.extend(children.get(member, []))
-    return tree
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` still runs (an unreaped zombie has exited: its files and locks are
-    closed)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _kill_after_first_checkpoint(
     command: list[str], out: Path, env: dict[str, str], kill: str = "everything"
 ) -> tuple[int, str]:
@@ -221,12 +198,12 @@ def _kill_after_first_checkpoint(
         assert time.monotonic() < deadline
         time.sleep(0.005)
     time.sleep(0.05)  # let it run on: the kill may land anywhere, even inside a checkpoint write
-    tree = _process_tree(process.pid)
+    tree = process_tree(process.pid)
     for pid in tree if kill == "everything" else tree[:1]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     process.wait()
-    while any(_running(pid) for pid in tree):
+    while any(alive(pid) for pid in tree):
         assert time.monotonic() < deadline, f"still running after the kill: {tree}"
         time.sleep(0.05)
     stderr = process.stderr.read().decode() if process.stderr else ""  # the workers wrote it too
