@@ -114,6 +114,14 @@ class Solver(Plugin):
     def solve(self, problem: WidthProblem) -> list[int]:
         raise NotImplementedError
 
+    def bounds(self, problem: WidthProblem) -> tuple[int, int] | None:
+        """The smallest and largest width this solver may give a layer of ``problem`` when its own
+        params set them (``min_ratio``/``max_ratio`` of the builtin solvers, within the hard
+        limits), or None when it sets none. Every width :meth:`solve` returns lies inside them
+        (checked); reports mark the layers that sit at one, where the bound, not the profile,
+        may have set the width."""
+        return None
+
     def check(self, dims: ModelDims) -> list[str]:
         """Problems with these params for this model (for example bounds that cannot meet the
         budget); schedules holding a solver report them from :meth:`Schedule.check`."""
@@ -201,6 +209,20 @@ class Schedule(Plugin):
         :meth:`required_arms` (what the core calls). By default ``widths(dims, profiles)``: a
         schedule that reads no arm implements :meth:`widths` only."""
         return self.widths(dims, profiles)
+
+    def bounds(self, dims: ModelDims) -> tuple[int, int] | None:
+        """The smallest and largest width this schedule may give a layer of this model when a
+        param sets them (a solver's bounds: :meth:`Solver.bounds`), or None when none does (a
+        fixed taper, a manual list). Every width it returns lies inside them (the core checks);
+        ``widths.json`` records them and reports mark the layers that sit at one."""
+        return None
+
+    def bounds_from(
+        self, dims: ModelDims, arms: Mapping[str, tuple[int, int] | None]
+    ) -> tuple[int, int] | None:
+        """The bounds given ``arms``, the bounds of each arm named by :meth:`required_arms` (what
+        the core calls; a ``sorted`` arm has its source's). By default ``bounds(dims)``."""
+        return self.bounds(dims)
 
 
 @dataclass(frozen=True)

@@ -180,6 +180,10 @@ class Geometric(Schedule):
     def solver(self) -> Solver:
         return create_plugin("solver", self.params.solver)
 
+    def bounds(self, dims: ModelDims) -> tuple[int, int] | None:
+        # The solver's bounds do not depend on the work: any profile gives the same ones.
+        return self.solver().bounds(dims.width_problem([1.0] * dims.n_layers))
+
     def work(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[float]:
         """The per-layer work the solver receives (validated, smoothed, resampled)."""
         name = self.params.profile
@@ -322,6 +326,11 @@ class Sorted(Schedule):
     ) -> list[int]:
         return sorted(arms[self.params.of], reverse=True)
 
+    def bounds_from(
+        self, dims: ModelDims, arms: Mapping[str, tuple[int, int] | None]
+    ) -> tuple[int, int] | None:
+        return arms[self.params.of]  # the same widths: a layer at a bound of the source stays so
+
 
 #: The largest |theta| a fitted family is searched over (beyond it the widths no longer change
 #: within floating point, and every bound below the whole budget is crossed long before).
@@ -365,12 +374,18 @@ class Fitted(Schedule):
     def required_arms(self) -> list[str]:
         return [self.params.of]
 
-    def bounds(self, dims: ModelDims) -> tuple[float, float]:
-        """The interval every width lies in: the ratios of the uniform width, within one
-        multiple and the whole budget."""
+    def interval(self, dims: ModelDims) -> tuple[float, float]:
+        """The interval the fitted continuous widths lie in: the ratios of the uniform width,
+        within one multiple and the whole budget."""
         p = self.params
         lower = max(p.min_ratio * dims.ffn_width, dims.multiple_of)
         return lower, min(p.max_ratio * dims.ffn_width, dims.budget)
+
+    def bounds(self, dims: ModelDims) -> tuple[int, int]:
+        """The interval rounded inward to multiples: the bounds every rounded width lies in."""
+        m = dims.multiple_of
+        low, high = units_between(*self.interval(dims), m)
+        return low * m, high * m
 
     def family(self, n_layers: int, uniform_width: float) -> Callable[[float], list[float]]:
         """theta -> the family's continuous widths (mean exactly ``uniform_width``)."""
@@ -401,7 +416,7 @@ class Fitted(Schedule):
     def fit(self, dims: ModelDims, source: Sequence[int]) -> tuple[float, list[float]]:
         """The best theta and its continuous widths for the ``source`` widths."""
         widths_at = self.family(dims.n_layers, dims.ffn_width)
-        lower, upper = self.bounds(dims)
+        lower, upper = self.interval(dims)
         slack = 1e-12 * dims.budget  # floating-point noise, not a loosening of the bounds
 
         def feasible(theta: float) -> bool:
@@ -435,10 +450,9 @@ class Fitted(Schedule):
         arms: Mapping[str, Sequence[int]],
     ) -> list[int]:
         _, continuous = self.fit(dims, arms[self.params.of])
-        m = dims.multiple_of
-        low, high = units_between(*self.bounds(dims), m)
+        low, high = self.bounds(dims)
         return round_to_budget(
-            continuous, dims.budget, m, lower=low * m, upper=high * m, priority=continuous
+            continuous, dims.budget, dims.multiple_of, lower=low, upper=high, priority=continuous
         )
 
 

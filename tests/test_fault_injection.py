@@ -122,7 +122,7 @@ def results_of(run_dir: Path) -> dict[str, Any]:
     """What a report claims: per arm its widths, parameters and losses, and the checks."""
     results = json.loads((run_dir / "results.json").read_text())
     arms = {
-        name: (arm["widths"], arm["params"], arm["val_loss"]["seeds"])
+        name: (arm["widths"], arm["bounds"], arm["params"], arm["val_loss"]["seeds"])
         for name, arm in results["arms"].items()
     }
     return {"arms": arms, "checks": results["checks"], "profiles": results["profiles"]}
@@ -170,6 +170,14 @@ def _scale_first_profile(data: Any) -> None:
 
 def _change_widths(data: Any) -> None:
     data["arms"]["shift-spherical"]["widths"] = [48, 32, 16]
+
+
+def _change_bounds(data: Any) -> None:
+    data["arms"]["shift-spherical"]["bounds"] = [8, 16]
+
+
+def _change_seal(data: Any) -> None:
+    data["digest"] = "blake2b:" + "0" * 32
 
 
 def _change_diagnostics(data: Any) -> None:
@@ -229,6 +237,16 @@ RECOMPUTED = {
         "run/widths.json",
         edit_json(_change_widths),
         "! solve: widths.json does not hold",
+    ),
+    "widths.json bounds edited": (
+        "run/widths.json",
+        edit_json(_change_bounds),
+        "! solve: widths.json does not hold",
+    ),
+    "widths.json seal edited": (
+        "run/widths.json",
+        edit_json(_change_seal),
+        "! solve: widths.json was changed after geospec wrote it",
     ),
     "diagnostics.json truncated": ("run/diagnostics.json", truncate, "! diagnose: diagnostics"),
     "diagnostics.json edited": (
@@ -373,12 +391,39 @@ def test_a_damaged_run_json_stops_geospec_report_with_one_line(copy: Path) -> No
     assert "run.json" in result.output and "Traceback" not in result.output
 
 
-def test_geospec_train_names_a_damaged_widths_json(copy: Path) -> None:
-    truncate(copy / "run" / "widths.json")
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        pytest.param(truncate, "widths.json is unreadable", id="cut"),
+        pytest.param(edit_json(_change_widths), "changed after geospec wrote it", id="edited"),
+    ],
+)
+def test_geospec_train_names_a_damaged_widths_json(
+    copy: Path, damage: Callable[[Path], None], said: str
+) -> None:
+    """`geospec train` trains an arm with widths.json's widths: never with edited ones."""
+    damage(copy / "run" / "widths.json")
     result = invoke("train", str(copy / "spec.toml"), "--arm", "shift-spherical", "--seed", "1")
     assert result.exit_code == 2
-    assert "widths.json" in result.output and "Traceback" not in result.output
+    assert said in result.output and "Traceback" not in result.output
     assert not (copy / "run" / "arms" / "shift-spherical" / "seed-1").exists()
+
+
+def test_geospec_report_names_an_edited_widths_json(copy: Path) -> None:
+    """The report marks layers at their schedule's bounds from widths.json: an edited one stops
+    it with one line rather than marking the wrong layers."""
+    edit_json(_change_bounds)(copy / "run" / "widths.json")
+    result = invoke("report", str(copy / "run"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "widths.json was changed after geospec wrote it" in result.output
+
+
+def test_the_report_holds_each_arms_bounds(finished: Path) -> None:
+    """The power-law solver's default bounds, 0.25 and 2 times the uniform width 32 (multiples
+    of 8); a fixed taper and the uniform schedule set none."""
+    arms = json.loads((finished / "run" / "results.json").read_text())["arms"]
+    assert arms["shift-spherical"]["bounds"] == [8, 64]
+    assert arms["uniform"]["bounds"] is None and arms["cosine"]["bounds"] is None
 
 
 # -- the run directory itself --------------------------------------------------------------------

@@ -170,6 +170,35 @@ def test_arms_are_computed_after_their_sources_and_listed_in_spec_order() -> Non
     assert list(pending.widths) == ["uniform"]
 
 
+def test_derived_arms_have_the_bounds_their_widths_were_held_in() -> None:
+    """sorted: its source's bounds (the same widths); fitted: its own ratios of the uniform width
+    rounded inward to multiples (64 x 0.3 = 19.2 -> 24, 64 x 1.9 = 121.6 -> 120)."""
+    spec = spec_with(
+        [
+            {"name": "uniform", "schedule": {"kind": "uniform"}},
+            {
+                "name": "geo",
+                "schedule": {**GEOMETRIC, "solver": {"kind": "power_law", "max_ratio": 1.5}},
+            },
+            {"name": "sorted-geo", "schedule": {"kind": "sorted", "of": "geo"}},
+            {
+                "name": "fit",
+                "schedule": {"kind": "fitted", "of": "geo", "min_ratio": 0.3, "max_ratio": 1.9},
+            },
+        ]
+    )
+    result = compute_widths(spec.model, spec.arms, {"shift/spherical": [50.0, 1.0, 1.0, 1.0]})
+    assert result.bounds == {
+        "uniform": None,
+        "geo": (16, 96),
+        "sorted-geo": (16, 96),
+        "fit": (24, 120),
+    }
+    assert result.widths["geo"][0] == 96  # the profile wants more: the bound binds
+    assert result.at_bounds("sorted-geo") == "layer 0 at the upper bound 96"
+    assert all(24 <= w <= 120 for w in result.widths["fit"])
+
+
 def test_a_sorted_arm_of_a_monotone_arm_is_noted(tmp_path: Path) -> None:
     text = (
         'name = "t"\nout = "OUT"\n[model]\nn_layers = 4\nd_model = 32\nn_heads = 2\n'

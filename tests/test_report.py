@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from scipy import stats
 
 from geospec.cli import cli
+from geospec.digests import sealed
 from geospec.engine.model_size import Shape, count_params
 from geospec.errors import UsageError
 from geospec.report.results import (
@@ -386,7 +387,8 @@ def test_results_json_has_the_documented_keys(tmp_path: Path) -> None:
     assert results["comparisons"] == []  # run.json names no pairs (report.compare)
     for name, arm in results["arms"].items():
         assert set(arm) == {
-            "schedule", "widths", "params", "ffn_params", "val_loss", "vs_uniform", "vs_source"
+            "schedule", "widths", "bounds", "params", "ffn_params", "val_loss", "vs_uniform",
+            "vs_source",
         }  # fmt: skip
         assert arm["schedule"] == {"kind": name} and arm["vs_source"] is None
     assert results["profiles"] == {
@@ -424,6 +426,84 @@ def test_widths_come_from_what_the_models_were_trained_with(tmp_path: Path) -> N
     assert results["arms"]["taper"]["widths"] == [80, 80, 64, 32]  # the first seed's record
     assert results["arms"]["uniform"]["widths"] is None  # no record, no plan
     assert results["profiles"] == {}
+
+
+def _plan(
+    run_dir: Path, bounds: dict[str, list[int] | None], widths: dict[str, list[int]] = WIDTHS
+) -> None:
+    """widths.json as the solve stage writes it: each arm's widths and bounds, sealed."""
+    arms = {a: {"widths": w, "ffn_params": 0, "bounds": bounds[a]} for a, w in widths.items()}
+    (run_dir / "widths.json").write_text(json.dumps(sealed({"arms": arms, "pending": []})))
+
+
+def test_layers_at_their_schedules_bounds_are_marked_in_the_report(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)  # taper: 96 80 48 32
+    _plan(run_dir, {"uniform": None, "taper": [32, 96]})
+    results = write_report(run_dir)
+    assert results["arms"]["taper"]["bounds"] == [32, 96]
+    assert results["arms"]["uniform"]["bounds"] is None
+    report = (run_dir / "report.md").read_text()
+    marked = "- `taper`: 96 80 48 32 (layer 0 at the upper bound 96; layer 3 at the lower bound 32)"
+    assert marked in report
+    assert "- `uniform`: 64 64 64 64\n" in report
+    assert "may have been set by the bound rather than by the profile" in report
+
+    _plan(run_dir, {"uniform": None, "taper": [16, 128]})  # no layer at a bound: no marks
+    write_report(run_dir)
+    report = (run_dir / "report.md").read_text()
+    assert "- `taper`: 96 80 48 32\n" in report and "set by the bound" not in report
+
+
+def test_bounds_of_a_plan_the_models_were_not_trained_with_are_left_out(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    for arm in LOSSES:
+        for seed in range(3):
+            _stamp(run_dir, arm, seed, _fingerprint(arm, seed))  # records of what was trained
+    plan = {"uniform": [64, 64, 64, 64], "taper": [80, 80, 64, 32]}  # not what taper trained with
+    _plan(run_dir, {"uniform": [32, 80], "taper": [32, 80]}, plan)
+    results = build_results(run_dir)
+    assert results["arms"]["taper"]["widths"] == WIDTHS["taper"]
+    assert results["arms"]["taper"]["bounds"] is None
+    assert results["arms"]["uniform"]["bounds"] == [32, 80]
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        ("edited", "widths.json was changed after geospec wrote it"),
+        ("cut", "widths.json is unreadable"),
+        ("a list", "widths.json does not hold what geospec wrote"),
+        ("bounds without the widths", "arm 'taper': widths outside its own bounds [48, 96]"),
+    ],
+)
+def test_a_damaged_plan_stops_the_report_with_one_line_naming_it(
+    tmp_path: Path, damage: str, said: str
+) -> None:
+    """The report marks layers against widths.json's bounds: it never marks them against a plan
+    that was edited, cut or is inconsistent with itself."""
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    path = run_dir / "widths.json"
+    if damage == "bounds without the widths":  # sealed, but the bounds do not hold the widths
+        _plan(run_dir, {"uniform": None, "taper": [48, 96]})
+    else:
+        _plan(run_dir, {"uniform": None, "taper": [32, 96]})
+        data = json.loads(path.read_text())
+        if damage == "edited":
+            data["arms"]["taper"]["bounds"] = [48, 80]
+            path.write_text(json.dumps(data))
+        elif damage == "cut":
+            path.write_text(path.read_text()[:40])
+        else:
+            path.write_text("[]")
+    with pytest.raises(UsageError) as raised:
+        build_results(run_dir)
+    assert str(raised.value).startswith(f"{path}: ") and said in str(raised.value)
+    assert str(raised.value).endswith("run the spec again (its solve stage rewrites it)")
+    result = CliRunner().invoke(cli, ["report", str(run_dir)])
+    assert result.exit_code == 2 and said in result.output and "Traceback" not in result.output
 
 
 def test_an_arm_without_configs_has_no_parameter_count(tmp_path: Path) -> None:

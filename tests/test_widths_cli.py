@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,8 +25,10 @@ from geospec.solve.profiles import read_profiles
 from geospec.solve.widths import (
     WidthsResult,
     arm_order,
+    bounds_note,
     compute_widths,
     dependency_cycle,
+    layers_at_bounds,
     width_problems,
 )
 from geospec.spec.loading import load_spec
@@ -52,11 +55,16 @@ class Given(Schedule):
     class Params(PluginParams):
         kind: Literal["testgiven"] = "testgiven"
         widths: list[int]
+        bounds: list[int] | None = None
 
     params: Params
 
     def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
         return list(self.params.widths)
+
+    def bounds(self, dims: ModelDims) -> tuple[int, int] | None:
+        b = self.params.bounds
+        return None if b is None else (b[0], b[1])
 
 
 class MeasuresForTests:
@@ -173,7 +181,7 @@ def test_json_without_profiles_lists_geometric_arms_as_pending(tmp_path: Path) -
     assert list(data["arms"]) == ["uniform", "cosine", "manual"]
     assert data["pending"] == ["geo", "anti", "shuffled"]
     for arm in data["arms"].values():
-        assert set(arm) == {"widths", "ffn_params"}
+        assert set(arm) == {"widths", "ffn_params", "bounds"}
         assert arm["ffn_params"] == uniform_ffn_params("gelu")
     assert data["arms"]["manual"]["widths"] == [768, 640, 512, 512, 384, 256]
     assert not (tmp_path / "run").exists()  # geospec widths never writes into a run directory
@@ -232,6 +240,86 @@ def test_a_schedule_that_breaks_the_budget_is_stopped(
     assert str(raised.value) == f"arm 'given': schedule 'testgiven' returned {widths}: {problem}"
     result = run(tmp_path / "spec.toml", "--profiles", write_profiles(tmp_path, {"profiles": {}}))
     assert result.exit_code == 2 and problem in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("bounds", "problem"),
+    [
+        ([128, 512], "widths outside its own bounds [128, 512]: layer 0: 1024, layer 1: 1024"),
+        ([256, 1024], "widths outside its own bounds [256, 1024]: layer 4: 128, layer 5: 128"),
+        ([1024, 128], "bounds [1024, 128] are not [lower, upper] with lower <= upper"),
+    ],
+)
+def test_a_schedule_whose_widths_leave_its_own_bounds_is_stopped(
+    tmp_path: Path, bounds: list[int], problem: str
+) -> None:
+    """The bounds a report marks layers against are checked to hold the widths they come with."""
+    widths = [1024, 1024, 512, 256, 128, 128]
+    given = GIVEN.format(widths).replace(" }", f", bounds = {bounds} }}")
+    spec = load_spec(write_spec(tmp_path, arms=ARMS + given))
+    with pytest.raises(PluginError) as raised:
+        spec_widths(spec, {PROFILE: FRONT_LOADED})
+    assert str(raised.value) == f"arm 'given': schedule 'testgiven' returned {widths}: {problem}"
+
+
+SOLVER_BOUNDS = """
+[[arms]]
+name = "geo"
+schedule = {{ kind = "geometric", profile = "testwork/testflat",
+             solver = {{ kind = "power_law", min_ratio = {low}, max_ratio = {high} }} }}
+
+[[arms]]
+name = "anti"
+schedule = {{ kind = "anti", profile = "testwork/testflat",
+             solver = {{ kind = "proportional", min_ratio = {low}, max_ratio = {high} }} }}
+
+[[arms]]
+name = "uniform"
+schedule = {{ kind = "uniform" }}
+
+[[arms]]
+name = "cosine"
+schedule = {{ kind = "cosine" }}
+
+[[arms]]
+name = "manual"
+schedule = {{ kind = "manual", widths = [768, 640, 512, 512, 384, 256] }}
+"""
+
+
+@pytest.mark.parametrize(("low", "high"), [(0.25, 2.0), (0.3, 1.9), (0.5, 1.25)])
+def test_widths_json_records_each_arms_bounds_and_the_table_names_layers_at_them(
+    tmp_path: Path, low: float, high: float
+) -> None:
+    """A solver's bounds are its ratios of the uniform width (512) rounded inward to multiples of
+    64; a fixed taper or a list has none. One layer with all the work wants far more than the
+    upper bound allows and sits at it; the others share the rest."""
+    spec = write_spec(tmp_path, arms=SOLVER_BOUNDS.format(low=low, high=high))
+    steep = [100.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    profiles = write_profiles(tmp_path, {"profiles": {PROFILE: steep}, "layers": 6})
+    result = run(spec, "--profiles", profiles, "--json")
+    assert result.exit_code == 0, result.output
+    arms = json.loads(result.stdout)["arms"]
+    expected = [math.ceil(low * 512 / 64) * 64, math.floor(high * 512 / 64) * 64]
+    assert arms["geo"]["bounds"] == arms["anti"]["bounds"] == expected
+    assert arms["uniform"]["bounds"] is arms["cosine"]["bounds"] is arms["manual"]["bounds"] is None
+    geo = arms["geo"]["widths"]
+    assert geo[0] == expected[1] and all(expected[0] <= w < expected[1] for w in geo[1:])
+    table = run(spec, "--profiles", profiles)
+    assert table.exit_code == 0, table.output
+    assert f"bounds: geo layer 0 at the upper bound {expected[1]}" in table.output
+    assert "bounds: uniform" not in table.output and "bounds: manual" not in table.output
+
+
+def test_the_note_on_layers_at_bounds_names_runs_of_layers() -> None:
+    widths = [1024, 1024, 1024, 512, 1024, 256, 128]
+    assert layers_at_bounds(widths, [128, 1024]) == ([6], [0, 1, 2, 4])
+    assert (
+        bounds_note(widths, [128, 1024])
+        == "layers 0-2, 4 at the upper bound 1024; layer 6 at the lower bound 128"
+    )
+    assert bounds_note(widths, [64, 2048]) is None  # no layer at either bound
+    assert bounds_note(widths, None) is None and layers_at_bounds(widths, None) == ([], [])
 
 
 def test_arm_order_puts_sources_first_and_refuses_unknown_sources_and_cycles() -> None:

@@ -29,7 +29,7 @@ def _parse_widths(text: str) -> list[int]:
 
 def arm_widths(spec: Spec, arm: str, given: str | None) -> list[int]:
     """The FFN widths to train ``arm`` with, checked against the model's depth and budget."""
-    from geospec.pipeline.run_dir import WIDTHS_FILE, read_json
+    from geospec.pipeline.run_dir import WIDTHS_FILE, json_problem, read_json
     from geospec.solve.widths import compute_widths, width_problems
 
     names = [a.name for a in spec.arms]
@@ -51,7 +51,10 @@ def arm_widths(spec: Spec, arm: str, given: str | None) -> list[int]:
                 f"arm {arm!r} needs measured profiles: pass --widths, or compute {path} first "
                 "(geospec run SPEC --until solve)"
             )
-        stored = (read_json(path) or {}).get("arms", {})
+        problem = json_problem(path, "arms")
+        if problem:
+            raise UsageError(f"{path}: {problem}; run geospec run SPEC --until solve again")
+        stored = read_json(path)["arms"]
         if arm not in stored:
             raise UsageError(
                 f"{path}: no widths for arm {arm!r}; run geospec run SPEC --until solve again"

@@ -89,6 +89,10 @@ def widths(spec_path: Path, profiles_path: Path | None, as_json: bool, output: P
     for arm, note in result.notes.items():
         if arm not in result.pending:
             console.print(f"[cyan]note:[/] {escape(arm)} {escape(note)}", highlight=False)
+    for arm in result.widths:
+        at_bounds = result.at_bounds(arm)
+        if at_bounds:  # there the bound, not the profile, may have set the width
+            console.print(f"[cyan]bounds:[/] {escape(arm)} {escape(at_bounds)}", highlight=False)
     if output is not None:
         console.print(f"wrote {escape(str(output))}", highlight=False)
 

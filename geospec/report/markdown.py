@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from geospec.report.results import CHECKS
+from geospec.solve.widths import bounds_note
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -229,10 +230,21 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
         lines += ["Checked on every run's record: " + "; ".join(marks) + ".", ""]
     lines.append("## FFN widths per arm")
     lines.append("")
+    marked = False
     for name, arm in results["arms"].items():
         widths = arm["widths"]
-        lines.append(f"- `{name}`: {' '.join(map(str, widths)) if widths else '(pending)'}")
+        at_bounds = bounds_note(widths, arm.get("bounds")) if widths else None
+        marked = marked or at_bounds is not None
+        tail = f" ({at_bounds})" if at_bounds else ""
+        lines.append(f"- `{name}`: {' '.join(map(str, widths)) if widths else '(pending)'}{tail}")
     lines.append("")
+    if marked:
+        lines += [
+            "Layers are counted from 0. A layer at its schedule's bound (the solver's `min_ratio` "
+            "or `max_ratio` of the uniform width) may have been set by the bound rather than by "
+            "the profile; loosen the bounds to see the profile's own shape there.",
+            "",
+        ]
     reliability = reliability_rows(results)
     if reliability:
         lines += [

@@ -6,7 +6,8 @@ any finished (or partly finished) run.
 results.json::
 
     {"name": ..., "baseline": "uniform", "confidence": 0.95,
-     "arms": {"<arm>": {"schedule": {...}, "widths": [...], "params": N, "ffn_params": N,
+     "arms": {"<arm>": {"schedule": {...}, "widths": [...], "bounds": [lo, hi] | null,
+                        "params": N, "ffn_params": N,
                         "val_loss": {"seeds": {"<seed>": loss}, "mean": m, "sd": s},
                         "vs_uniform": {"mean": d, "ci95": [lo, hi],
                                        "bootstrap_ci95": [lo, hi] | null,
@@ -30,7 +31,9 @@ paired by seed; ``ci95`` holds the interval at ``confidence`` (0.95 unless the s
 ``p_min`` the smallest p-value the number of seeds allows. ``vs_source`` compares an arm derived
 from another (``fitted``, ``sorted``) with that arm (Holm across those comparisons).
 ``comparisons`` holds the spec's own pairs (``report.compare``), Holm-adjusted across them;
-``difference`` is null while the two arms share no finished seed.
+``difference`` is null while the two arms share no finished seed. ``bounds`` are the smallest and
+largest width the arm's schedule allowed (from widths.json: a solver's ``min_ratio`` and
+``max_ratio``), null where it set none or the models were not trained with the plan's widths.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from geospec.pipeline.run_dir import (
     RUN_FILE,
     WIDTHS_FILE,
     arm_seed_dir,
+    json_problem,
     read_json,
     read_json_or_none,
 )
@@ -63,6 +67,7 @@ from geospec.report.stats import (
     standard_errors,
     summarize,
 )
+from geospec.solve.widths import bounds_problems
 
 #: What run.json must hold for the report to be built from it.
 RUN_KEYS = {"name", "baseline", "confidence", "bootstrap", "arms", "seeds"}
@@ -103,6 +108,20 @@ def _params(config: dict[str, Any]) -> tuple[int, int]:
     return count_params(Shape.of(config), widths), ffn
 
 
+def planned_widths(path: Path) -> dict[str, Any]:
+    """The arms of the run's ``widths.json`` (the solve stage's plan), empty while the solve
+    stage has not run; a damaged or edited one stops the report with one line naming it."""
+    if not path.exists():
+        return {}
+    problem = json_problem(path, "arms")
+    stored = read_json_or_none(path)
+    if problem is None and not isinstance(stored["arms"], dict):
+        problem = f"{path.name} does not hold what geospec wrote"
+    if problem:
+        raise UsageError(f"{path}: {problem}; run the spec again (its solve stage rewrites it)")
+    return dict(stored["arms"])
+
+
 def build_results(run_dir: Path) -> dict[str, Any]:
     """Collect every arm's widths, parameter count and per-seed losses; compare with baseline."""
     resolved = read_json(run_dir / RUN_FILE)
@@ -115,7 +134,7 @@ def build_results(run_dir: Path) -> dict[str, Any]:
             f"{run_dir / RUN_FILE}: does not hold what geospec writes; run the spec again "
             "(geospec run rewrites it)"
         )
-    widths_file = read_json_or_none(run_dir / WIDTHS_FILE) or {"arms": {}}
+    planned_arms = planned_widths(run_dir / WIDTHS_FILE)
     profiles = (read_json(run_dir / PROFILES_FILE) or {}).get("profiles", {})
     baseline = resolved["baseline"]
     confidence = resolved["confidence"]
@@ -132,11 +151,21 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         config = next((r.config for r in seed_runs if r.config), None)
         params, ffn_params = _params(config) if config else (None, None)
         trained = [r.fingerprint["config"]["ffn_widths"] for r in seed_runs if r.fingerprint]
-        planned = (widths_file.get("arms") or {}).get(name) or {}
+        planned = planned_arms.get(name) or {}
+        # what the models were trained with, from their own records; the plan otherwise
+        widths = trained[0] if trained else planned.get("widths")
+        # the plan's bounds belong to its widths: none for widths trained under another plan
+        bounds = planned.get("bounds") if widths and planned.get("widths") == widths else None
+        if bounds_problems(widths or [], bounds):
+            raise UsageError(
+                f"{run_dir / WIDTHS_FILE}: arm {name!r}: "
+                + "; ".join(bounds_problems(widths or [], bounds))
+                + "; run the spec again (its solve stage rewrites it)"
+            )
         arms[name] = {
             "schedule": arm["schedule"],
-            # what the models were trained with, from their own records; the plan otherwise
-            "widths": trained[0] if trained else planned.get("widths"),
+            "widths": widths,
+            "bounds": bounds,
             "params": params,
             "ffn_params": ffn_params,
             "val_loss": {

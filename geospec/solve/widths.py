@@ -32,23 +32,77 @@ class WidthsResult:
     a pending arm: the profiles that one needs). ``notes`` maps an arm to a remark for the user:
     an arm derived from other arms that has exactly its source's widths (a ``sorted`` arm whose
     source is already monotone), or an arm waiting for a profiles file that does not exist yet.
-    Notes are not part of :meth:`to_json`.
+    Notes are not part of :meth:`to_json`. ``bounds`` maps a computed arm to the smallest and
+    largest width its schedule allowed (:meth:`Schedule.bounds`), or None where none was set.
     """
 
     widths: dict[str, list[int]]
     ffn_params: dict[str, int]
     pending: dict[str, list[str]] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
+    bounds: dict[str, tuple[int, int] | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The stable shape printed by ``geospec widths --json`` and written to widths.json."""
         return {
             "arms": {
-                arm: {"widths": list(widths), "ffn_params": self.ffn_params[arm]}
+                arm: {
+                    "widths": list(widths),
+                    "ffn_params": self.ffn_params[arm],
+                    "bounds": _pair(self.bounds.get(arm)),
+                }
                 for arm, widths in self.widths.items()
             },
             "pending": list(self.pending),
         }
+
+    def at_bounds(self, arm: str) -> str | None:
+        """Which of the arm's layers sit at a bound of its schedule, in words, or None."""
+        return bounds_note(self.widths[arm], self.bounds.get(arm))
+
+
+def _pair(bounds: tuple[int, int] | None) -> list[int] | None:
+    return None if bounds is None else [bounds[0], bounds[1]]
+
+
+def layers_at_bounds(
+    widths: Sequence[int], bounds: Sequence[int] | None
+) -> tuple[list[int], list[int]]:
+    """The layers (counted from 0) whose width is the lower bound, and those at the upper one."""
+    if bounds is None:
+        return [], []
+    lower, upper = bounds
+    return (
+        [layer for layer, w in enumerate(widths) if w == lower],
+        [layer for layer, w in enumerate(widths) if w == upper],
+    )
+
+
+def bounds_note(widths: Sequence[int], bounds: Sequence[int] | None) -> str | None:
+    """ "layers 0-2 at the upper bound 1024; layer 11 at the lower bound 128", or None when no
+    layer sits at a bound (or the schedule set none). At a bound the bound, not the profile,
+    may have set the width: the schedule could have wanted more (or less) there."""
+    lower, upper = layers_at_bounds(widths, bounds)
+    if bounds is None or (not lower and not upper):
+        return None
+    parts = [
+        f"{_layer_list(layers)} at the {side} bound {value}"
+        for layers, side, value in ((upper, "upper", bounds[1]), (lower, "lower", bounds[0]))
+        if layers
+    ]
+    return "; ".join(parts)
+
+
+def _layer_list(layers: Sequence[int]) -> str:
+    """ "layer 3", "layers 0-2, 5": runs of consecutive layers as ranges."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return f"layer{'s' if len(layers) > 1 else ''} {text}"
 
 
 def compute_widths(
@@ -81,6 +135,7 @@ def compute_widths(
     schedules = {arm.name: registries.create("schedule", arm.schedule) for arm in arms}
     kinds = {arm.name: arm.schedule.kind for arm in arms}
     widths: dict[str, list[int]] = {}
+    bounds: dict[str, tuple[int, int] | None] = {}
     params: dict[str, int] = {}
     pending: dict[str, list[str]] = {}
     notes: dict[str, str] = {}
@@ -117,10 +172,13 @@ def compute_widths(
                     check_profile(profile, arm_profiles[profile], length=m.n_layers)
             given = {source: list(widths[source]) for source in sources}
             arm_widths = [int(w) for w in schedule.widths_from(dims, arm_profiles, given)]
+            arm_bounds = schedule.bounds_from(dims, {source: bounds[source] for source in sources})
         except GeospecError as error:
             where = f"{profiles_source}: " if profiles_source else ""
             raise UsageError(f"{where}arm {name!r}: {error}") from error
         problems = width_problems(arm_widths, m, multiples=True)
+        if not problems:
+            problems = bounds_problems(arm_widths, arm_bounds)
         if problems:  # a schedule plugin (possibly third-party) broke its contract: say which
             raise PluginError(
                 f"arm {name!r}: schedule {kinds[name]!r} returned {arm_widths}: "
@@ -132,6 +190,7 @@ def compute_widths(
                 f"arm {name!r}: {params[name]} FFN parameters, uniform has {uniform_params}"
             )
         widths[name] = arm_widths
+        bounds[name] = None if arm_bounds is None else (int(arm_bounds[0]), int(arm_bounds[1]))
         same = next((source for source in sources if widths[source] == arm_widths), None)
         if same is not None:
             notes[name] = f"has exactly the widths of its source arm {same!r}"
@@ -141,6 +200,7 @@ def compute_widths(
         {name: params[name] for name in spec_order if name in params},
         {name: pending[name] for name in spec_order if name in pending},
         {name: notes[name] for name in spec_order if name in notes},
+        {name: bounds[name] for name in spec_order if name in bounds},
     )
 
 
@@ -207,7 +267,24 @@ def width_problems(widths: Sequence[int], model: ModelSpec, multiples: bool) -> 
     return problems
 
 
+def bounds_problems(widths: Sequence[int], bounds: Sequence[int] | None) -> list[str]:
+    """What keeps ``bounds`` from being the bounds of ``widths``: a pair of integers, lower <=
+    upper, holding every width. Empty when they are sound (or None: no bounds)."""
+    if bounds is None:
+        return []
+    if (
+        len(bounds) != 2
+        or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)
+        or bounds[0] > bounds[1]
+    ):
+        return [f"bounds {list(bounds)} are not [lower, upper] with lower <= upper"]
+    outside = [f"layer {i}: {w}" for i, w in enumerate(widths) if not bounds[0] <= w <= bounds[1]]
+    if outside:
+        return [f"widths outside its own bounds {list(bounds)}: " + ", ".join(outside)]
+    return []
+
+
 def write_widths(path: Path, result: WidthsResult) -> Path:
-    """Write ``widths.json`` (the shape of :meth:`WidthsResult.to_json`) atomically; return it."""
+    """Write the shape of :meth:`WidthsResult.to_json` to ``path`` atomically; return it."""
     atomic_write_json(path, result.to_json())
     return path

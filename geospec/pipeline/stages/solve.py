@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from geospec.atomic import atomic_write_json
+from geospec.digests import SEAL, seal_broken, sealed
 from geospec.errors import GeospecError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import digest
 from geospec.pipeline.run_dir import WIDTHS_FILE, read_json_or_none
-from geospec.solve.widths import WidthsResult, compute_widths, write_widths
+from geospec.solve.widths import WidthsResult, compute_widths
 from geospec.spec.sections import ArmSpec, ModelSpec, Spec
 
 
@@ -42,23 +44,52 @@ class Solve:
             )
             raise GeospecError(f"solve: profiles missing for arms {sorted(result.pending)}{why}")
         path = run.run_dir / WIDTHS_FILE
-        rewrite = read_json_or_none(path) != result.to_json()
         return Plan(
-            digest("solve", result.to_json()),
+            # keyed by the widths alone, as before widths.json held bounds, so that the stages
+            # keyed on this one stay done; other changes to widths.json are its `problem`
+            digest("solve", without_bounds(result.to_json())),
             run=lambda: self.write(run, result),
             load=lambda: result.widths,
             artifacts=(path,),
-            problem=f"{WIDTHS_FILE} does not hold the widths these profiles give"
-            if rewrite
-            else None,
+            problem=stored_problem(read_json_or_none(path), result),
             main_only=False,
         )
 
     def write(self, run: RunContext, result: WidthsResult) -> dict[str, list[int]]:
         if run.is_main:
-            write_widths(run.run_dir / WIDTHS_FILE, result)
+            # sealed, so a report or `geospec train` reading it notices an edit
+            atomic_write_json(run.run_dir / WIDTHS_FILE, sealed(result.to_json()))
             for arm, values in result.widths.items():
                 run.say(f"  {arm:<24} {' '.join(str(w) for w in values)}")
+                at_bounds = result.at_bounds(arm)
+                if at_bounds:
+                    run.say(f"  {'':<24} [dim]{at_bounds}[/]")
             for arm, note in result.notes.items():  # a derived arm equal to its source
                 run.say(f"  [cyan]note:[/] {arm} {note}")
         return result.widths
+
+
+def stored_problem(stored: object, result: WidthsResult) -> str | None:
+    """Why a ``widths.json`` that exists (``stored``, its content) is written again, or None."""
+    expected = result.to_json()
+    if isinstance(stored, dict) and SEAL not in stored:
+        # written before widths.json was sealed and held bounds: judged on its widths alone
+        expected = without_bounds(expected)
+    if not isinstance(stored, dict) or unsealed(stored) != expected:
+        return f"{WIDTHS_FILE} does not hold the widths these profiles give"
+    if seal_broken(stored):
+        return f"{WIDTHS_FILE} was changed after geospec wrote it"
+    return None
+
+
+def unsealed(data: dict[str, object]) -> dict[str, object]:
+    return {key: value for key, value in data.items() if key != SEAL}
+
+
+def without_bounds(plan: dict[str, Any]) -> dict[str, Any]:
+    """widths.json's content as it was before it held each arm's bounds."""
+    arms = {
+        arm: {key: value for key, value in entry.items() if key != "bounds"}
+        for arm, entry in plan["arms"].items()
+    }
+    return {**plan, "arms": arms}
