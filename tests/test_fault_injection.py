@@ -180,6 +180,12 @@ def _change_seal(data: Any) -> None:
     data["digest"] = "blake2b:" + "0" * 32
 
 
+def _drop_seal_and_change_bounds(data: Any) -> None:
+    """Made to pass for a widths.json from before seals (which is judged on its widths only)."""
+    del data["digest"]
+    _change_bounds(data)
+
+
 def _change_diagnostics(data: Any) -> None:
     data["profiles"]["residual_norm/mean"][0] += 1.0
 
@@ -247,6 +253,11 @@ RECOMPUTED = {
         "run/widths.json",
         edit_json(_change_seal),
         "! solve: widths.json was changed after geospec wrote it",
+    ),
+    "widths.json bounds edited, digest removed": (
+        "run/widths.json",
+        edit_json(_drop_seal_and_change_bounds),
+        "! solve: widths.json does not hold",
     ),
     "diagnostics.json truncated": ("run/diagnostics.json", truncate, "! diagnose: diagnostics"),
     "diagnostics.json edited": (

@@ -26,6 +26,7 @@ from geospec.solve.widths import (
     WidthsResult,
     arm_order,
     bounds_note,
+    bounds_problems,
     compute_widths,
     dependency_cycle,
     layers_at_bounds,
@@ -320,6 +321,28 @@ def test_the_note_on_layers_at_bounds_names_runs_of_layers() -> None:
     )
     assert bounds_note(widths, [64, 2048]) is None  # no layer at either bound
     assert bounds_note(widths, None) is None and layers_at_bounds(widths, None) == ([], [])
+    assert bounds_note(widths, [256, 2048]) == "layer 5 at the lower bound 256"
+    assert bounds_note([64, 64, 128, 64], [64, 512]) == "layers 0-1, 3 at the lower bound 64"
+
+
+@pytest.mark.parametrize(
+    ("bounds", "problem"),
+    [
+        (None, None),
+        ((128, 1024), None),
+        ((512, 512), None),  # every width pinned: sound
+        ((128.0, 1024), "bounds [128.0, 1024] are not [lower, upper] with lower <= upper"),
+        ((True, 1024), "bounds [True, 1024] are not [lower, upper] with lower <= upper"),
+        ((128, 512, 1024), "bounds [128, 512, 1024] are not [lower, upper] with lower <= upper"),
+        ((1024, 128), "bounds [1024, 128] are not [lower, upper] with lower <= upper"),
+        ((513, 1024), "widths outside its own bounds [513, 1024]: layer 0: 512, layer 1: 512"),
+        ((128, 511), "widths outside its own bounds [128, 511]: layer 0: 512, layer 1: 512"),
+    ],
+)
+def test_bounds_must_be_an_ordered_pair_of_integers_holding_every_width(
+    bounds: tuple[Any, ...] | None, problem: str | None
+) -> None:
+    assert bounds_problems([512, 512], bounds) == ([problem] if problem else [])
 
 
 def test_arm_order_puts_sources_first_and_refuses_unknown_sources_and_cycles() -> None:
