@@ -16,6 +16,7 @@ import pytest
 import tomlkit
 import torch
 from click.testing import CliRunner
+from processes import alive, process_tree
 from safetensors.torch import load_file
 
 from geospec.cli import cli
@@ -349,6 +350,58 @@ def test_torchrun_two_processes_match_one(tmp_path: Path) -> None:
     for arm in ("uniform", "cosine"):
         for seed in ("0", "1"):
             assert double[arm][seed] == pytest.approx(single[arm][seed], abs=1e-5)
+
+
+#: SMALL measuring one topology profile on 1,024 probed positions: rank 0 measures alone for a
+#: while (ripser per layer), the other rank waits for it.
+MEASURED = (
+    SMALL.replace("measure = []\n", "").replace("[probe]\ntokens = 32", "[probe]\ntokens = 1024")
+    + '\n[[measure]]\ngeometry = { kind = "raw" }\nstatistic = { kind = "topology" }\n'
+)
+
+
+def _torchrun_run(spec: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "-m", "geospec", "run", str(spec),
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_torchrun_workers_whose_launcher_is_killed_during_measure_end_at_once(
+    tmp_path: Path,
+) -> None:
+    """torchrun killed outright (SIGKILL: it forwards nothing) while rank 0 measures alone and
+    rank 1 waits for it in a barrier: both workers end within seconds (each watches its parent),
+    not when the measurement is done; nothing they left keeps a new torchrun from finishing."""
+    spec = write_spec(tmp_path, MEASURED)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    launcher = subprocess.Popen(
+        _torchrun_run(spec),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    stages = tmp_path / "run" / "stages.json"
+    deadline = time.monotonic() + 300
+    while "probe" not in (stages.read_text() if stages.exists() else ""):
+        assert launcher.poll() is None, "torchrun ended before the measure stage"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    workers = process_tree(launcher.pid)[1:]
+    assert len(workers) >= 2  # the two ranks (rank 0 may have measurement workers too)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    killed = time.monotonic()
+    while any(alive(pid) for pid in workers):
+        assert time.monotonic() - killed < 15, "workers still running after their launcher died"
+        time.sleep(0.1)
+    assert not (tmp_path / "run" / "profiles.json").exists()  # cut short, not finished
+    subprocess.run(_torchrun_run(spec), env=env, check=True, capture_output=True, timeout=600)
+    assert set(_losses(tmp_path / "run")) == {"uniform", "cosine"}
+    profile = json.loads((tmp_path / "run" / "profiles.json").read_text())["profiles"]
+    assert len(profile["topology/raw"]) == 3
 
 
 def test_runs_claimed_by_another_process_are_left_to_it(tmp_path: Path) -> None:

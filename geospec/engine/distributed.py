@@ -10,6 +10,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import signal
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -63,7 +66,48 @@ def init_distributed() -> DistContext:
             dist.init_process_group("nccl", device_id=torch.device("cuda", ctx.local_rank))
         else:
             dist.init_process_group("gloo")
+        end_with_launcher()
     return ctx
+
+
+_watching = False
+#: Seconds a process whose trainer stopped for a lost launcher has to exit by itself.
+LEAVING_GRACE = 30.0
+
+
+def end_with_launcher(interval: float = 1.0) -> None:
+    """Under torchrun: end this process when its launcher (the elastic agent, its parent) exits.
+
+    torchrun starts its workers in sessions of their own, so a launcher killed outright (SIGKILL,
+    the out-of-memory killer) leaves them running: rank 0 would probe or measure on alone for
+    hours, for nobody, while the other ranks wait for it in a barrier that outlasts any stage
+    (:data:`STAGE_TIMEOUT`), each holding its GPU. A daemon thread polls the parent every
+    ``interval`` seconds; once it has changed, it sends this process SIGTERM, whose default action
+    ends it at once, even inside a collective (every artifact is written atomically: the next run
+    redoes only the stage that was cut short). While a model trains, the trainer's own SIGTERM
+    handler is in place and the trainer notices the lost launcher itself, at its next log
+    interval: it checkpoints and stops with that reason. The thread leaves it to do so, and gives
+    the process :data:`LEAVING_GRACE` seconds after that to say why and exit by itself.
+    """
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    launcher = os.getppid()
+
+    def training() -> bool:  # the trainer's handler is in place (see geospec.engine.train)
+        return signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(interval)
+        if training():
+            while training():
+                time.sleep(interval)
+            time.sleep(LEAVING_GRACE)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="geospec-launcher-watch", daemon=True).start()
 
 
 @contextlib.contextmanager
