@@ -23,6 +23,7 @@ from geospec.report.stats import (
     paired_t_power,
     seeds_needed,
     seeds_to_reach,
+    shown_against,
     sign_flip_p,
     smallest_sign_flip_p,
     split_half_reliability,
@@ -172,6 +173,37 @@ def test_split_half_reliability_of_a_stable_and_of_a_noisy_profile() -> None:
     assert abs(float(np.mean([r for r in noise if r is not None]))) < 0.1
     assert split_half_reliability([[1.0, 2.0, 3.0]]) is None  # one replicate: no halves
     assert split_half_reliability([[1.0, 1.0], [2.0, 3.0]]) is None  # a constant half
+
+
+@pytest.mark.parametrize(
+    ("value", "threshold", "sign", "shown"),
+    [
+        (0.797, 0.8, False, "0.797"),  # "0.80" would read as not below 0.8
+        (0.7999999, 0.8, False, "0.7999999"),
+        (0.8, 0.8, False, "0.80"),
+        (0.8004, 0.8, False, "0.80"),
+        (0.8111, 0.8, False, "0.81"),
+        (0.33, 0.8, False, "0.33"),
+        (0.95, 0.8, True, "+0.95"),
+        (-0.305, 0.8, True, "-0.30"),  # binary -0.30499...: rounds toward zero
+        (0.897, 0.9, True, "+0.897"),
+        (None, 0.8, False, "undefined"),
+    ],
+)
+def test_a_reliability_is_shown_on_its_own_side_of_the_threshold(
+    value: float | None, threshold: float, sign: bool, shown: str
+) -> None:
+    assert shown_against(value, threshold, sign) == shown
+
+
+def test_a_shown_reliability_never_crosses_the_threshold() -> None:
+    """The property the notes rely on, over values crowding the threshold from both sides."""
+    rng = np.random.default_rng(11)
+    for threshold in (0.8, 0.85, 0.9, 0.5):
+        for value in threshold + rng.normal(0, 1e-3, size=500) * rng.choice([1, 1e-4], 500):
+            text = shown_against(float(value), threshold)
+            assert (float(text) < threshold) == (value < threshold), (value, threshold, text)
+            assert len(text.split(".")[1]) >= 2
 
 
 def test_standard_errors_per_layer() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from geospec.report.results import CHECKS
+from geospec.report.stats import shown_against
 from geospec.solve.widths import bounds_note
 
 
@@ -170,7 +171,7 @@ def reliability_rows(results: dict[str, Any]) -> list[list[str]]:
             [
                 name,
                 str(entry["replicates"]),
-                "-" if rho is None else f"{rho:+.2f}",
+                "-" if rho is None else shown_against(rho, reliability["threshold"], sign=True),
                 f"{max(relative):.2f}" if relative else "-",
                 f"**below {reliability['threshold']:g}**" if entry["below_threshold"] else "",
             ]

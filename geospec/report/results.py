@@ -61,6 +61,7 @@ from geospec.report.stats import (
     holm,
     paired_difference,
     seeds_to_reach,
+    shown_against,
     sign_flip_p,
     smallest_sign_flip_p,
     split_half_reliability,
@@ -404,8 +405,7 @@ def reliability_notes(reliability: dict[str, Any] | None, reads: dict[str, list[
     for name, entry in reliability["profiles"].items():
         if not entry["below_threshold"]:
             continue
-        rho = entry["split_half"]
-        value = "undefined" if rho is None else f"{rho:.2f}"
+        value = shown_against(entry["split_half"], reliability["threshold"])
         users = [arm for arm, profiles in reads.items() if name in profiles]
         used = f"; arms reading it: {', '.join(users)}" if users else ""
         notes.append(

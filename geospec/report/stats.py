@@ -195,6 +195,20 @@ def split_half_reliability(replicates: Sequence[Sequence[float]]) -> float | Non
     return float(stats.spearmanr(first, second).statistic)
 
 
+def shown_against(value: float | None, threshold: float, sign: bool = False) -> str:
+    """``value`` (a reliability) with two decimals, or more where two would put it on the other
+    side of ``threshold`` than it is: 0.797 against 0.8 is "0.797", never "0.80 is below 0.8".
+    "undefined" for None; ``sign`` writes a leading "+" on non-negative values."""
+    if value is None:
+        return "undefined"
+    plus = "+" if sign else ""
+    for digits in range(2, 17):
+        text = f"{value:{plus}.{digits}f}"
+        if (float(text) < threshold) == (value < threshold):
+            return text
+    return f"{value:{plus}}"
+
+
 def standard_errors(replicates: Sequence[Sequence[float]]) -> list[float | None]:
     """Per layer, the standard error of the mean over replicates (sample sd / sqrt(R)); None
     per layer with a single replicate."""

@@ -110,12 +110,12 @@ class Measure:
     def warn_unreliable(self, run: RunContext, replicated: dict[str, list[list[float]]]) -> None:
         """Name the profiles whose shape over the layers the replicates do not reproduce, before
         anyone trains on them."""
-        from geospec.report.stats import split_half_reliability
+        from geospec.report.stats import shown_against, split_half_reliability
 
         for name, values in replicated.items():
             rho = split_half_reliability(values)
             if rho is None or rho < self.min_reliability:
-                shown = "undefined" if rho is None else f"{rho:.2f}"
+                shown = shown_against(rho, self.min_reliability)
                 run.say(
                     f"[yellow]![/] profile {name}: split-half reliability {shown} over "
                     f"{len(values)} token samples is below {self.min_reliability:g} "
