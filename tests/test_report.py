@@ -475,6 +475,8 @@ def test_bounds_of_a_plan_the_models_were_not_trained_with_are_left_out(tmp_path
         ("edited", "widths.json was changed after geospec wrote it"),
         ("cut", "widths.json is unreadable"),
         ("a list", "widths.json does not hold what geospec wrote"),
+        ("no arms", "widths.json does not hold what geospec wrote"),
+        ("arms a list", "widths.json does not hold what geospec wrote"),
         ("bounds without the widths", "arm 'taper': widths outside its own bounds [48, 96]"),
     ],
 )
@@ -496,6 +498,10 @@ def test_a_damaged_plan_stops_the_report_with_one_line_naming_it(
             path.write_text(json.dumps(data))
         elif damage == "cut":
             path.write_text(path.read_text()[:40])
+        elif damage == "no arms":  # unsealed, as one written before seals
+            path.write_text(json.dumps({"pending": []}))
+        elif damage == "arms a list":
+            path.write_text(json.dumps({"arms": [WIDTHS["taper"]], "pending": []}))
         else:
             path.write_text("[]")
     with pytest.raises(UsageError) as raised:

@@ -323,6 +323,9 @@ def test_the_note_on_layers_at_bounds_names_runs_of_layers() -> None:
     assert bounds_note(widths, None) is None and layers_at_bounds(widths, None) == ([], [])
     assert bounds_note(widths, [256, 2048]) == "layer 5 at the lower bound 256"
     assert bounds_note([64, 64, 128, 64], [64, 512]) == "layers 0-1, 3 at the lower bound 64"
+    assert bounds_note([512, 64, 512, 64], [64, 512]) == (
+        "layers 0, 2 at the upper bound 512; layers 1, 3 at the lower bound 64"
+    )
 
 
 @pytest.mark.parametrize(

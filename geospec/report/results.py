@@ -157,11 +157,11 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         widths = trained[0] if trained else planned.get("widths")
         # the plan's bounds belong to its widths: none for widths trained under another plan
         bounds = planned.get("bounds") if widths and planned.get("widths") == widths else None
-        if bounds_problems(widths or [], bounds):
+        problems = bounds_problems(widths or [], bounds)  # at most one
+        if problems:
             raise UsageError(
-                f"{run_dir / WIDTHS_FILE}: arm {name!r}: "
-                + "; ".join(bounds_problems(widths or [], bounds))
-                + "; run the spec again (its solve stage rewrites it)"
+                f"{run_dir / WIDTHS_FILE}: arm {name!r}: {problems[0]}; run the spec again (its "
+                "solve stage rewrites it)"
             )
         arms[name] = {
             "schedule": arm["schedule"],
