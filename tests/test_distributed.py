@@ -91,6 +91,9 @@ def _fsdp2_worker(rank: int, port: int, out: str) -> None:
     weights = {k: v.full_tensor() for k, v in model.state_dict().items()}
     if rank == 0:
         torch.save(weights, Path(out) / "fsdp2.pt")
+    # Leave together, as geospec's process_group() does: a rank that tears its group down while
+    # its peer still works in it can abort at exit (SIGABRT, seen once in nox -s slow).
+    dist.barrier()
     dist.destroy_process_group()
 
 
