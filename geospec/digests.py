@@ -28,9 +28,14 @@ def json_digest(data: Any) -> str:
     return f"blake2b:{hashlib.blake2b(text.encode(), digest_size=16).hexdigest()}"
 
 
+def unsealed(data: dict[str, Any]) -> dict[str, Any]:
+    """A sealed artifact's content: ``data`` without its digest."""
+    return {k: v for k, v in data.items() if k != SEAL}
+
+
 def sealed(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` with the digest of its content added (see :func:`seal_broken`)."""
-    content = {k: v for k, v in data.items() if k != SEAL}
+    content = unsealed(data)
     return {**content, SEAL: json_digest(content)}
 
 
@@ -39,8 +44,7 @@ def seal_broken(data: dict[str, Any]) -> bool:
     before seals existed has none and is not judged)."""
     if SEAL not in data:
         return False
-    content = {k: v for k, v in data.items() if k != SEAL}
     try:
-        return data[SEAL] != json_digest(content)
+        return data[SEAL] != json_digest(unsealed(data))
     except ValueError:  # NaN or infinity: geospec never writes them
         return True

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from geospec.atomic import atomic_write_json
-from geospec.digests import SEAL, seal_broken, sealed
+from geospec.digests import SEAL, seal_broken, sealed, unsealed
 from geospec.errors import GeospecError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import digest
@@ -80,10 +80,6 @@ def stored_problem(stored: object, result: WidthsResult) -> str | None:
     if seal_broken(stored):
         return f"{WIDTHS_FILE} was changed after geospec wrote it"
     return None
-
-
-def unsealed(data: dict[str, object]) -> dict[str, object]:
-    return {key: value for key, value in data.items() if key != SEAL}
 
 
 def without_bounds(plan: dict[str, Any]) -> dict[str, Any]:
