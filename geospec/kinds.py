@@ -226,6 +226,48 @@ class Schedule(Plugin):
 
 
 @dataclass(frozen=True)
+class NeuronWeights:
+    """One layer's FFN as an importance score sees it: the weights that belong to each hidden
+    neuron, float32 on the CPU, neuron i being row i of every input matrix and column i of the
+    output matrix (whatever the architecture stores: fused or transposed projections are
+    unpacked by :mod:`geospec.measure.cut`)."""
+
+    layer: int
+    inputs: tuple[torch.Tensor, ...]
+    """The input projections, each (width x d_model): W_in, or the gate and up projections of a
+    gated (SwiGLU, GeGLU) FFN."""
+    output: torch.Tensor
+    """The output projection (d_model x width)."""
+    activation: torch.Tensor | None
+    """Mean absolute hidden activation per neuron (width,), the input of the output projection
+    averaged over the calibration tokens; None when the score asked for none
+    (:attr:`Importance.needs_activations`)."""
+
+    @property
+    def width(self) -> int:
+        return int(self.output.shape[1])
+
+
+class Importance(Plugin):
+    """Scores the hidden neurons of one FFN: the higher the score, the later a neuron is cut.
+
+    ``scores(ffn)`` receives a :class:`NeuronWeights` and returns a float tensor of shape
+    ``(ffn.width,)``, finite, with no gradient. The neurons kept at a width w are the w best by
+    score (ties: the lower index first); the ordering of every layer is computed once, stored and
+    reused at every width. A score that needs activations sets ``needs_activations`` and reads
+    ``ffn.activation``; a random control must be seeded by its params and the layer.
+    """
+
+    register_hook: ClassVar[str] = "geospec_register_importances"
+    """The hook that registers plugins of this kind."""
+    #: Whether scores read ``ffn.activation`` (calibration tokens are run through the model).
+    needs_activations: ClassVar[bool] = False
+
+    def scores(self, ffn: NeuronWeights) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
 class TrainingRun:
     """One arm-seed run of the train stage: what a launcher hands to a :class:`RunTrainer`."""
 
@@ -363,10 +405,12 @@ class Tracker(Plugin):
 __all__ = [
     "KINDS",
     "Geometry",
+    "Importance",
     "InfeasibleBudget",
     "Launch",
     "Launcher",
     "ModelDims",
+    "NeuronWeights",
     "RunOutcome",
     "RunTrainer",
     "Schedule",
@@ -393,4 +437,5 @@ KINDS: dict[str, type[Plugin]] = {
     "schedule": Schedule,
     "launcher": Launcher,
     "tracker": Tracker,
+    "importance": Importance,
 }

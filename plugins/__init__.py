@@ -14,4 +14,5 @@ BUILTIN_MODULES = [
     "geospec_plugins.launchers",
     "geospec_plugins.slurm",
     "geospec_plugins.trackers",
+    "geospec_plugins.importances",
 ]

@@ -48,3 +48,35 @@ def gemma2(seed: int = 0) -> torch.nn.Module:
         **SPECIAL_IDS,
     )
     return hf.Gemma2ForCausalLM(config).eval()
+
+
+def mistral(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = hf.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        intermediate_size=48,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=2,
+        **SPECIAL_IDS,
+    )
+    return hf.MistralForCausalLM(config).eval()
+
+
+def qwen2(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = hf.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        intermediate_size=56,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=2,
+        **SPECIAL_IDS,
+    )
+    return hf.Qwen2ForCausalLM(config).eval()

@@ -90,5 +90,15 @@ def geospec_register_trackers(register: Register) -> None:
     """
 
 
+@hookspec
+def geospec_register_importances(register: Register) -> None:
+    """Register neuron importance scores (subclasses of :class:`geospec.kinds.Importance`).
+
+    Called once when the plugin registries are built. ``importance.scores(NeuronWeights)``
+    returns one finite score per hidden neuron of one FFN; the demand stage and pruning keep the
+    best-scored neurons (builtins ``magnitude``, ``activation``, ``random``).
+    """
+
+
 #: Hook name -> plugin kind it registers (from the kinds table).
 REGISTER_HOOKS: dict[str, str] = {base.register_hook: kind for kind, base in KINDS.items()}

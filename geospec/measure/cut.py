@@ -1,0 +1,299 @@
+"""Cutting an FFN: removing hidden neurons exactly, and choosing which ones go.
+
+A hidden neuron i of an FFN is row i of every input projection (W_in; the gate and up
+projections of a gated FFN) and column i of the output projection. Removing those rows and that
+column gives a smaller FFN whose output equals the full FFN's with neuron i's activation set to
+zero, on every input (the bias of the output projection stays). :func:`cut_ffn` does it in place,
+:func:`ffn_cut` for the duration of a block (the demand measurement cuts each layer in turn and
+puts it back).
+
+The layouts it knows, found by the FFN module's own attributes:
+
+- geospec's ``FeedForward``: ``fc`` (d -> w, or d -> 2w for swiglu: the gate half then the up
+  half) and ``proj`` (w -> d);
+- gated Hugging Face MLPs, ``gate_proj``/``up_proj``/``down_proj`` linear layers: Llama, Mistral,
+  Qwen2, Gemma 2, SmolLM2 and GGUF checkpoints that transformers loads as one of them;
+- GPT-2's MLP, ``c_fc``/``c_proj`` ``Conv1D`` layers (weights stored transposed, in x out).
+
+Anything else (a fused gate-up projection, a mixture of experts) is a :class:`CutError`: cutting
+it by guesswork could remove half a neuron. Which neurons go is an ``importance`` plugin's
+choice (:func:`neuron_order`): every layer's neurons sorted by decreasing score, stored once and
+reused at every width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from geospec.errors import GeospecError, PluginError
+from geospec.kinds import Importance, NeuronWeights
+
+
+class CutError(GeospecError):
+    """An FFN whose neurons geospec cannot remove exactly (an unknown layout), or a cut that
+    cannot be made (no neuron left, an index out of range)."""
+
+    exit_code = 2
+
+
+#: The gated Hugging Face MLPs: names of the gate, up and down projections.
+GATED = ("gate_proj", "up_proj", "down_proj")
+#: GPT-2's MLP: the input and output Conv1D.
+GPT2 = ("c_fc", "c_proj")
+
+
+@dataclass(frozen=True)
+class FFNLayout:
+    """Which child modules of an FFN hold its neurons: ``inputs`` and ``output`` are attribute
+    names; ``fused`` is geospec's swiglu, whose ``fc`` holds the gate then the up projection;
+    ``transposed`` is GPT-2's Conv1D (weight in x out)."""
+
+    inputs: tuple[str, ...]
+    output: str
+    fused: bool = False
+    transposed: bool = False
+
+
+def ffn_layout(ffn: nn.Module) -> FFNLayout:
+    """The layout of ``ffn`` (see the module docstring), or :class:`CutError` naming it."""
+    children = dict(ffn.named_children())
+    if {"fc", "proj"} <= children.keys() and hasattr(ffn, "swiglu"):
+        return FFNLayout(("fc",), "proj", fused=bool(ffn.swiglu))
+    if set(GATED) <= children.keys() and all(_is_linear(children[n]) for n in GATED):
+        return FFNLayout(GATED[:2], GATED[2])
+    if set(GPT2) <= children.keys() and all(hasattr(children[n], "nf") for n in GPT2):
+        return FFNLayout(GPT2[:1], GPT2[1], transposed=True)
+    names = ", ".join(f"{name} ({type(m).__name__})" for name, m in children.items())
+    raise CutError(
+        f"cannot cut the neurons of {type(ffn).__name__} (children: {names or 'none'}): geospec "
+        "cuts geospec's own FFN, gated MLPs with gate_proj/up_proj/down_proj (Llama, Mistral, "
+        "Qwen2, Gemma 2) and GPT-2's c_fc/c_proj"
+    )
+
+
+def _is_linear(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear)
+
+
+def ffn_width(ffn: nn.Module) -> int:
+    """The number of hidden neurons of ``ffn``."""
+    layout = ffn_layout(ffn)
+    return int(_output_matrix(getattr(ffn, layout.output), layout).shape[1])
+
+
+def _output_matrix(module: nn.Module, layout: FFNLayout) -> torch.Tensor:
+    """The output projection as d_model x width."""
+    weight: torch.Tensor = module.weight
+    return weight.t() if layout.transposed else weight
+
+
+def neuron_weights(
+    ffn: nn.Module, layer: int, activation: torch.Tensor | None = None
+) -> NeuronWeights:
+    """What an importance score sees of ``ffn`` (float32 copies on the CPU, one row per neuron
+    in every input matrix, one column per neuron in the output matrix)."""
+    layout = ffn_layout(ffn)
+    width = ffn_width(ffn)
+
+    def matrix(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to("cpu", torch.float32).clone()
+
+    inputs: list[torch.Tensor] = []
+    for name in layout.inputs:
+        weight = getattr(ffn, name).weight
+        rows = weight.t() if layout.transposed else weight
+        inputs += list(rows.split(width)) if layout.fused else [rows]
+    output = _output_matrix(getattr(ffn, layout.output), layout)
+    return NeuronWeights(
+        layer,
+        tuple(matrix(w) for w in inputs),
+        matrix(output),
+        None if activation is None else matrix(activation),
+    )
+
+
+def _kept_index(keep: Sequence[int] | torch.Tensor, width: int) -> torch.Tensor:
+    index = torch.as_tensor(keep, dtype=torch.long).flatten()
+    if index.numel() == 0:
+        raise CutError("a cut must keep at least one neuron")
+    if int(index.min()) < 0 or int(index.max()) >= width:
+        raise CutError(f"neuron indices must lie in [0, {width}), got {index.min()}..{index.max()}")
+    if len(torch.unique(index)) != len(index):
+        raise CutError("neuron indices to keep must be distinct")
+    return index.sort().values
+
+
+def _sliced(module: nn.Module, rows: torch.Tensor, side: str, transposed: bool) -> nn.Module:
+    """A copy of a Linear (or Conv1D) keeping output ``rows`` (side "out") or input ``rows``
+    (side "in") of its weight; the bias follows the output side."""
+    weight: torch.Tensor = module.weight
+    bias: torch.Tensor | None = module.bias
+    rows = rows.to(weight.device)
+    # Linear: weight is out x in; Conv1D: in x out
+    out_dim = 1 if transposed else 0
+    dim = out_dim if side == "out" else 1 - out_dim
+    new_weight = weight.detach().index_select(dim, rows).clone()
+    new_bias = None
+    if bias is not None:
+        new_bias = bias.detach().index_select(0, rows).clone() if side == "out" else bias.detach()
+    if transposed:  # transformers' Conv1D(nf, nx): nf outputs, nx inputs
+        copy = type(module)(new_weight.shape[1], new_weight.shape[0])
+    else:
+        copy = nn.Linear(
+            new_weight.shape[1], new_weight.shape[0], bias=bias is not None, device="meta"
+        )
+    copy.weight = nn.Parameter(new_weight, requires_grad=weight.requires_grad)
+    if new_bias is not None:
+        copy.bias = nn.Parameter(new_bias.clone(), requires_grad=weight.requires_grad)
+    return copy
+
+
+def cut_modules(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> dict[str, nn.Module]:
+    """The FFN's projections with only the neurons ``keep`` (indices, any order): attribute
+    name -> new module. The FFN itself is not changed."""
+    layout = ffn_layout(ffn)
+    width = ffn_width(ffn)
+    index = _kept_index(keep, width)
+    replaced: dict[str, nn.Module] = {}
+    for name in layout.inputs:
+        rows = torch.cat([index, index + width]) if layout.fused else index
+        replaced[name] = _sliced(getattr(ffn, name), rows, "out", layout.transposed)
+    replaced[layout.output] = _sliced(getattr(ffn, layout.output), index, "in", layout.transposed)
+    return replaced
+
+
+def cut_ffn(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> None:
+    """Remove every hidden neuron of ``ffn`` not in ``keep``, in place (the kept neurons stay in
+    their original order)."""
+    for name, module in cut_modules(ffn, keep).items():
+        setattr(ffn, name, module)
+    if hasattr(ffn, "width") and isinstance(ffn.width, int):
+        ffn.width = len(torch.as_tensor(keep).flatten())  # geospec's FeedForward records it
+
+
+@contextmanager
+def ffn_cut(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> Iterator[None]:
+    """Inside the block, ``ffn`` keeps only the neurons ``keep``; afterwards it is the module it
+    was (the same parameter objects)."""
+    replaced = cut_modules(ffn, keep)
+    original = {name: getattr(ffn, name) for name in replaced}
+    width = getattr(ffn, "width", None)
+    try:
+        cut_ffn(ffn, keep)
+        yield
+    finally:
+        for name, module in original.items():
+            setattr(ffn, name, module)
+        if width is not None:
+            ffn.width = width
+
+
+@contextmanager
+def zeroed_neurons(ffn: nn.Module, zero: Sequence[int] | torch.Tensor) -> Iterator[None]:
+    """Inside the block, the activations of neurons ``zero`` are set to 0 where they enter the
+    output projection: what a cut must equal (the tests' reference)."""
+    layout = ffn_layout(ffn)
+    index = torch.as_tensor(zero, dtype=torch.long)
+
+    def zeroing(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        hidden = args[0].clone()
+        hidden[..., index.to(hidden.device)] = 0
+        return (hidden, *args[1:])
+
+    handle = getattr(ffn, layout.output).register_forward_pre_hook(zeroing)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def hidden_activations(
+    ffns: Sequence[nn.Module],
+) -> Iterator[Callable[[], list[torch.Tensor]]]:
+    """Inside the block, accumulate every FFN's mean absolute hidden activation (the input of its
+    output projection) over all tokens run; the yielded function returns them (float64, one
+    (width,) tensor per FFN)."""
+    sums: list[torch.Tensor | None] = [None] * len(ffns)
+    counts = [0] * len(ffns)
+
+    def hook(i: int) -> Callable[..., None]:
+        def accumulate(module: nn.Module, args: tuple[Any, ...]) -> None:
+            hidden = args[0].detach()
+            flat = hidden.reshape(-1, hidden.shape[-1]).abs().to(torch.float64)
+            total = flat.sum(dim=0).cpu()
+            previous = sums[i]
+            sums[i] = total if previous is None else previous + total
+            counts[i] += flat.shape[0]
+
+        return accumulate
+
+    handles = []
+    for i, ffn in enumerate(ffns):
+        layout = ffn_layout(ffn)
+        handles.append(getattr(ffn, layout.output).register_forward_pre_hook(hook(i)))
+
+    def means() -> list[torch.Tensor]:
+        result = []
+        for i, total in enumerate(sums):
+            if total is None:
+                raise CutError(f"FFN {i} was not called: no activations to average")
+            result.append(total / counts[i])
+        return result
+
+    try:
+        yield means
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def neuron_order(importance: Importance, ffn: NeuronWeights) -> list[int]:
+    """Every neuron of one FFN from the most to the least important by ``importance``'s scores
+    (ties: the lower index first). A score of the wrong shape, or not finite, is a
+    :class:`PluginError` naming the plugin."""
+    name = importance.kind_name()
+    try:
+        scores = importance.scores(ffn)
+    except GeospecError:
+        raise
+    except Exception as error:
+        raise PluginError(
+            f"importance {name!r} failed on layer {ffn.layer}: {type(error).__name__}: {error}"
+        ) from error
+    if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (ffn.width,):
+        shape = tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__
+        raise PluginError(
+            f"importance {name!r} returned {shape} for layer {ffn.layer}; it must return a "
+            f"tensor of shape ({ffn.width},), one score per neuron"
+        )
+    scores = scores.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(scores).all()):
+        raise PluginError(
+            f"importance {name!r} returned non-finite scores (NaN or inf) for layer {ffn.layer}"
+        )
+    order = torch.argsort(-scores, stable=True)
+    return [int(i) for i in order]
+
+
+def kept_neurons(order: Sequence[int], count: int) -> list[int]:
+    """The ``count`` most important neurons of an ordering, in index order."""
+    return sorted(order[:count])
+
+
+def kept_width(width: int, fraction: float, multiple: int) -> int:
+    """round(fraction x width) to the nearest multiple of ``multiple`` (at most ``width``), or a
+    :class:`CutError` when that is below one multiple."""
+    count = round(fraction * width / multiple) * multiple
+    if count < multiple:
+        raise CutError(
+            f"keep fraction {fraction:g} of {width} neurons rounds to {count}, below one "
+            f"multiple ({multiple}); raise the fraction or lower model.multiple_of"
+        )
+    return min(count, width)
