@@ -89,8 +89,19 @@ def ffn_width(ffn: nn.Module) -> int:
 
 def _output_matrix(module: nn.Module, layout: FFNLayout) -> torch.Tensor:
     """The output projection as d_model x width."""
-    weight: torch.Tensor = module.weight
+    weight = _weight(module)
     return weight.t() if layout.transposed else weight
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor), f"{type(module).__name__} has no weight tensor"
+    return weight
+
+
+def _bias(module: nn.Module) -> torch.Tensor | None:
+    bias = getattr(module, "bias", None)
+    return bias if isinstance(bias, torch.Tensor) else None
 
 
 def neuron_weights(
@@ -106,7 +117,7 @@ def neuron_weights(
 
     inputs: list[torch.Tensor] = []
     for name in layout.inputs:
-        weight = getattr(ffn, name).weight
+        weight = _weight(getattr(ffn, name))
         rows = weight.t() if layout.transposed else weight
         inputs += list(rows.split(width)) if layout.fused else [rows]
     output = _output_matrix(getattr(ffn, layout.output), layout)
@@ -132,8 +143,7 @@ def _kept_index(keep: Sequence[int] | torch.Tensor, width: int) -> torch.Tensor:
 def _sliced(module: nn.Module, rows: torch.Tensor, side: str, transposed: bool) -> nn.Module:
     """A copy of a Linear (or Conv1D) keeping output ``rows`` (side "out") or input ``rows``
     (side "in") of its weight; the bias follows the output side."""
-    weight: torch.Tensor = module.weight
-    bias: torch.Tensor | None = module.bias
+    weight, bias = _weight(module), _bias(module)
     rows = rows.to(weight.device)
     # Linear: weight is out x in; Conv1D: in x out
     out_dim = 1 if transposed else 0
@@ -173,8 +183,8 @@ def cut_ffn(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> None:
     their original order)."""
     for name, module in cut_modules(ffn, keep).items():
         setattr(ffn, name, module)
-    if hasattr(ffn, "width") and isinstance(ffn.width, int):
-        ffn.width = len(torch.as_tensor(keep).flatten())  # geospec's FeedForward records it
+    if isinstance(getattr(ffn, "width", None), int):  # geospec's FeedForward records it
+        setattr(ffn, "width", len(torch.as_tensor(keep).flatten()))  # noqa: B010
 
 
 @contextmanager
@@ -191,7 +201,7 @@ def ffn_cut(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> Iterator[None
         for name, module in original.items():
             setattr(ffn, name, module)
         if width is not None:
-            ffn.width = width
+            setattr(ffn, "width", width)  # noqa: B010
 
 
 @contextmanager
