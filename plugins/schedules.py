@@ -1,6 +1,6 @@
 """Width schedules: uniform, the TLM tapers (cosine, linear, sigmoid), the geometry-derived
-schedule with its controls (anti, permuted), an explicit list (manual), and the controls derived
-from another arm's widths (fitted, sorted).
+schedule with its controls (anti, permuted), the schedule from measured demand (calibrated), an
+explicit list (manual), and the controls derived from another arm's widths (fitted, sorted).
 
 Every schedule returns integer widths, multiples of ``dims.multiple_of``, summing exactly to
 ``dims.budget`` (so every arm has the uniform model's FFN parameter count). Schedules that hold a
@@ -23,6 +23,7 @@ from geospec.kinds import (
     Schedule,
     Smoother,
     Solver,
+    WidthProblem,
     check_profile,
     resample_profile,
     round_to_budget,
@@ -256,6 +257,85 @@ class Permuted(Geometric):
     def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
         geometric = super().widths(dims, profiles)
         return [geometric[i] for i in self.permutation(dims.n_layers)]
+
+
+class Calibrated(Schedule):
+    """Widths from measured demand: minimise the sum of the layers' fitted errors at the budget.
+
+    The demand stage cuts each layer's FFN of the reference model alone to several keep fractions
+    f = w / W and fits d_l(f) = lambda_l (f^(-a_l) - 1) to the loss increases; the profiles
+    ``sensitivity`` (lambda_l, default ``demand/lambda``) and ``exponent`` (a_l, default
+    ``demand/exponent``) hold the fits. This schedule minimises sum_l lambda_l (w_l / W)^(-a_l),
+    the sum of the fitted increases with their constants (-lambda_l) dropped, subject to the
+    exact budget and the solver's bounds: the width allocation the measurements themselves ask
+    for, with no geometric proxy in between.
+
+    It is the ``power_law`` solver's problem with work = lambda and per-layer exponents = a. That
+    solver measures widths in units of the uniform width u (it minimises sum lambda_l
+    (w_l / u)^(-a_l)), and u is W when the target has the reference's own FFN width, so the
+    objective is then exactly the fitted one. For a target of another width the reference's W
+    has no counterpart; the fitted curves are then read with f = w / u, each layer's error
+    relative to its share of the budget, which keeps the answer independent of the model's size
+    (as the solver does for every schedule). A different solver gets the same problem
+    (``proportional`` ignores the exponents: widths by lambda alone).
+
+    lambda must be non-negative and not all zero (a layer whose cuts lower the loss has lambda 0
+    and gets the lower bound), a positive; both are resampled to the target depth like a work
+    profile (linear over normalised depth), not smoothed.
+    """
+
+    class Params(PluginParams):
+        kind: Literal["calibrated"] = "calibrated"
+        sensitivity: ProfileName = "demand/lambda"
+        """The profile of fitted loss scales lambda_l (non-negative)."""
+        exponent: ProfileName = "demand/exponent"
+        """The profile of fitted exponents a_l (positive)."""
+        solver: SolverRef = Field({"kind": "power_law"}, validate_default=True)
+        """How lambda and a become widths with the exact budget (a solver table, with its
+        bounds); ``power_law`` minimises the fitted errors."""
+        profiles: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+        """Read the profiles from this file (another run's profiles.json) instead of this run's
+        measurements; a profile of another depth is resampled to this model's."""
+
+    params: Params
+
+    def required_profiles(self) -> list[str]:
+        return list(dict.fromkeys([self.params.sensitivity, self.params.exponent]))
+
+    def profiles_file(self) -> str | None:
+        return self.params.profiles
+
+    def check(self, dims: ModelDims) -> list[str]:
+        return self.solver().check(dims)
+
+    def solver(self) -> Solver:
+        return create_plugin("solver", self.params.solver)
+
+    def bounds(self, dims: ModelDims) -> tuple[int, int] | None:
+        # The solver's bounds do not depend on the profiles: any gives the same ones.
+        return self.solver().bounds(dims.width_problem([1.0] * dims.n_layers))
+
+    def problem(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> WidthProblem:
+        """The solver's problem: lambda as the work, a as the per-layer exponents, both checked
+        and resampled to the target depth."""
+        p = self.params
+        lam = check_profile(p.sensitivity, _lookup(profiles, p.sensitivity))
+        exponents = check_profile(p.exponent, _lookup(profiles, p.exponent), positive=True)
+        if len(lam) != len(exponents):
+            # Both come from one fit per layer of one reference: different lengths mean profiles
+            # of different models were mixed.
+            raise UsageError(
+                f"profile {p.sensitivity!r} has {len(lam)} values but {p.exponent!r} has "
+                f"{len(exponents)}; both must come from the same reference model"
+            )
+        n = dims.n_layers
+        # Resampling can land only on zeros of lambda (a 3-layer [1, 0, 0] read at mid-depth):
+        # say so about the profile rather than let the solver fail on its work.
+        work = check_profile(f"{p.sensitivity} resampled to {n} layers", resample_profile(lam, n))
+        return dims.width_problem(work, resample_profile(exponents, n))
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        return self.solver().solve(self.problem(dims, profiles))
 
 
 class Manual(Schedule):
@@ -493,6 +573,7 @@ def geospec_register_schedules(register: Register) -> None:
     register(Geometric)
     register(Anti)
     register(Permuted)
+    register(Calibrated)
     register(Manual)
     register(Fitted)
     register(Sorted)

@@ -262,7 +262,8 @@ def _bisect_power_law(
     if len(positive) * upper + len(zero) * lower <= budget:
         return water_fill(costs, budget, lower, upper)  # saturated: the same split as water_fill
     remaining = budget - len(zero) * lower
-    logs = {i: math.log(exponents[i] * costs[i]) for i in positive}
+    # Summed logs: the product of a tiny cost and an exponent below 1 may underflow to 0.
+    logs = {i: math.log(exponents[i]) + math.log(costs[i]) for i in positive}
 
     def widths_at(s: float) -> dict[int, float]:
         out = {}
