@@ -158,6 +158,7 @@ if TYPE_CHECKING:
     ScheduleRef = PluginParams
     LauncherRef = PluginParams
     TrackerRef = PluginParams
+    ImportanceRef = PluginParams
 else:
     GeometryRef = Annotated[PluginParams, PluginTable("geometry")]
     StatisticRef = Annotated[PluginParams, PluginTable("statistic")]
@@ -166,6 +167,7 @@ else:
     ScheduleRef = Annotated[PluginParams, PluginTable("schedule")]
     LauncherRef = Annotated[PluginParams, PluginTable("launcher")]
     TrackerRef = Annotated[PluginParams, PluginTable("tracker")]
+    ImportanceRef = Annotated[PluginParams, PluginTable("importance")]
 
 
 def create_plugin(kind: str, table: Any) -> Any:

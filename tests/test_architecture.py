@@ -21,7 +21,17 @@ ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "geospec"
 BUILTINS = ROOT / "plugins"
 PUBLIC_PLUGIN_API = {"geospec", "geospec.kinds", "geospec.plugin", "geospec.errors"}
-STAGE_ORDER = ["reference", "probe", "measure", "diagnose", "solve", "train", "eval", "report"]
+STAGE_ORDER = [
+    "reference",
+    "probe",
+    "measure",
+    "diagnose",
+    "demand",
+    "solve",
+    "train",
+    "eval",
+    "report",
+]
 
 
 def module_name(path: Path, root: Path, package: str) -> str:

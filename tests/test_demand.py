@@ -4,6 +4,7 @@ per cut, on every family; and on a hand-built model whose demand is known in clo
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Literal
 
 import hf_models
 import pytest
@@ -11,11 +12,14 @@ import torch
 from test_cut import FAMILIES
 from torch import nn
 
+from geospec import hookimpl
+from geospec.kinds import Importance, NeuronWeights
 from geospec.measure.cut import ffn_width, neuron_order, neuron_weights
 from geospec.measure.demand import CutPlan, Demand, demand_full_passes, measure_demand
 from geospec.measure.probe import FFNSite, find_ffn_sites
 from geospec.measure.sensitivity import logits_of, sample_pairs
-from geospec.plugin import create_plugin
+from geospec.plugin import PluginParams, Register, create_plugin
+from geospec.testing import registered
 
 pytestmark = pytest.mark.torch
 
@@ -227,3 +231,36 @@ def test_a_model_the_suffix_cannot_reproduce_is_measured_with_full_passes() -> N
 def test_pair_keep_must_be_measured() -> None:
     with pytest.raises(ValueError, match=r"pair_keep 0\.3"):
         CutPlan.of([[0, 1, 2, 3]], (0.75, 0.5), 1, [], 0.3)
+
+
+class Smallest(Importance):
+    """A third-party importance: the smallest magnitude first (the anti-control)."""
+
+    class Params(PluginParams):
+        kind: Literal["smallest"] = "smallest"
+
+    def scores(self, ffn: NeuronWeights) -> torch.Tensor:
+        return -ffn.output.norm(dim=0) * ffn.inputs[0].norm(dim=1)
+
+
+class Package:
+    @hookimpl
+    def geospec_register_importances(self, register: Register) -> None:
+        register(Smallest)
+
+
+def test_a_third_party_importance_orders_the_cuts() -> None:
+    """An importance registered by another package through the hook: the least magnitude first
+    (the anti-control). Cutting by it costs more than by magnitude on the closed-form model."""
+    model = Ledger([power_law_contributions(32, 0.01, 1.0)]).eval()
+    sites = find_ffn_sites(model, 2, lambda: model(torch.zeros(1, 3, dtype=torch.long)))
+    with registered(Package(), name="smallest-first"):
+        smallest = create_plugin("importance", {"kind": "smallest"})
+        order = neuron_order(smallest, neuron_weights(sites[0].ffn, 0))
+    best = magnitude_plan(sites, (0.75, 0.5), pairs=0).orders[0]
+    assert order == list(reversed(best))
+    worst_first = CutPlan.of([order], (0.75, 0.5), 4)
+    best_first = CutPlan.of([best], (0.75, 0.5), 4)
+    costly = measure_demand(model, sites, batches(), worst_first, loss=ledger_loss).increase[0]
+    cheap = measure_demand(model, sites, batches(), best_first, loss=ledger_loss).increase[0]
+    assert all(c > b for c, b in zip(costly, cheap, strict=True))

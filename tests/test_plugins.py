@@ -200,6 +200,7 @@ def test_entry_points_load_each_on_its_own(entry_point_dists: Path) -> None:
             "schedule": [],
             "launcher": [],
             "tracker": [],
+            "importance": [],
         },
     } in described["plugins"]
 
@@ -276,7 +277,7 @@ def test_every_hook_is_documented_and_tested() -> None:
 
 
 def test_one_plugin_can_implement_every_hook() -> None:
-    from geospec.kinds import Launcher, Schedule, Smoother, Solver, Tracker
+    from geospec.kinds import Importance, Launcher, Schedule, Smoother, Solver, Tracker
 
     def plugin_class(base: type, name: str) -> type:
         params = type(
@@ -294,6 +295,7 @@ def test_one_plugin_can_implement_every_hook() -> None:
             ("schedule", Schedule),
             ("launcher", Launcher),
             ("tracker", Tracker),
+            ("importance", Importance),
         ]
     }
 
@@ -325,6 +327,10 @@ def test_one_plugin_can_implement_every_hook() -> None:
         @hookimpl
         def geospec_register_trackers(self, register):  # type: ignore[no-untyped-def]
             register(classes["tracker"])
+
+        @hookimpl
+        def geospec_register_importances(self, register):  # type: ignore[no-untyped-def]
+            register(classes["importance"])
 
     with registered(Everything(), name="everything") as registries:
         [info] = [p for p in registries.plugins if p.name == "everything"]

@@ -26,7 +26,8 @@ def test_plugin_author_api() -> None:
     for name in kinds.__all__:
         assert hasattr(kinds, name), name
     assert set(kinds.KINDS) == {
-        "geometry", "statistic", "smoother", "solver", "schedule", "launcher", "tracker"
+        "geometry", "statistic", "smoother", "solver", "schedule", "launcher", "tracker",
+        "importance",
     }  # fmt: skip
     assert all(issubclass(base, Plugin) for base in kinds.KINDS.values())
     assert PluginParams.model_config["extra"] == "forbid"

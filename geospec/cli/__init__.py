@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "run": "geospec.cli.run:run",
     "train": "geospec.cli.train:train",
     "diagnose": "geospec.cli.diagnose:diagnose",
+    "demand": "geospec.cli.demand:demand",
     "report": "geospec.cli.report:report",
     "plan": "geospec.cli.plan:plan",
     "export": "geospec.cli.export:export",

@@ -1,5 +1,5 @@
-"""The pipeline: validate -> reference -> probe -> measure -> diagnose -> solve -> train -> eval
--> report.
+"""The pipeline: validate -> reference -> probe -> measure -> diagnose -> demand -> solve -> train
+-> eval -> report.
 
 Each stage (one module in :mod:`geospec.pipeline.stages`) is built from the spec sections it
 depends on and plans itself: a key (a hash of those sections and its upstream stages' keys), the
@@ -28,6 +28,7 @@ from geospec.pipeline.run_dir import (
     prepare_run_dir,
     write_run_metadata,
 )
+from geospec.pipeline.stages.demand import DemandStage
 from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.eval import Eval
 from geospec.pipeline.stages.measure import Measure
@@ -43,6 +44,7 @@ STAGE_TYPES: tuple[type[Stage], ...] = (
     Probe,
     Measure,
     Diagnose,
+    DemandStage,
     Solve,
     Train,
     Eval,

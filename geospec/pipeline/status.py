@@ -33,7 +33,17 @@ from geospec.pipeline.run_dir import (
 )
 
 #: The pipeline's stages in order (as geospec.pipeline.executor.STAGES, without importing it).
-STAGE_NAMES = ("reference", "probe", "measure", "diagnose", "solve", "train", "eval", "report")
+STAGE_NAMES = (
+    "reference",
+    "probe",
+    "measure",
+    "diagnose",
+    "demand",
+    "solve",
+    "train",
+    "eval",
+    "report",
+)
 
 #: Every state a run can be in.
 RUN_STATES = ("done", "running", "stale", "failed", "submitted", "pending")

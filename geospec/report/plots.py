@@ -6,7 +6,7 @@ stage's (``diagnostics.png``, ``additivity.png``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,4 +187,50 @@ def diagnostic_plots(run_dir: Path, diagnostics: Mapping[str, Any]) -> list[str]
         r2 = diagnostics["additivity"]["r2"]
         ax.set_title(f"Local additivity (R² = {number(r2, 3)})", fontsize=9)
         save(fig, "additivity.png")
+    return plots.written
+
+
+def demand_plot(
+    run_dir: Path, demand: Mapping[str, Any], others: Mapping[str, Sequence[float]]
+) -> list[str]:
+    """``plots/demand.png``: every layer's loss increase against the fraction kept (dots) with
+    its fitted power law (line), and lambda_l beside the other profiles (each scaled to its own
+    maximum, so shapes compare on one axis)."""
+    plots = PlotDir(run_dir)
+    plt, save = plots.plt, plots.save
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    layers = demand["layers"]
+    fig, (curves, beside) = plt.subplots(1, 2, figsize=(10.0, 4.2))
+    colours = plt.get_cmap("viridis")(np.linspace(0, 1, max(len(layers), 2)))
+    grid = np.linspace(min(demand["keep"]), 1.0, 60)
+    for row, colour in zip(layers, colours, strict=False):
+        curves.scatter(demand["keep"], row["increase"], s=10, color=colour)
+        lam, a = row["fit"]["lambda"], row["fit"]["exponent"]
+        curves.plot(grid, lam * (grid**-a - 1), color=colour, lw=0.9)
+    curves.set_xlabel("fraction of the layer's neurons kept", fontsize=8)
+    curves.set_ylabel("validation loss increase", fontsize=8)
+    curves.set_yscale("symlog", linthresh=1e-3)
+    curves.set_title("Demand: one curve per layer (dark: first)", fontsize=9)
+    index = [row["layer"] for row in layers]
+
+    def scaled(values: Sequence[float]) -> list[float]:
+        top = max((abs(v) for v in values), default=0.0)
+        return [v / top if top > 0 else 0.0 for v in values]
+
+    beside.plot(
+        index, scaled(demand["profiles"]["demand/lambda"]), color="black", lw=2, label="λ (demand)"
+    )
+    for name in sorted(others):
+        if len(others[name]) == len(index):
+            beside.plot(index, scaled(others[name]), lw=0.8, alpha=0.7, label=name)
+    beside.xaxis.set_major_locator(MaxNLocator(integer=True))
+    beside.set_xlabel("layer", fontsize=8)
+    beside.set_title("λ_l beside the other profiles (each / its max)", fontsize=9)
+    beside.legend(fontsize=6, ncol=2)
+    for ax in (curves, beside):
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    save(fig, "demand.png")
     return plots.written

@@ -91,6 +91,44 @@ EXACT_UP_TO = 20
 SIGN_FLIP_RESAMPLES = 100_000
 
 
+def spearman_interval(
+    a: Sequence[float],
+    b: Sequence[float],
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, float | None] | None:
+    """Spearman's rank correlation of ``a`` and ``b`` (paired, one value per layer) with its
+    p-value and a percentile bootstrap interval at ``level``: layers are resampled with
+    replacement, pairs kept together, ``resamples`` times (resamples in which either side is
+    constant have no correlation and are left out). None when there are fewer than 3 layers or
+    either side is constant. With few layers the interval is wide: that is the point of it."""
+    if len(a) != len(b) or len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
+        return None
+    import numpy as np
+    from scipy import stats
+
+    rho, p = stats.spearmanr(a, b)
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    index = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    rx = stats.rankdata(x[index], axis=1)
+    ry = stats.rankdata(y[index], axis=1)
+    rx -= rx.mean(axis=1, keepdims=True)
+    ry -= ry.mean(axis=1, keepdims=True)
+    scale = np.sqrt((rx * rx).sum(axis=1) * (ry * ry).sum(axis=1))
+    valid = scale > 0
+    rhos = (rx * ry).sum(axis=1)[valid] / scale[valid]
+    tail = 100 * (1 - level) / 2
+    low, high = (float(v) for v in np.percentile(rhos, [tail, 100 - tail]))
+    return {
+        "rho": finite(float(rho)),
+        "p": finite(float(p)),
+        "low": finite(low),
+        "high": finite(high),
+        "layers": len(x),
+    }
+
+
 def sign_flip_p(differences: Sequence[float], seed: int = 0) -> float | None:
     """Two-sided p-value of paired differences under the sign-flip (permutation) null.
 

@@ -91,3 +91,27 @@ def print_diagnostics(diagnostics: Mapping[str, Any], console: Any = None) -> No
         console.print(table)
     for line in summary_lines(diagnostics):
         console.print(line, highlight=False)
+
+
+def print_demand(demand: Mapping[str, Any], console: Any = None) -> None:
+    """The report's demand tables on the terminal (``geospec demand``)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from geospec.report import demand as rows
+
+    console = console or Console()
+    for column_names, cells, title in (
+        (rows.layer_headers(demand), rows.layer_rows(demand), "per layer"),
+        (rows.correlation_headers(demand), rows.correlation_rows(demand), "profiles vs demand"),
+    ):
+        if not cells:
+            continue
+        table = Table(title=f"demand: {title}", title_justify="left")
+        for header in column_names:
+            table.add_column(header, justify="left" if header == "profile" else "right")
+        for row in cells:
+            table.add_row(*(cell.replace("**", "") for cell in row))
+        console.print(table)
+    for line in rows.summary_lines(demand):
+        console.print(line, highlight=False)

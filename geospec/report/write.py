@@ -12,10 +12,13 @@ from geospec.report.results import build_results
 
 #: Figures the diagnose stage draws; the report shows those that exist.
 DIAGNOSTIC_PLOTS = ("plots/diagnostics.png", "plots/additivity.png")
+#: The figure the demand stage draws.
+DEMAND_PLOT = "plots/demand.png"
 
 
 def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
     """Write results.json, report.md and plots/ from the run directory's artifacts."""
+    from geospec.pipeline.stages.demand import read_demand
     from geospec.pipeline.stages.diagnose import read_diagnostics
     from geospec.report.markdown import markdown
 
@@ -35,5 +38,11 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
 
         drawn = [name for name in DIAGNOSTIC_PLOTS if plots and (run_dir / name).exists()]
         text += "\n" + diagnostics_markdown(diagnostics, drawn)
+    demand = read_demand(run_dir)
+    if demand is not None:  # the demand stage ran
+        from geospec.report.demand import demand_markdown
+
+        drawn = [DEMAND_PLOT] if plots and (run_dir / DEMAND_PLOT).exists() else []
+        text += "\n" + demand_markdown(demand, drawn)
     atomic_write_text(run_dir / REPORT_FILE, text)
     return results

@@ -15,7 +15,25 @@ from geospec.spec.sections import (
     BPETokenizer,
     PretrainedTokenizer,
     Spec,
+    demand_profile_names,
 )
+
+
+def _demand_problems(spec: Spec) -> list[tuple[str, str]]:
+    """Keep fractions that round below one multiple of the uniform width."""
+    width, multiple = spec.model.ffn_width, spec.model.multiple_of
+    problems = []
+    for k, fraction in enumerate(spec.demand.keep):
+        if round(fraction * width / multiple) * multiple < multiple:
+            problems.append(
+                (
+                    f"demand.keep[{k}]",
+                    f"{fraction:g} of model.ffn_width {width} rounds below one multiple "
+                    f"(model.multiple_of {multiple}); use at least "
+                    f"{multiple / width:.3g}, or lower multiple_of",
+                )
+            )
+    return problems
 
 
 def cross_check(spec: Spec) -> list[tuple[str, str]]:
@@ -66,6 +84,14 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
             for name, i in profile_names.items()
             if name in DIAGNOSTIC_PROFILES
         ]
+    demand_profiles = demand_profile_names(spec.demand)
+    if spec.demand.enabled:
+        problems += [
+            (f"measure[{i}].name", f"{name!r} is a demand profile's name; choose another")
+            for name, i in profile_names.items()
+            if name in demand_profiles
+        ]
+        problems += _demand_problems(spec)
     registries = get_registries()
     dims = model_dims(spec.model)
     sources: dict[str, list[str]] = {}
@@ -74,6 +100,18 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
         from_file = schedule.profiles_file() is not None  # read from it, not measured here
         for profile in [] if from_file else schedule.required_profiles():
             if profile in DIAGNOSTIC_PROFILES and spec.diagnose.enabled:
+                continue
+            if profile in demand_profiles and spec.demand.enabled:
+                continue
+            if profile.startswith("demand/"):
+                fractions = ", ".join(repr(name) for name in demand_profiles)
+                problems.append(
+                    (
+                        f"arms[{i}].schedule.{_field_naming(arm.schedule, profile)}",
+                        f"{profile!r} is measured by the demand stage; set [demand] enabled = "
+                        f"true (it writes {fractions})",
+                    )
+                )
                 continue
             if profile in DIAGNOSTIC_PROFILES:
                 problems.append(

@@ -20,7 +20,14 @@ from pydantic import (
     model_validator,
 )
 
-from geospec.plugin import GeometryRef, LauncherRef, ScheduleRef, StatisticRef, TrackerRef
+from geospec.plugin import (
+    GeometryRef,
+    ImportanceRef,
+    LauncherRef,
+    ScheduleRef,
+    StatisticRef,
+    TrackerRef,
+)
 from geospec.report.stats import MIN_RELIABILITY
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
@@ -71,7 +78,8 @@ class Section(BaseModel):
         dumped = self.model_dump(mode="json")
         for name, field in type(self).model_fields.items():
             value = getattr(self, name)
-            if any(isinstance(m, AddedLater) for m in field.metadata) and value == field.default:
+            default = field.get_default(call_default_factory=True)
+            if any(isinstance(m, AddedLater) for m in field.metadata) and value == default:
                 dumped.pop(name, None)
             elif isinstance(value, Section):
                 dumped[name] = value.key_form()
@@ -384,6 +392,45 @@ class DiagnoseSpec(Section):
     """Fraction of the largest nearest-neighbour ratios TwoNN discards (the paper's 0.1)."""
 
 
+KeepFraction = Annotated[float, Field(gt=0.0, lt=1.0)]
+
+
+class DemandSpec(Section):
+    """Measured demand (docs/demand.md): each layer's FFN cut to fractions of its neurons on the
+    reference, the loss increase fitted to the surrogate lambda_l (w^-a_l - W^-a_l)."""
+
+    enabled: bool = False
+    """Run the demand stage (between diagnose and solve); `geospec demand` runs it regardless."""
+    keep: list[KeepFraction] = Field(
+        default_factory=lambda: [0.75, 0.5, 0.25, 0.125], min_length=2, max_length=64
+    )
+    """Fractions of each layer's neurons kept, each strictly between 0 and 1 (rounded to
+    multiples of model.multiple_of); at least two, for the two-parameter fit."""
+    importance: ImportanceRef = Field({"kind": "activation"}, validate_default=True)
+    """Which neurons a cut keeps: an importance table (`geospec plugins` lists them); the
+    activation score runs the probe's windows through the model for its calibration."""
+    windows: int = Field(16, ge=1, le=1_000_000)
+    """Validation windows of model.seq_len tokens the loss is measured on (the first ones)."""
+    batch_size: int = Field(4, ge=1, le=65536)
+    """Windows per forward pass while measuring the loss."""
+    pairs: int = Field(16, ge=0, le=1_000_000)
+    """Layer pairs cut together to check additivity (all pairs when there are fewer; 0 skips)."""
+    pair_keep: KeepFraction = 0.5
+    """The fraction both layers of a pair keep; one of `keep`."""
+    seed: Seed = 0
+    """Seed of the pair sample."""
+
+    @model_validator(mode="after")
+    def _distinct_and_paired(self) -> DemandSpec:
+        if len(set(self.keep)) != len(self.keep):
+            raise ValueError(f"keep fractions must be distinct, got {self.keep}")
+        if self.pairs and self.pair_keep not in self.keep:
+            raise ValueError(
+                f"pair_keep {self.pair_keep} is not one of keep {self.keep}; add it to keep"
+            )
+        return self
+
+
 class EvalSpec(Section):
     """Downstream evaluation of every trained arm x seed with lm-evaluation-harness (the `eval`
     extra: pip install "geospec[eval]"), through its exported transformers checkpoint."""
@@ -423,6 +470,16 @@ DIAGNOSTIC_PROFILES = (
     "residual_norm/mean",
 )
 
+#: The per-layer profiles the demand stage adds (when [demand] is enabled): the fitted lambda_l and
+#: a_l, and the measured loss increase at each keep fraction f, named ``demand/f<f>``
+#: (:func:`demand_profile_names`).
+DEMAND_PROFILES = ("demand/lambda", "demand/exponent")
+
+
+def demand_profile_names(demand: DemandSpec) -> tuple[str, ...]:
+    """Every profile the demand stage of ``demand`` writes."""
+    return (*DEMAND_PROFILES, *(f"demand/f{f:g}" for f in demand.keep))
+
 
 def _all_means_none(value: object) -> object:
     if value == "all":
@@ -448,6 +505,9 @@ class Spec(Section):
     train: TrainSpec
     report: ReportSpec = Field(default_factory=ReportSpec)
     diagnose: DiagnoseSpec = Field(default_factory=DiagnoseSpec)
+    demand: Annotated[DemandSpec, ADDED_LATER] = Field(default_factory=DemandSpec)
+    """Measured demand of the reference ([demand] enabled = true): a stage between diagnose and
+    solve whose profiles (demand/lambda, demand/exponent, demand/f0.5, ...) schedules can read."""
     probe_only: bool = False
     """Train no arm: `geospec run` probes, measures, diagnoses, solves and reports (for pretrained
     checkpoints, whose own shape is not trained here)."""

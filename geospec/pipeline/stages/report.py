@@ -28,7 +28,9 @@ class Report:
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         # optional stages enter the key only where they apply (keys of runs without them stay)
-        optional = [done[name].key for name in ("diagnose", "eval") if done[name].key is not None]
+        optional = [
+            done[name].key for name in ("diagnose", "demand", "eval") if done[name].key is not None
+        ]
         key = digest(
             "report",
             done["train"].key,

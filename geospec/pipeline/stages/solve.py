@@ -1,5 +1,5 @@
 """The solve stage: every arm's FFN widths from its schedule and the profiles (measured, and
-diagnostic when the diagnose stage ran), written to ``widths.json``.
+diagnostic and demand profiles when those stages ran), written to ``widths.json``.
 
 The widths are computed on every rank (cheap) and keyed by their own values, so a change that
 leaves them equal retrains nothing.
@@ -34,7 +34,11 @@ class Solve:
         return cls(spec.model, tuple(spec.arms), spec.reference.checkpoint is not None)
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
-        profiles = {**(done["measure"].output or {}), **(done["diagnose"].output or {})}
+        profiles = {
+            **(done["measure"].output or {}),
+            **(done["diagnose"].output or {}),
+            **(done["demand"].output or {}),
+        }
         result = compute_widths(
             self.model, self.arms, profiles, pretrained_reference=self.pretrained_reference
         )
