@@ -51,6 +51,12 @@ enabled = true
 windows = 2
 pairs = 2
 
+[demand]
+enabled = true
+keep = [0.75, 0.5]
+windows = 2
+pairs = 2
+
 [[arms]]
 name = "uniform"
 schedule = { kind = "uniform" }
@@ -62,6 +68,10 @@ schedule = { kind = "cosine", start = 1.5, end = 0.5 }
 [[arms]]
 name = "shift-spherical"
 schedule = { kind = "geometric", profile = "shift/spherical", solver = { kind = "power_law" } }
+
+[[arms]]
+name = "calibrated"
+schedule = { kind = "calibrated" }
 
 [train]
 steps = 4
@@ -190,6 +200,10 @@ def _change_diagnostics(data: Any) -> None:
     data["profiles"]["residual_norm/mean"][0] += 1.0
 
 
+def _change_demand(data: Any) -> None:
+    data["orders"][0].reverse()  # another neuron ordering, every profile left as it was
+
+
 def _change_loss(data: Any) -> None:
     data["arms"]["cosine"]["val_loss"]["seeds"]["0"] -= 0.5
 
@@ -264,6 +278,13 @@ RECOMPUTED = {
         "run/diagnostics.json",
         edit_json(_change_diagnostics),
         "! diagnose: diagnostics.json was changed",
+    ),
+    "demand.json truncated": ("run/demand.json", truncate, "! demand: demand.json is"),
+    "demand.json a list": ("run/demand.json", wrong_type, "! demand: demand.json does not hold"),
+    "demand.json edited": (
+        "run/demand.json",
+        edit_json(_change_demand),
+        "! demand: demand.json was changed after geospec wrote it",
     ),
     "results.json truncated": ("run/results.json", truncate, "! report: results.json is"),
     "results.json edited": (
