@@ -102,3 +102,45 @@ def test_smollm2_gguf_is_probed_and_diagnosed_end_to_end(tmp_path: Path) -> None
     # the residual stream grows with depth, as in every pre-norm decoder
     assert spearmanr(range(30), norms).statistic > 0.9
     assert norms[-1] > 2 * norms[0]
+
+
+def test_a_cut_of_smollm2_equals_the_model_with_those_neurons_zeroed() -> None:
+    """The cutter on a real GGUF (transformers loads it as a Llama): two layers cut to half their
+    neurons by the magnitude ordering give the logits of the full model with the other half's
+    activations zeroed."""
+    pytest.importorskip("gguf", reason="the gguf extra: pip install 'geospec[gguf]'")
+    pytest.importorskip("accelerate", reason="the gguf extra: pip install 'geospec[gguf]'")
+    gguf = os.environ.get("GEOSPEC_TEST_GGUF")
+    if not gguf:
+        pytest.skip("GEOSPEC_TEST_GGUF is not set: nox -s gguf fetches SmolLM2-135M's GGUF")
+    import copy
+    from contextlib import ExitStack
+
+    import torch
+
+    from geospec.engine.pretrained import load_pretrained
+    from geospec.measure.cut import (
+        cut_ffn,
+        kept_neurons,
+        neuron_order,
+        neuron_weights,
+        zeroed_neurons,
+    )
+    from geospec.measure.probe import find_ffn_sites
+    from geospec.measure.sensitivity import logits_of
+    from geospec.plugin import create_plugin
+
+    model = load_pretrained(gguf)
+    ids = torch.randint(0, 49152, (1, 24), generator=torch.Generator().manual_seed(0))
+    sites = find_ffn_sites(model, 576, lambda: logits_of(model, ids))
+    full = copy.deepcopy(model)
+    full_sites = find_ffn_sites(full, 576, lambda: logits_of(full, ids))
+    importance = create_plugin("importance", {"kind": "magnitude"})
+    with torch.no_grad(), ExitStack() as stack:
+        for layer in (3, 20):
+            order = neuron_order(importance, neuron_weights(sites[layer].ffn, layer))
+            cut_ffn(sites[layer].ffn, kept_neurons(order, 768))
+            stack.enter_context(zeroed_neurons(full_sites[layer].ffn, order[768:]))
+        cut, zeroed = logits_of(model, ids), logits_of(full, ids)
+    assert type(sites[3].ffn).__name__ == "LlamaMLP" and sites[3].ffn.down_proj.in_features == 768
+    torch.testing.assert_close(cut, zeroed, atol=1e-4, rtol=1e-4)
