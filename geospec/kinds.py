@@ -138,6 +138,9 @@ class ModelDims:
     """The uniform FFN width; every schedule keeps ``n_layers * ffn_width`` exactly."""
     multiple_of: int
     activation: str = "gelu"
+    max_width: int | None = None
+    """The widest a layer may be (None: the whole budget). Pruning sets it to the pretrained
+    width, which no layer may exceed; solvers receive it as the hard upper limit."""
 
     @property
     def budget(self) -> int:
@@ -150,13 +153,14 @@ class ModelDims:
         sensitivities: Sequence[float] | None = None,
     ) -> WidthProblem:
         """The solver problem for this model: the exact budget, the model's rounding multiple and
-        the hard limits every width has (at least one multiple, at most the whole budget)."""
+        the hard limits every width has (at least one multiple, at most the whole budget or
+        ``max_width``)."""
         return WidthProblem(
             work=tuple(float(w) for w in work),
             budget=self.budget,
             multiple=self.multiple_of,
             lower=self.multiple_of,
-            upper=self.budget,
+            upper=self.budget if self.max_width is None else min(self.budget, self.max_width),
             exponents=None if exponents is None else tuple(float(a) for a in exponents),
             sensitivities=None if sensitivities is None else tuple(float(s) for s in sensitivities),
         )
@@ -175,6 +179,15 @@ class Schedule(Plugin):
 
     register_hook: ClassVar[str] = "geospec_register_schedules"
     """The hook that registers plugins of this kind."""
+    #: Whether the widths come from every neuron's importance score rather than from per-layer
+    #: profiles (the pruning allocations ``flap`` and ``owl``): such a schedule implements
+    #: :meth:`widths_from_scores` and serves ``geospec prune`` only, where the scores exist.
+    reads_neuron_scores: ClassVar[bool] = False
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        """The widths given ``scores[l][i]``, the importance of neuron i of layer l of the model
+        being pruned (higher: kept longer), for a schedule that :attr:`reads_neuron_scores`."""
+        raise NotImplementedError
 
     def required_profiles(self) -> list[str]:
         """Names of the measured profiles this schedule reads (checked against ``measure``)."""

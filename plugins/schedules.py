@@ -557,6 +557,121 @@ def _golden_minimum(f: Callable[[float], float], low: float, high: float) -> flo
     return min(candidates, key=f)
 
 
+class NeuronScoreParams(PluginParams):
+    """What the pruning allocations share (they read neuron scores, not profiles)."""
+
+
+class Flap(Schedule):
+    """FLAP's allocation (An et al., 2024), for FFN-only structured pruning: every layer's neuron
+    scores are standardised within the layer (minus its mean, over its standard deviation), one
+    global threshold keeps the ``dims.budget`` best standardised neurons over all layers, and a
+    layer's width is the number of its neurons above the threshold, rounded to multiples with the
+    exact budget (each layer at least one multiple and at most ``dims.max_width``).
+
+    Where it differs from the paper: FLAP scores attention heads and FFN channels by its
+    fluctuation metric and prunes both under one threshold; here only FFN neurons compete, and
+    their scores are whatever the pruning's importance plugin gives (``activation``, the
+    structured Wanda score, by default; FLAP's own metric would be another importance plugin).
+    FLAP also adds a bias compensation after pruning; geospec's cut removes neurons exactly and
+    compensates nothing, so every allocation is compared on the same cut.
+    """
+
+    reads_neuron_scores = True
+
+    class Params(NeuronScoreParams):
+        kind: Literal["flap"] = "flap"
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        raise UsageError("flap allocates from neuron scores: use it in geospec prune")
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        standardised = [_standardised(layer) for layer in scores]
+        pooled = sorted((z for layer in standardised for z in layer), reverse=True)
+        if dims.budget > len(pooled):
+            raise UsageError(
+                f"flap: the budget {dims.budget} exceeds the {len(pooled)} neurons there are"
+            )
+        threshold = pooled[dims.budget - 1]
+        counts = [float(sum(1 for z in layer if z >= threshold)) for layer in standardised]
+        # a tie at the threshold can keep a few neurons more than the budget: rounding fixes it
+        return _rounded(dims, counts, scores)
+
+
+class Owl(Schedule):
+    """OWL's allocation (Yin et al., 2024), adapted from unstructured sparsity to FFN widths:
+    a layer's outlier ratio D_l is the share of its neuron scores above ``m`` times the layer's
+    mean score; the keep ratios are the outlier ratios mapped linearly onto [0, 2 ``lam``] and
+    shifted to the overall keep ratio (``dims.budget`` over the pretrained widths), so a layer
+    with more outliers keeps more; widths are keep ratio x pretrained width, rounded to
+    multiples with the exact budget (at least one multiple, at most ``dims.max_width``).
+
+    Where it differs from the paper: OWL computes D_l over the Wanda scores of every weight of a
+    block and sets per-layer unstructured sparsity; here the scores are one per FFN neuron (the
+    pruning's importance plugin: ``activation`` is the structured Wanda score) and the ratio sets
+    the layer's width. The defaults are the paper's, ``m`` = 5 and ``lam`` = 0.08.
+    """
+
+    reads_neuron_scores = True
+
+    class Params(NeuronScoreParams):
+        kind: Literal["owl"] = "owl"
+        m: float = Field(5.0, gt=0.0, le=1000.0)
+        """A score above m x its layer's mean score is an outlier (OWL's M)."""
+        lam: float = Field(0.08, ge=0.0, le=0.5)
+        """Keep ratios spread over the overall keep ratio +- lam (OWL's lambda)."""
+
+    params: Params
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        raise UsageError("owl allocates from neuron scores: use it in geospec prune")
+
+    def outlier_ratios(self, scores: Sequence[Sequence[float]]) -> list[float]:
+        """D_l: the share of layer l's scores above m x its mean score."""
+        ratios = []
+        for layer in scores:
+            mean = sum(layer) / len(layer)
+            ratios.append(sum(1 for s in layer if s > self.params.m * mean) / len(layer))
+        return ratios
+
+    def keep_ratios(self, scores: Sequence[Sequence[float]], keep: float) -> list[float]:
+        """OWL's per-layer keep ratios around the overall ``keep``."""
+        ratios = self.outlier_ratios(scores)
+        low, high = min(ratios), max(ratios)
+        if high == low:
+            spread = [0.0] * len(ratios)
+        else:
+            spread = [(r - low) / (high - low) * 2 * self.params.lam for r in ratios]
+        mean = sum(spread) / len(spread)
+        return [keep + s - mean for s in spread]
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        total = sum(len(layer) for layer in scores)
+        ratios = self.keep_ratios(scores, dims.budget / total)
+        counts = [r * len(layer) for r, layer in zip(ratios, scores, strict=True)]
+        return _rounded(dims, counts, scores)
+
+
+def _standardised(layer: Sequence[float]) -> list[float]:
+    n = len(layer)
+    mean = sum(layer) / n
+    sd = math.sqrt(sum((s - mean) ** 2 for s in layer) / n)
+    return [0.0] * n if sd == 0 else [(s - mean) / sd for s in layer]
+
+
+def _rounded(
+    dims: ModelDims, counts: Sequence[float], scores: Sequence[Sequence[float]]
+) -> list[int]:
+    """Widths near ``counts`` in multiples, summing to the budget, at least one multiple and at
+    most the narrowest layer's neuron count (pruning never grows a layer; pretrained models have
+    one width)."""
+    if len(scores) != dims.n_layers:
+        raise UsageError(f"{len(scores)} layers of neuron scores for {dims.n_layers} layers")
+    upper = min(len(layer) for layer in scores)
+    if dims.max_width is not None:
+        upper = min(upper, dims.max_width)
+    return round_to_budget(counts, dims.budget, dims.multiple_of, dims.multiple_of, upper, counts)
+
+
 def _lookup(profiles: Mapping[str, Sequence[float]], name: str) -> Sequence[float]:
     if name not in profiles:
         available = ", ".join(repr(p) for p in profiles) or "none"
@@ -577,3 +692,5 @@ def geospec_register_schedules(register: Register) -> None:
     register(Manual)
     register(Fitted)
     register(Sorted)
+    register(Flap)
+    register(Owl)

@@ -59,6 +59,7 @@ def test_python_dash_m_geospec() -> None:
         "run",
         "train",
         "diagnose",
+        "demand",
         "report",
     ):
         assert command in listed.stdout, command

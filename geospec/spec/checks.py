@@ -97,6 +97,15 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
     sources: dict[str, list[str]] = {}
     for i, arm in enumerate(spec.arms):
         schedule = registries.create("schedule", arm.schedule)
+        if schedule.reads_neuron_scores:
+            problems.append(
+                (
+                    f"arms[{i}].schedule.kind",
+                    f"{schedule.kind_name()!r} allocates from the neuron scores of a model being "
+                    "pruned; list it under [prune] arms (geospec prune)",
+                )
+            )
+            continue
         from_file = schedule.profiles_file() is not None  # read from it, not measured here
         for profile in [] if from_file else schedule.required_profiles():
             if profile in DIAGNOSTIC_PROFILES and spec.diagnose.enabled:
