@@ -431,6 +431,75 @@ class DemandSpec(Section):
         return self
 
 
+class PruneCalibration(Section):
+    """The calibration samples importance scores are computed on (from the training split)."""
+
+    windows: int = Field(16, ge=1, le=1_000_000)
+    """Windows of model.seq_len tokens in each calibration sample."""
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=1000)
+    """Seed k draws calibration sample k; the arms are paired by it."""
+    batch_size: int = Field(4, ge=1, le=65536)
+    """Windows per forward pass."""
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be distinct, got {seeds}")
+        return seeds
+
+
+class PruneEval(Section):
+    """Where the pruned models' perplexity is measured: held-out windows of each corpus."""
+
+    corpora: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=lambda: ["bundled:austen"], min_length=1
+    )
+    """Bundled corpora ('bundled:austen', 'bundled:shakespeare') or text files (relative to the
+    spec file), tokenized like [data]; the validation split of each (never calibration text)."""
+    windows: int = Field(32, ge=1, le=1_000_000)
+    """Validation windows of model.seq_len tokens per corpus (the first ones)."""
+    batch_size: int = Field(4, ge=1, le=65536)
+    """Windows per forward pass."""
+
+
+PruneFraction = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+class PruneSpec(Section):
+    """Pruning the reference checkpoint's FFNs to a budget with every arm's allocation
+    (docs/prune.md); `geospec prune` runs it."""
+
+    keep: PruneFraction | list[PruneFraction] = 0.75
+    """The share of the reference's FFN neurons kept (one fraction or a list), each in (0, 1]."""
+    importance: ImportanceRef = Field({"kind": "activation"}, validate_default=True)
+    """Which neurons a layer keeps at its width, and the scores flap and owl allocate from."""
+    calibration: PruneCalibration = Field(default_factory=PruneCalibration)
+    eval: PruneEval = Field(default_factory=PruneEval)
+    arms: list[ArmSpec] = Field(min_length=1, max_length=1000)
+    """The allocations compared: any schedule (solved at the pruned budget, no layer above its
+    pretrained width) and the pruning allocations flap and owl."""
+    baseline: Name = "uniform"
+    """The arm every other is compared with, paired by calibration seed."""
+    export: bool = True
+    """Write every pruned model as a transformers checkpoint."""
+
+    @property
+    def fractions(self) -> list[float]:
+        return self.keep if isinstance(self.keep, list) else [self.keep]
+
+    @model_validator(mode="after")
+    def _arms(self) -> PruneSpec:
+        names = [arm.name for arm in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be distinct, got {names}")
+        if self.baseline not in names:
+            raise ValueError(f"baseline {self.baseline!r} is not one of the arms {names}")
+        if len(set(self.fractions)) != len(self.fractions):
+            raise ValueError(f"keep fractions must be distinct, got {self.fractions}")
+        return self
+
+
 class EvalSpec(Section):
     """Downstream evaluation of every trained arm x seed with lm-evaluation-harness (the `eval`
     extra: pip install "geospec[eval]"), through its exported transformers checkpoint."""
@@ -515,6 +584,9 @@ class Spec(Section):
     """Evaluate every trained arm x seed on lm-eval tasks (a stage between train and report;
     scores and their paired comparison go into results.json and report.md). Absent: no
     evaluation."""
+    prune: Annotated[PruneSpec | None, ADDED_LATER] = None
+    """Prune the reference checkpoint to budgets with every [prune] arm's allocation (a stage
+    after solve, run by `geospec prune`). Absent: no pruning."""
     launch: Annotated[LauncherRef | None, ADDED_LATER] = None
     """Where the arm-seed runs are trained: a launcher table such as { kind = "pool", workers = 4 }
     (`geospec plugins` lists them). Absent: { kind = "local" }, one run after another in this
