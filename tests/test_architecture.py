@@ -28,6 +28,7 @@ STAGE_ORDER = [
     "diagnose",
     "demand",
     "solve",
+    "prune",
     "train",
     "eval",
     "report",

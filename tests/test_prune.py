@@ -3,16 +3,20 @@ transformers checkpoint (reloaded and recomputed with transformers alone), and i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import hf_models
 import numpy as np
 import pytest
+import tomlkit
 import torch
 import torch.nn.functional as F
 import transformers as hf
+from click.testing import CliRunner
 
+from geospec.cli import cli
 from geospec.errors import UsageError
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
@@ -118,3 +122,164 @@ def test_an_exported_pruned_model_is_a_plain_checkpoint_that_computes_the_same(
     # the orderings are the scores' (best first)
     for layer_scores, order in zip(scores, orders, strict=True):
         assert [layer_scores[i] for i in order] == sorted(layer_scores, reverse=True)
+
+
+# geospec prune end to end, on a small pretrained Llama checkpoint
+
+
+def word_checkpoint(directory: Path) -> Path:
+    """A tiny Llama with a word-level tokenizer, saved as a Hugging Face checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "</s>": 1} | {f"w{i}": i + 2 for i in range(95)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]"
+    ).save_pretrained(directory)
+    hf_models.llama(intermediate_size=64).save_pretrained(directory)
+    return directory
+
+
+def word_corpus(path: Path, seed: int, lines: int = 200) -> Path:
+    """Documents of words with a learnable structure: word i is mostly followed by word i + 1."""
+    rng = np.random.default_rng(seed)
+    documents = []
+    for _ in range(lines):
+        start = rng.integers(0, 95)
+        words = [
+            (start + j + int(rng.random() < 0.2) * rng.integers(0, 95)) % 95 for j in range(60)
+        ]
+        documents.append(json.dumps({"text": " ".join(f"w{w}" for w in words)}))
+    path.write_text("\n".join(documents))
+    return path
+
+
+PRUNE_SPEC = {
+    "keep": [0.75, 0.5],
+    "calibration": {"windows": 8, "seeds": [0, 1, 2]},
+    "eval": {"corpora": ["docs.jsonl", "other.jsonl"], "windows": 6},
+    "arms": [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "flap", "schedule": {"kind": "flap"}},
+        {"name": "owl", "schedule": {"kind": "owl"}},
+        {"name": "cosine", "schedule": {"kind": "cosine", "start": 1.2, "end": 0.8}},
+        {"name": "shift", "schedule": {"kind": "geometric", "profile": "shift/spherical"}},
+    ],
+}
+
+
+def prune_spec(directory: Path, **changes: object) -> Path:
+    from geospec.testing import minimal_spec
+
+    word_checkpoint(directory / "model")
+    word_corpus(directory / "docs.jsonl", 0)
+    word_corpus(directory / "other.jsonl", 1, lines=40)
+    spec = minimal_spec(
+        out=str(directory / "run"),
+        model={"n_layers": 3, "d_model": 32, "n_heads": 4, "ffn_width": 64, "seq_len": 16,
+               "multiple_of": 8},
+        data={"files": ["docs.jsonl"], "tokenizer": {"kind": "pretrained", "path": "model"}},
+        reference={"checkpoint": "model"},
+        probe={"tokens": 64},
+        measure=[{"geometry": "spherical", "statistic": "shift"}],
+        prune=PRUNE_SPEC | changes,
+        probe_only=True,
+    )  # fmt: skip
+    path = directory / "spec.toml"
+    path.write_text(tomlkit.dumps(spec))
+    return path
+
+
+def invoke(*args: str) -> str:
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def pruned_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("prune")
+    output = invoke("prune", str(prune_spec(directory)))
+    (directory / "output.txt").write_text(output)
+    return directory
+
+
+def test_prune_writes_every_arm_budget_and_seed(pruned_run: Path) -> None:
+    record = json.loads((pruned_run / "run" / "prune.json").read_text())
+    assert [b["keep"] for b in record["budgets"]] == [0.75, 0.5]
+    for budget in record["budgets"]:
+        assert set(budget["arms"]) == {"uniform", "flap", "owl", "cosine", "shift"}
+        params = {p for arm in budget["arms"].values() for p in arm["ffn_params"].values()}
+        assert len(params) == 1  # exactly equal FFN parameters (a budget of whole multiples)
+        for arm in budget["arms"].values():
+            for widths in arm["widths"].values():
+                assert sum(widths) == budget["budget"] and max(widths) <= 64
+            assert set(arm["loss"]) == {"docs.jsonl", "other.jsonl"}
+            assert set(arm["loss"]["docs.jsonl"]) == {"0", "1", "2"}
+    uniform = record["budgets"][1]["arms"]["uniform"]["loss"]["docs.jsonl"]
+    assert all(v != record["reference"]["docs.jsonl"] for v in uniform.values())  # a random
+    # model's loss can go either way when it loses neurons; only that it changed is certain
+    output = (pruned_run / "output.txt").read_text()
+    assert "## Pruning the reference" in output and "pruned models: 30/30" in output
+    report = (pruned_run / "run" / "prune" / "report.md").read_text()
+    assert "Every arm has the same FFN parameters." in report and "| flap |" in report
+
+
+def test_a_pruned_checkpoint_loads_with_plain_transformers_to_the_recorded_loss(
+    pruned_run: Path,
+) -> None:
+    """Independent of geospec: AutoModelForCausalLM reads the exported owl model, and plain
+    cross-entropy on the same validation windows (geospec's data pipeline gives the tokens)
+    equals the loss geospec recorded."""
+    from geospec.engine.batches import validation_windows, window_tensors
+    from geospec.engine.token_data import prepare_data
+    from geospec.spec.loading import load_spec
+
+    record = json.loads((pruned_run / "run" / "prune.json").read_text())
+    unit = pruned_run / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
+    model = hf.AutoModelForCausalLM.from_pretrained(unit / "model").eval()
+    widths = record["budgets"][1]["arms"]["owl"]["widths"]["1"]
+    assert model.config.geospec_ffn_widths == widths
+    assert model.config.intermediate_size == max(widths)
+    spec = load_spec(pruned_run / "spec.toml")
+    data = prepare_data(spec.data, pruned_run / "cache", spec_dir=pruned_run)
+    tokens = data.val[:-1] if int(data.val[-1]) == data.eot_id else data.val
+    x, y = window_tensors(tokens, validation_windows(len(tokens), 16, 6 * 16), 16)
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+    loss = float(F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()))
+    recorded = record["budgets"][1]["arms"]["owl"]["loss"]["docs.jsonl"]["1"]
+    assert loss == pytest.approx(recorded, rel=1e-5)
+
+
+def test_a_rerun_reuses_every_pruned_model(pruned_run: Path) -> None:
+    output = invoke("prune", str(pruned_run / "spec.toml"))
+    assert "prune: up to date" in output and "pruned models" not in output
+
+
+def test_a_taper_that_would_grow_a_layer_is_one_line(tmp_path: Path) -> None:
+    arms = [
+        *PRUNE_SPEC["arms"][:1],
+        {"name": "steep", "schedule": {"kind": "cosine", "start": 1.8, "end": 0.2}},
+    ]  # type: ignore[misc]
+    spec = prune_spec(tmp_path, arms=arms, keep=0.75)
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "prune arm 'steep'" in last and "beyond its pretrained width 64" in last
+    assert not (tmp_path / "run" / "prune.json").exists()
+
+
+def test_an_interrupted_prune_recomputes_only_the_missing_units(pruned_run: Path) -> None:
+    """prune.json and one unit's record lost (a kill between units): the rerun keeps the 29
+    others (their exported models untouched) and ends with the same prune.json."""
+    run = pruned_run / "run"
+    before = json.loads((run / "prune.json").read_text())
+    kept = run / "prune" / "keep-0.75" / "flap" / "seed-2" / "model" / "model.safetensors"
+    stamp = kept.stat().st_mtime_ns
+    (run / "prune.json").unlink()
+    (run / "prune" / "keep-0.5" / "shift" / "seed-0" / "result.json").unlink()
+    invoke("prune", str(pruned_run / "spec.toml"))
+    after = json.loads((run / "prune.json").read_text())
+    assert after == before and kept.stat().st_mtime_ns == stamp

@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "train": "geospec.cli.train:train",
     "diagnose": "geospec.cli.diagnose:diagnose",
     "demand": "geospec.cli.demand:demand",
+    "prune": "geospec.cli.prune:prune",
     "report": "geospec.cli.report:report",
     "plan": "geospec.cli.plan:plan",
     "export": "geospec.cli.export:export",

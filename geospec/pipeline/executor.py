@@ -1,5 +1,5 @@
-"""The pipeline: validate -> reference -> probe -> measure -> diagnose -> demand -> solve -> train
--> eval -> report.
+"""The pipeline: validate -> reference -> probe -> measure -> diagnose -> demand -> solve -> prune
+-> train -> eval -> report.
 
 Each stage (one module in :mod:`geospec.pipeline.stages`) is built from the spec sections it
 depends on and plans itself: a key (a hash of those sections and its upstream stages' keys), the
@@ -33,6 +33,7 @@ from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.eval import Eval
 from geospec.pipeline.stages.measure import Measure
 from geospec.pipeline.stages.probe import Probe
+from geospec.pipeline.stages.prune import PruneStage
 from geospec.pipeline.stages.reference import Reference
 from geospec.pipeline.stages.report import Report
 from geospec.pipeline.stages.solve import Solve
@@ -46,6 +47,7 @@ STAGE_TYPES: tuple[type[Stage], ...] = (
     Diagnose,
     DemandStage,
     Solve,
+    PruneStage,
     Train,
     Eval,
     Report,

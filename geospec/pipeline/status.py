@@ -40,6 +40,7 @@ STAGE_NAMES = (
     "diagnose",
     "demand",
     "solve",
+    "prune",
     "train",
     "eval",
     "report",

@@ -20,6 +20,7 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
     """Write results.json, report.md and plots/ from the run directory's artifacts."""
     from geospec.pipeline.stages.demand import read_demand
     from geospec.pipeline.stages.diagnose import read_diagnostics
+    from geospec.pipeline.stages.prune import read_prune
     from geospec.report.markdown import markdown
 
     results = build_results(run_dir)
@@ -44,5 +45,10 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
 
         drawn = [DEMAND_PLOT] if plots and (run_dir / DEMAND_PLOT).exists() else []
         text += "\n" + demand_markdown(demand, drawn)
+    prune = read_prune(run_dir)
+    if prune is not None:  # the prune stage ran
+        from geospec.report.prune import prune_markdown
+
+        text += "\n" + prune_markdown(prune)
     atomic_write_text(run_dir / REPORT_FILE, text)
     return results

@@ -36,6 +36,41 @@ def _demand_problems(spec: Spec) -> list[tuple[str, str]]:
     return problems
 
 
+def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
+    """[prune] needs a pretrained checkpoint, and its arms' profiles must be computed."""
+    if spec.prune is None:
+        return []
+    problems = []
+    if spec.reference.checkpoint is None:
+        problems.append(
+            (
+                "prune",
+                "prunes a pretrained reference.checkpoint (a Hugging Face directory, GGUF file "
+                "or hub id); set [reference] checkpoint",
+            )
+        )
+    available = set(measured)
+    if spec.diagnose.enabled:
+        available |= set(DIAGNOSTIC_PROFILES)
+    if spec.demand.enabled:
+        available |= set(demand_profile_names(spec.demand))
+    registries = get_registries()
+    for i, arm in enumerate(spec.prune.arms):
+        schedule = registries.create("schedule", arm.schedule)
+        if schedule.reads_neuron_scores or schedule.profiles_file() is not None:
+            continue
+        for profile in schedule.required_profiles():
+            if profile not in available:
+                problems.append(
+                    (
+                        f"prune.arms[{i}].schedule.{_field_naming(arm.schedule, profile)}",
+                        f"{profile!r} is not computed by this spec; measure it ([[measure]]), or "
+                        "enable [diagnose] or [demand] for their profiles",
+                    )
+                )
+    return problems
+
+
 def cross_check(spec: Spec) -> list[tuple[str, str]]:
     """Problems that span sections, as (dotted path, message) pairs; empty when sound."""
     problems: list[tuple[str, str]] = []
@@ -153,6 +188,7 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 + "); derive each arm from one that is computed on its own",
             )
         )
+    problems += _prune_problems(spec, set(profile_names))
     reference = spec.reference
     if reference.checkpoint is not None and not isinstance(tok, PretrainedTokenizer):
         revision = f', revision = "{reference.revision}"' if reference.revision else ""

@@ -29,7 +29,9 @@ class Report:
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         # optional stages enter the key only where they apply (keys of runs without them stay)
         optional = [
-            done[name].key for name in ("diagnose", "demand", "eval") if done[name].key is not None
+            done[name].key
+            for name in ("diagnose", "demand", "prune", "eval")
+            if done[name].key is not None
         ]
         key = digest(
             "report",

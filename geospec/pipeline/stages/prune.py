@@ -1,0 +1,301 @@
+"""The prune stage: the pretrained reference cut to each budget with every [prune] arm's
+allocation, each calibration seed, its held-out loss on every eval corpus (docs/prune.md).
+
+For calibration seed k the importance scores (and each layer's neuron ordering) come from
+calibration sample k of the training split; every arm's widths at each keep fraction come from
+:func:`geospec.prune.allocate.allocate` (the run's profiles for schedules that read them, the
+scores for flap and owl); the reference keeps, in layer l, the ``widths[l]`` best neurons, and its
+mean next-token loss is measured on the first ``eval.windows`` validation windows of each corpus.
+
+Each unit (keep x arm x seed) writes ``prune/keep-<f>/<arm>/seed-<k>/result.json`` (sealed; its
+key names what it was computed from) and, with ``export``, the pruned model beside it as a
+transformers checkpoint (``model/``); a rerun keeps the units whose key matches, so an interrupted
+prune resumes. ``prune.json`` (sealed) gathers them with the unpruned reference's losses.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from geospec.atomic import atomic_write_json
+from geospec.digests import seal_broken, sealed, unsealed
+from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.pipeline.keys import data_key, digest, section
+from geospec.pipeline.run_dir import PRUNE_DIR, PRUNE_FILE, json_problem, read_json
+from geospec.spec.sections import DataSpec, ModelSpec, PruneSpec, ReferenceSpec, Spec
+
+if TYPE_CHECKING:
+    from geospec.engine.token_data import TokenData
+
+
+@dataclass(frozen=True)
+class PruneStage:
+    name: ClassVar[str] = "prune"
+    prune: PruneSpec | None
+    data: DataSpec
+    model: ModelSpec
+    reference: ReferenceSpec
+
+    @classmethod
+    def from_spec(cls, spec: Spec) -> PruneStage:
+        return cls(spec.prune, spec.data, spec.model, spec.reference)
+
+    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+        if self.prune is None:
+            return Plan(None, current=True)
+        profiles = {
+            **(done["measure"].output or {}),
+            **(done["diagnose"].output or {}),
+            **(done["demand"].output or {}),
+        }
+        key = digest(
+            "prune",
+            section(self.prune),
+            done["reference"].key,
+            data_key(self.data),
+            self.model.seq_len,
+            self.model.multiple_of,
+            {name: list(values) for name, values in sorted(profiles.items())},
+        )
+        path = run.run_dir / PRUNE_FILE
+        return Plan(
+            key,
+            run=lambda: self.write(run, key, profiles),
+            load=lambda: read_json(path),
+            artifacts=(path,),
+            problem=json_problem(path, *PRUNE_KEYS) if path.exists() else None,
+        )
+
+    def write(
+        self, run: RunContext, key: str, profiles: Mapping[str, Sequence[float]]
+    ) -> dict[str, Any]:
+        """Every unit (reused where its key matches), then prune.json."""
+        import torch
+
+        from geospec.engine.progress import stage_progress
+        from geospec.measure.cut import CutError, ffn_layout, ffn_width
+        from geospec.measure.probe import find_ffn_sites
+        from geospec.measure.sensitivity import logits_of
+        from geospec.pipeline.stages.reference import load_reference
+        from geospec.plugin import create_plugin
+        from geospec.prune.allocate import allocate, pruned_dims
+        from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores
+
+        prune = self.prune
+        assert prune is not None
+        model, d_model = load_reference(run, self.reference)
+        corpora = self.eval_batches(run, next(model.parameters()).device)
+        first = next(iter(corpora.values()))[0][0][:1]
+        sites = find_ffn_sites(model, d_model, lambda: logits_of(model, first))
+        try:
+            ffn_layout(sites[0].ffn)
+        except CutError as error:
+            raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
+        width = ffn_width(sites[0].ffn)
+        importance = create_plugin("importance", prune.importance)
+        train = run.token_data(self.data).train
+        seq_len = self.model.seq_len
+        units = [
+            (keep, arm.name, seed)
+            for keep in prune.fractions
+            for seed in prune.calibration.seeds
+            for arm in prune.arms
+        ]
+        dims = {
+            keep: pruned_dims(
+                len(sites), d_model, width, self.model.multiple_of, keep, self.model.activation
+            )
+            for keep in prune.fractions
+        }
+        run.say(
+            f"[bold]prune[/]: {len(sites)} layers of {width} neurons kept at "
+            f"{', '.join(f'{k:g}' for k in prune.fractions)}; {len(prune.arms)} arms x "
+            f"{len(prune.calibration.seeds)} calibration seeds; {importance.kind_name()} scores; "
+            f"loss on {prune.eval.windows} windows of {', '.join(corpora)}"
+        )
+        with torch.no_grad():
+            reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
+        results: dict[tuple[float, str, int], dict[str, Any]] = {}
+        with stage_progress(run.console, run.say, "pruned models", len(units)) as advance:
+            for seed in prune.calibration.seeds:
+                scored: tuple[list[list[float]], list[list[int]]] | None = None
+                widths: dict[float, dict[str, list[int]]] = {}
+                for keep in prune.fractions:
+                    for arm in prune.arms:
+                        unit_dir = unit_directory(run.run_dir, keep, arm.name, seed)
+                        unit_key = digest("prune-unit", key, keep, arm.name, seed)
+                        stored = finished_unit(unit_dir, unit_key, prune.export)
+                        if stored is not None:
+                            results[(keep, arm.name, seed)] = stored
+                            advance(1)
+                            continue
+                        if scored is None:
+                            starts = calibration_windows(
+                                train, seq_len, prune.calibration.windows, seed
+                            )
+                            scored = neuron_scores(
+                                model,
+                                sites,
+                                importance,
+                                train,
+                                starts,
+                                seq_len,
+                                prune.calibration.batch_size,
+                            )
+                        if keep not in widths:
+                            widths[keep] = allocate(prune.arms, dims[keep], profiles, scored[0])
+                        result = self.prune_unit(
+                            model, sites, scored[1], widths[keep][arm.name], corpora, unit_dir
+                        )
+                        result.update(
+                            {"keep": keep, "arm": arm.name, "seed": seed, "key": unit_key}
+                        )
+                        atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
+                        results[(keep, arm.name, seed)] = result
+                        advance(1)
+        record = gather(prune, dims, reference, results, width, len(sites))
+        atomic_write_json(run.run_dir / PRUNE_FILE, sealed({**record, "key": key}))
+        return record
+
+    def prune_unit(
+        self,
+        model: Any,
+        sites: Sequence[Any],
+        orders: Sequence[Sequence[int]],
+        widths: Sequence[int],
+        corpora: Mapping[str, Sequence[Any]],
+        unit_dir: Path,
+    ) -> dict[str, Any]:
+        """One pruned model: its losses, FFN parameters and (with export) checkpoint."""
+        import torch
+
+        from geospec.prune.apply import eval_loss, export_pruned, ffn_parameters, pruned
+
+        assert self.prune is not None
+        with torch.no_grad(), pruned(sites, orders, widths):
+            losses = {name: eval_loss(model, batches) for name, batches in corpora.items()}
+            params = ffn_parameters(sites)
+            if self.prune.export:
+                staging = unit_dir / "model.partial"
+                shutil.rmtree(staging, ignore_errors=True)
+                export_pruned(model, sites, widths, staging)
+                shutil.rmtree(unit_dir / MODEL_DIR, ignore_errors=True)
+                staging.rename(unit_dir / MODEL_DIR)
+        return {"widths": list(widths), "ffn_params": params, "loss": losses}
+
+    def eval_batches(self, run: RunContext, device: Any) -> dict[str, list[Any]]:
+        """Each eval corpus's first validation windows, tokenized like [data]."""
+        from geospec.errors import UsageError
+        from geospec.measure.sensitivity import loss_batches, scored_text
+
+        assert self.prune is not None
+        result = {}
+        for corpus in self.prune.eval.corpora:
+            data: TokenData = run.token_data(eval_data(self.data, corpus))
+            tokens = scored_text(data.val, data.eot_id if self.data.end_of_text else None)
+            needed = self.prune.eval.windows * self.model.seq_len + 1
+            if len(tokens) < needed:
+                raise UsageError(
+                    f"prune.eval.corpora: {corpus!r} has {len(tokens)} validation tokens, fewer "
+                    f"than {self.prune.eval.windows} windows of {self.model.seq_len} need; lower "
+                    "prune.eval.windows or use a longer text"
+                )
+            result[corpus] = loss_batches(
+                tokens,
+                self.model.seq_len,
+                self.prune.eval.windows,
+                self.prune.eval.batch_size,
+                device,
+            )
+        return result
+
+
+def eval_data(data: DataSpec, corpus: str) -> DataSpec:
+    """The data section of one eval corpus: [data]'s tokenizer and split, another text."""
+    if corpus.startswith("bundled:") or corpus == data.source:
+        return data.model_copy(update={"source": corpus, "files": None, "max_documents": None})
+    return data.model_copy(update={"source": None, "files": [corpus], "max_documents": None})
+
+
+#: A unit's record and its exported model, under prune/keep-<f>/<arm>/seed-<k>/.
+UNIT_FILE = "result.json"
+MODEL_DIR = "model"
+#: What prune.json holds at the top level.
+PRUNE_KEYS = ("keep", "baseline", "corpora", "reference", "budgets", "key")
+
+
+def unit_directory(run_dir: Path, keep: float, arm: str, seed: int) -> Path:
+    return run_dir / PRUNE_DIR / f"keep-{keep:g}" / arm / f"seed-{seed}"
+
+
+def finished_unit(unit_dir: Path, key: str, export: bool) -> dict[str, Any] | None:
+    """A unit's stored result when it was computed from ``key`` (and exported if asked)."""
+    path = unit_dir / UNIT_FILE
+    if json_problem(path, "widths", "loss", "key") is not None:
+        return None
+    stored = read_json(path)
+    if stored.get("key") != key or seal_broken(stored):
+        return None
+    if export and not (unit_dir / MODEL_DIR / "config.json").exists():
+        return None
+    return dict(unsealed(stored))
+
+
+def gather(
+    prune: PruneSpec,
+    dims: Mapping[float, Any],
+    reference: Mapping[str, float],
+    results: Mapping[tuple[float, str, int], Mapping[str, Any]],
+    width: int,
+    layers: int,
+) -> dict[str, Any]:
+    """prune.json's content: per keep fraction, every arm's widths, FFN parameters and losses
+    per calibration seed and corpus."""
+    budgets = []
+    for keep in prune.fractions:
+        arms = {}
+        for arm in prune.arms:
+            units = {seed: results[(keep, arm.name, seed)] for seed in prune.calibration.seeds}
+            first = next(iter(units.values()))
+            arms[arm.name] = {
+                "widths": {str(seed): unit["widths"] for seed, unit in units.items()},
+                "ffn_params": {str(seed): unit["ffn_params"] for seed, unit in units.items()},
+                "loss": {
+                    corpus: {str(seed): unit["loss"][corpus] for seed, unit in units.items()}
+                    for corpus in first["loss"]
+                },
+            }
+        budgets.append(
+            {
+                "keep": keep,
+                "uniform_width": dims[keep].ffn_width,
+                "budget": dims[keep].budget,
+                "multiple": dims[keep].multiple_of,
+                "arms": arms,
+            }
+        )
+    return {
+        "keep": prune.fractions,
+        "baseline": prune.baseline,
+        "importance": prune.importance.model_dump(mode="json"),
+        "corpora": list(prune.eval.corpora),
+        "windows": prune.eval.windows,
+        "seeds": list(prune.calibration.seeds),
+        "layers": layers,
+        "width": width,
+        "reference": dict(reference),
+        "budgets": budgets,
+    }
+
+
+def read_prune(run_dir: Path) -> dict[str, Any] | None:
+    """The run's prune.json, or None when the prune stage has not written a sound one."""
+    path = Path(run_dir) / PRUNE_FILE
+    if json_problem(path, *PRUNE_KEYS) is not None:
+        return None
+    data: dict[str, Any] = read_json(path)
+    return data
