@@ -283,3 +283,25 @@ def test_an_interrupted_prune_recomputes_only_the_missing_units(pruned_run: Path
     invoke("prune", str(pruned_run / "spec.toml"))
     after = json.loads((run / "prune.json").read_text())
     assert after == before and kept.stat().st_mtime_ns == stamp
+
+
+@pytest.mark.parametrize("damaged", ["prune.json", "unit"])
+def test_an_edited_prune_record_is_recomputed(pruned_run: Path, damaged: str) -> None:
+    """A loss edited behind geospec's back (its key intact) breaks the seal: the rerun
+    recomputes what it must and ends with the record an undamaged run has."""
+    run = pruned_run / "run"
+    before = json.loads((run / "prune.json").read_text())
+    path = run / "prune.json"
+    if damaged == "unit":
+        path = run / "prune" / "keep-0.75" / "owl" / "seed-0" / "result.json"
+    data = json.loads(path.read_text())
+    if damaged == "unit":
+        data["loss"]["docs.jsonl"] -= 0.5
+        (run / "prune.json").unlink()  # so that the stage runs and meets the unit
+    else:
+        data["budgets"][0]["arms"]["owl"]["loss"]["docs.jsonl"]["0"] -= 0.5
+    path.write_text(json.dumps(data))
+    output = invoke("prune", str(pruned_run / "spec.toml"))
+    if damaged == "prune.json":
+        assert "! prune: prune.json was changed after geospec wrote it" in output
+    assert json.loads((run / "prune.json").read_text()) == before
