@@ -170,7 +170,8 @@ def test_status_of_a_finished_run(serial: Path) -> None:
     found = status_of(serial)
     assert {s["name"]: s["state"] for s in found["stages"]} == {
         "reference": "done", "probe": "done", "measure": "done", "diagnose": "skipped",
-        "demand": "skipped", "solve": "done", "prune": "skipped", "train": "done", "eval": "skipped", "report": "done",
+        "demand": "skipped", "solve": "done", "prune": "skipped", "train": "done",
+        "eval": "skipped", "report": "done",
     }  # fmt: skip
     runs = by_name(found)
     assert list(runs) == RUNS[:1] + RUNS[2:3] + RUNS[1:2] + RUNS[3:]  # seed-major
