@@ -68,6 +68,27 @@ def spec_summary(spec: Spec) -> Group:
     if spec.diagnose.enabled:
         settings = spec.diagnose.model_dump(mode="json", exclude={"enabled"})
         head.add_row("diagnose", ", ".join(f"{k}={v}" for k, v in settings.items()))
+    if spec.demand.enabled:
+        d = spec.demand
+        head.add_row(
+            "demand",
+            Text(
+                f"keep {', '.join(f'{f:g}' for f in d.keep)} by "
+                f"{plugin_call(d.importance.model_dump(mode='json'))}; {d.windows} windows, "
+                f"{d.pairs} pairs at {d.pair_keep:g}"
+            ),
+        )
+    if spec.prune is not None:
+        p = spec.prune
+        head.add_row(
+            "prune",
+            Text(
+                f"keep {', '.join(f'{f:g}' for f in p.fractions)} by "
+                f"{plugin_call(p.importance.model_dump(mode='json'))}; calibration seeds "
+                f"{p.calibration.seeds} x {p.calibration.windows} windows; eval "
+                f"{', '.join(p.eval.corpora)} x {p.eval.windows} windows; baseline {p.baseline}"
+            ),
+        )
     if spec.eval is not None:
         limit = f", limit {spec.eval.limit}" if spec.eval.limit is not None else ""
         head.add_row("eval", f"lm-eval: {', '.join(spec.eval.tasks)}{limit}")
@@ -78,7 +99,14 @@ def spec_summary(spec: Spec) -> Group:
     arms.add_column("schedule")
     for arm in spec.arms:
         arms.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
-    return Group(head, arms)
+    if spec.prune is None:
+        return Group(head, arms)
+    pruning = Table(title="prune arms", title_justify="left")
+    pruning.add_column("arm")
+    pruning.add_column("schedule")
+    for arm in spec.prune.arms:
+        pruning.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
+    return Group(head, arms, pruning)
 
 
 def plugin_call(params: dict[str, Any]) -> str:
