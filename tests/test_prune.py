@@ -113,7 +113,7 @@ def test_an_exported_pruned_model_is_a_plain_checkpoint_that_computes_the_same(
         export_pruned(model, sites, widths, tmp_path / "pruned")
     assert ffn_parameters(sites) > kept  # put back
     reloaded = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").eval()
-    assert reloaded.config.geospec_ffn_widths == widths
+    assert reloaded.config.geospec["ffn_widths"] == widths
     with torch.no_grad():
         got = reloaded(input_ids=ids[:, :-1]).logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
@@ -240,7 +240,7 @@ def test_a_pruned_checkpoint_loads_with_plain_transformers_to_the_recorded_loss(
     unit = pruned_run / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
     model = hf.AutoModelForCausalLM.from_pretrained(unit / "model").eval()
     widths = record["budgets"][1]["arms"]["owl"]["widths"]["1"]
-    assert model.config.geospec_ffn_widths == widths
+    assert model.config.geospec["ffn_widths"] == widths
     assert model.config.intermediate_size == max(widths)
     spec = load_spec(pruned_run / "spec.toml")
     data = prepare_data(spec.data, pruned_run / "cache", spec_dir=pruned_run)

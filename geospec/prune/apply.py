@@ -6,8 +6,8 @@ ordering (:mod:`geospec.measure.cut`: rows and columns removed exactly). Transfo
 one FFN width for every layer, so the export pads each layer with zero neurons up to the widest
 pruned layer (a zero row of the gate, up or input projection and a zero column of the output
 projection contribute exactly nothing: the exported model computes what the pruned one does) and
-records the true widths in ``config.json`` (``geospec_ffn_widths``); it loads with
-``AutoModelForCausalLM.from_pretrained`` and no remote code.
+records the true widths in ``config.json`` (``geospec.ffn_widths``, as ``geospec export`` does);
+it loads with ``AutoModelForCausalLM.from_pretrained`` and no remote code.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from geospec import __version__
 from geospec.errors import UsageError
 from geospec.kinds import Importance
 from geospec.measure.cut import (
@@ -108,7 +109,14 @@ def export_pruned(
     padded_width = max(widths)
     width_key = "intermediate_size" if hasattr(config, "intermediate_size") else "n_inner"
     setattr(config, width_key, padded_width)
-    config.geospec_ffn_widths = [int(w) for w in widths]
+    config.geospec = {  # as geospec export records a trained model's widths
+        "version": __version__,
+        "ffn_widths": [int(w) for w in widths],
+        "padded_to": padded_width if len(set(widths)) > 1 else None,
+        "note": "pruned by geospec prune; FFN layers zero-padded to one width: the padded units "
+        "contribute exactly zero, but this checkpoint's parameter count and FLOPs overstate the "
+        "model's",
+    }
     names = {id(module): name for name, module in model.named_modules()}
     state = {key: value.detach().clone() for key, value in model.state_dict().items()}
     for site, width in zip(sites, widths, strict=True):
