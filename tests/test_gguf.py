@@ -144,3 +144,25 @@ def test_a_cut_of_smollm2_equals_the_model_with_those_neurons_zeroed() -> None:
         cut, zeroed = logits_of(model, ids), logits_of(full, ids)
     assert type(sites[3].ffn).__name__ == "LlamaMLP" and sites[3].ffn.down_proj.in_features == 768
     torch.testing.assert_close(cut, zeroed, atol=1e-4, rtol=1e-4)
+
+
+def test_smollm2_imported_into_geospecs_model_has_the_same_logits() -> None:
+    pytest.importorskip("gguf", reason="the gguf extra: pip install 'geospec[gguf]'")
+    pytest.importorskip("accelerate", reason="the gguf extra: pip install 'geospec[gguf]'")
+    gguf = os.environ.get("GEOSPEC_TEST_GGUF")
+    if not gguf:
+        pytest.skip("GEOSPEC_TEST_GGUF is not set: nox -s gguf fetches SmolLM2-135M's GGUF")
+    import torch
+
+    from geospec.engine.imported import import_llama
+    from geospec.engine.pretrained import load_pretrained
+
+    model = load_pretrained(gguf)
+    ids = torch.randint(0, 49152, (1, 32), generator=torch.Generator().manual_seed(0))
+    imported = import_llama(model, seq_len=64)
+    assert imported.config.ffn_widths == [1536] * 30
+    assert imported.config.norm_eps == pytest.approx(1e-5)
+    with torch.no_grad():
+        expected = model(input_ids=ids).logits
+        got, _ = imported(ids)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

@@ -61,6 +61,9 @@ class GPTConfig:
     dropout: float = 0.0
     n_kv_heads: int | None = None
     """Key/value heads of grouped-query attention (None: as many as n_heads)."""
+    norm_eps: float | None = None
+    """The norms' epsilon (None: GPT-2's 1e-5 for layernorm, 1e-6 for rmsnorm); set by a model
+    imported from a pretrained checkpoint with its own (SmolLM2: 1e-5)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ffn_widths", [int(w) for w in self.ffn_widths])
@@ -101,6 +104,8 @@ class GPTConfig:
         data = asdict(self)
         if data["n_kv_heads"] is None:  # added later: configs without GQA read as before
             del data["n_kv_heads"]
+        if data["norm_eps"] is None:  # added later: configs of trained models read as before
+            del data["norm_eps"]
         return data
 
     @classmethod
@@ -150,8 +155,8 @@ def config_from_spec(model: ModelSpec, widths: Sequence[int], vocab_size: int) -
 
 def make_norm(config: GPTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.d_model, eps=RMSNORM_EPS)
-    return nn.LayerNorm(config.d_model, eps=LAYERNORM_EPS, bias=config.bias)
+        return nn.RMSNorm(config.d_model, eps=config.norm_eps or RMSNORM_EPS)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps or LAYERNORM_EPS, bias=config.bias)
 
 
 def rope_tables(config: GPTConfig) -> tuple[torch.Tensor, torch.Tensor]:
