@@ -8,7 +8,10 @@ import pkgutil
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 # Nothing in the test suite may reach a model or dataset hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,3 +60,15 @@ if UNDER_MUTMUT or os.environ.get("CI", "").lower() not in ("", "0", "false", "n
     )
     if HYPOTHESIS:
         settings.load_profile("ci")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for a module: tiny tensors, whose thread hand-offs would cost far more
+    than the arithmetic on 2 busy cores (``pytest.mark.usefixtures("one_torch_thread")``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -3,7 +3,6 @@ per cut, on every family; and on a hand-built model whose demand is known in clo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Literal
 
 import hf_models
@@ -21,18 +20,10 @@ from geospec.measure.sensitivity import logits_of, sample_pairs
 from geospec.plugin import PluginParams, Register, create_plugin
 from geospec.testing import registered
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 
 VOCAB, SEQ = hf_models.VOCAB, 12
 KEEP = (0.75, 0.5, 0.25)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def batches(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -4,8 +4,6 @@ model with uneven widths; and what geospec cannot reproduce is refused."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import hf_models
 import pytest
 import torch
@@ -15,15 +13,7 @@ from geospec.engine.imported import import_llama, import_problem
 from geospec.errors import UsageError
 from geospec.measure.cut import cut_ffn
 
-pytestmark = pytest.mark.torch
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def smollm2_shaped(tie: bool = True, layers: int = 3) -> hf.LlamaForCausalLM:

@@ -4,7 +4,6 @@ transformers checkpoint (reloaded and recomputed with transformers alone), and i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import hf_models
@@ -32,15 +31,7 @@ from geospec.prune.apply import (
 )
 from geospec.spec.sections import ArmSpec
 
-pytestmark = pytest.mark.torch
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def arms(*tables: tuple[str, object]) -> list[ArmSpec]:

@@ -123,19 +123,13 @@ class DemandStage:
         from geospec.engine.progress import stage_progress
         from geospec.measure.demand import CutPlan, measure_demand
         from geospec.measure.demand_fit import fit_demand
-        from geospec.measure.probe import find_ffn_sites
-        from geospec.measure.sensitivity import logits_of, loss_batches, sample_pairs, scored_text
-        from geospec.pipeline.stages.reference import load_reference
+        from geospec.measure.sensitivity import sample_pairs
         from geospec.plugin import create_plugin
 
         settings = self.demand
         seq_len = self.probe.seq_len
-        data = run.token_data(self.probe.data)
-        model, width = load_reference(run, self.probe.reference)
-        device = next(model.parameters()).device
-        val = scored_text(data.val, data.eot_id if self.probe.data.end_of_text else None)
-        batches = loss_batches(val, seq_len, settings.windows, settings.batch_size, device)
-        sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
+        setup = self.probe.loss_setup(run, settings.windows, settings.batch_size)
+        model, batches, sites = setup.model, setup.batches, setup.sites
         importance = create_plugin("importance", settings.importance)
         orders = self._orders(run, model, sites, importance)
         pairs = sample_pairs(len(sites), settings.pairs, settings.seed) if settings.pairs else []
@@ -143,7 +137,7 @@ class DemandStage:
             plan = CutPlan.of(orders, settings.keep, self.multiple, pairs, settings.pair_keep)
         except GeospecError as error:
             raise type(error)(f"demand.keep: {error}") from None
-        windows = sum(len(x) for x, _ in batches)
+        windows = setup.windows
         cuts = len(sites) * len(settings.keep) + len(pairs)
         run.say(
             f"[bold]demand[/]: {len(sites)} layers x {len(settings.keep)} keep fractions "

@@ -113,23 +113,23 @@ class Diagnose:
         from geospec.engine.progress import stage_progress
         from geospec.measure.diagnostics import residual_norms
         from geospec.measure.intrinsic_dimension import two_nn
-        from geospec.measure.probe import find_ffn_sites
-        from geospec.measure.sensitivity import logits_of, loss_batches, sample_pairs, scored_text
+        from geospec.measure.sensitivity import sample_pairs
         from geospec.measure.suffix import perturb_layers
         from geospec.pipeline.stages.probe import load_clouds
-        from geospec.pipeline.stages.reference import load_reference
 
         settings = self.diagnose
         seq_len = self.probe.seq_len
-        data = run.token_data(self.probe.data)
-        model, width = load_reference(run, self.probe.reference)
-        device = next(model.parameters()).device
-        val = scored_text(data.val, data.eot_id if self.probe.data.end_of_text else None)
-        batches = loss_batches(val, seq_len, settings.windows, settings.batch_size, device)
-        sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
+        setup = self.probe.loss_setup(run, settings.windows, settings.batch_size)
+        model, width, data, batches, sites = (
+            setup.model,
+            setup.width,
+            setup.data,
+            setup.batches,
+            setup.sites,
+        )
         clouds = load_clouds(run.run_dir / CLOUDS_DIR)
         pairs = sample_pairs(len(sites), settings.pairs, settings.seed)
-        windows = sum(len(x) for x, _ in batches)
+        windows = setup.windows
         run.say(
             f"[bold]diagnose[/]: {len(sites)} layers, loss on {windows} validation windows of "
             f"{seq_len} tokens, eps {settings.eps}, {len(pairs)} layer pairs"

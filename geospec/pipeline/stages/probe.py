@@ -29,9 +29,25 @@ if TYPE_CHECKING:
     from torch import nn
 
     from geospec.engine.token_data import TokenData
-    from geospec.measure.probe import TokenSample
+    from geospec.measure.probe import FFNSite, TokenSample
 
 META_FILE = "meta.json"
+
+
+@dataclass(frozen=True)
+class LossSetup:
+    """The reference and the validation batches its losses are measured on."""
+
+    model: nn.Module
+    width: int
+    """The residual-stream width."""
+    data: TokenData
+    batches: list[tuple[torch.Tensor, torch.Tensor]]
+    sites: list[FFNSite]
+
+    @property
+    def windows(self) -> int:
+        return sum(len(x) for x, _ in self.batches)
 
 
 @dataclass(frozen=True)
@@ -99,6 +115,21 @@ class Probe:
                 "digests": digests,
             },
         )
+
+    def loss_setup(self, run: RunContext, windows: int, batch_size: int) -> LossSetup:
+        """The reference model with its FFN sites and the first ``windows`` validation windows
+        in batches: what the diagnose and demand stages measure losses on."""
+        from geospec.measure.probe import find_ffn_sites
+        from geospec.measure.sensitivity import logits_of, loss_batches, scored_text
+        from geospec.pipeline.stages.reference import load_reference
+
+        data = run.token_data(self.data)
+        model, width = load_reference(run, self.reference)
+        device = next(model.parameters()).device
+        val = scored_text(data.val, data.eot_id if self.data.end_of_text else None)
+        batches = loss_batches(val, self.seq_len, windows, batch_size, device)
+        sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
+        return LossSetup(model, width, data, batches, sites)
 
     def sample(self, data: TokenData) -> TokenSample:
         """The probed token positions (the same for every call with the same settings)."""
