@@ -33,6 +33,10 @@ POWER_LAW_R2 = 0.9
 #: search started on the whole range could settle in any of them.
 GRID = 256
 
+#: The exponents :func:`fit_demand` searches by default: a_l = 0.01 is a layer whose loss barely
+#: rises until it is cut to nothing, 10 one whose loss rises only at the smallest fraction.
+EXPONENT_RANGE = (0.01, 10.0)
+
 Array = npt.NDArray[np.float64]
 
 
@@ -69,7 +73,7 @@ class DemandFit:
 def fit_demand(
     keep: Sequence[float],
     increase: Sequence[float],
-    exponent_range: tuple[float, float] = (0.01, 10.0),
+    exponent_range: tuple[float, float] = EXPONENT_RANGE,
 ) -> DemandFit:
     """Least-squares fit of d(f) = lambda (f^(-a) - 1) to measured increases, lambda >= 0 and a
     within ``exponent_range``.

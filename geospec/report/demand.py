@@ -74,6 +74,13 @@ def summary_lines(demand: Mapping[str, Any]) -> list[str]:
         lines.append(f"A power law does not describe layers {missing} (fit R² below 0.9).")
     else:
         lines.append("A power law describes every layer (fit R² at least 0.9).")
+    bound = [row["layer"] for row in demand["layers"] if row["fit"].get("exponent_at_bound")]
+    if bound:
+        lines.append(
+            f"The fitted exponent of layers {bound} sits at an end of the searched range "
+            "(0.01 or 10): their curves do not pin a_l (a loss that rises only at the smallest "
+            "fraction, or barely at all), and the calibrated schedule inherits that."
+        )
     if additivity["pairs"]:
         lines.append(
             f"Additivity over {len(additivity['pairs'])} layer pairs, each layer keeping "

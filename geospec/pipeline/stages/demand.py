@@ -122,7 +122,7 @@ class DemandStage:
         """Everything that needs the reference model: the orderings and the cuts' losses."""
         from geospec.engine.progress import stage_progress
         from geospec.measure.demand import CutPlan, measure_demand
-        from geospec.measure.demand_fit import fit_demand
+        from geospec.measure.demand_fit import EXPONENT_RANGE, fit_demand
         from geospec.measure.sensitivity import sample_pairs
         from geospec.plugin import create_plugin
 
@@ -153,6 +153,12 @@ class DemandStage:
                 "demand: full forward passes for every cut (slower, same numbers): "
                 f"{demand.fallback}"
             )
+
+        def inside(exponent: float) -> bool:
+            """Whether the search did not stop at an end (where the data do not pin a_l)."""
+            low, high = EXPONENT_RANGE
+            return low * 1.001 < exponent < high / 1.001
+
         layers = []
         for layer in range(len(sites)):
             fit = fit_demand(demand.keep, demand.increase[layer])
@@ -167,6 +173,11 @@ class DemandStage:
                         "exponent": fit.exponent,
                         "r2": finite(fit.r2) if fit.r2 is not None else None,
                         "power_law": fit.power_law,
+                        # the data do not pin a_l when the search stopped at an end
+                        "exponent_at_bound": fit.sensitivity > 0
+                        and not EXPONENT_RANGE[0] * 1.001
+                        < fit.exponent
+                        < EXPONENT_RANGE[1] / 1.001,
                     },
                 }
             )
