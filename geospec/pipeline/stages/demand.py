@@ -100,6 +100,8 @@ class DemandStage:
             measured = {key: previous[key] for key in MEASURED_KEYS}
         else:
             measured = self.measure_reference(run)
+        # the fits are cheap: computed again from the stored increases on every write
+        measured["layers"] = fitted(measured["layers"], self.demand.keep)
         profiles = profiles_of(measured["layers"], self.demand.keep)
         record = {
             "profiles": profiles,
@@ -122,7 +124,6 @@ class DemandStage:
         """Everything that needs the reference model: the orderings and the cuts' losses."""
         from geospec.engine.progress import stage_progress
         from geospec.measure.demand import CutPlan, measure_demand
-        from geospec.measure.demand_fit import EXPONENT_RANGE, fit_demand
         from geospec.measure.sensitivity import sample_pairs
         from geospec.plugin import create_plugin
 
@@ -154,33 +155,15 @@ class DemandStage:
                 f"{demand.fallback}"
             )
 
-        def inside(exponent: float) -> bool:
-            """Whether the search did not stop at an end (where the data do not pin a_l)."""
-            low, high = EXPONENT_RANGE
-            return low * 1.001 < exponent < high / 1.001
-
-        layers = []
-        for layer in range(len(sites)):
-            fit = fit_demand(demand.keep, demand.increase[layer])
-            layers.append(
-                {
-                    "layer": layer,
-                    "width": demand.widths[layer],
-                    "kept": list(demand.kept[layer]),
-                    "increase": list(demand.increase[layer]),
-                    "fit": {
-                        "lambda": fit.sensitivity,
-                        "exponent": fit.exponent,
-                        "r2": finite(fit.r2) if fit.r2 is not None else None,
-                        "power_law": fit.power_law,
-                        # the data do not pin a_l when the search stopped at an end
-                        "exponent_at_bound": fit.sensitivity > 0
-                        and not EXPONENT_RANGE[0] * 1.001
-                        < fit.exponent
-                        < EXPONENT_RANGE[1] / 1.001,
-                    },
-                }
-            )
+        layers = [
+            {
+                "layer": layer,
+                "width": demand.widths[layer],
+                "kept": list(demand.kept[layer]),
+                "increase": list(demand.increase[layer]),
+            }
+            for layer in range(len(sites))
+        ]
         return {
             "loss": {"base": demand.base, "windows": windows, "tokens": windows * seq_len},
             "importance": settings.importance.model_dump(mode="json"),
@@ -238,6 +221,31 @@ class DemandStage:
                 logits_of(model, ids)
                 advance(len(ids))
             return means()
+
+
+def fitted(layers: Sequence[Mapping[str, Any]], keep: Sequence[float]) -> list[dict[str, Any]]:
+    """Each layer's record with the power law fitted to its increases (``fit``)."""
+    from geospec.measure.demand_fit import EXPONENT_RANGE, fit_demand
+
+    low, high = EXPONENT_RANGE
+    result = []
+    for row in layers:
+        fit = fit_demand(keep, row["increase"])
+        # a_l is not pinned by the data where the search stopped at an end of its range
+        at_bound = fit.sensitivity > 0 and not low * 1.001 < fit.exponent < high / 1.001
+        result.append(
+            {
+                **{key: value for key, value in row.items() if key != "fit"},
+                "fit": {
+                    "lambda": fit.sensitivity,
+                    "exponent": fit.exponent,
+                    "r2": finite(fit.r2) if fit.r2 is not None else None,
+                    "power_law": fit.power_law,
+                    "exponent_at_bound": at_bound,
+                },
+            }
+        )
+    return result
 
 
 def additivity_record(demand: Demand) -> dict[str, Any]:
