@@ -296,3 +296,19 @@ def test_a_model_whose_ffn_cannot_be_cut_is_one_line(tmp_path: Path) -> None:
     assert "FFN of Phi3DecoderLayer" in last and "cannot cut the neurons" in last
     assert "Traceback" not in result.output
     assert not (tmp_path / "run" / "demand.json").exists()
+
+
+def test_a_demand_json_fitted_by_an_earlier_geospec_is_fitted_again(measured: Path) -> None:
+    """Written (and sealed) before the fits recorded exponent_at_bound: the measurement is
+    reused, the fits are computed again."""
+    from geospec.digests import sealed, unsealed
+
+    path = measured / "run" / "demand.json"
+    before = json.loads(path.read_text())
+    old = unsealed(json.loads(path.read_text()))
+    for row in old["layers"]:
+        del row["fit"]["exponent_at_bound"]
+    path.write_text(json.dumps(sealed(old)))
+    output = invoke("demand", str(measured / "spec.toml"))
+    assert "holds fits of an earlier geospec" in output and "cuts:" not in output
+    assert json.loads(path.read_text())["layers"] == before["layers"]

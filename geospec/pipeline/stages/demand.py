@@ -81,7 +81,7 @@ class DemandStage:
             run=lambda: self.write(run, path, keys, others, reuse=not forced),
             load=lambda: demand_profiles(run.run_dir),
             artifacts=(path,),
-            problem=json_problem(path, *DEMAND_KEYS) if path.exists() else None,
+            problem=demand_problem(path) if path.exists() else None,
         )
 
     def write(
@@ -315,6 +315,18 @@ MEASURED_KEYS = (
 )
 #: What demand.json holds at the top level (an unreadable or partial one is recomputed).
 DEMAND_KEYS = ("profiles", *MEASURED_KEYS, "correlations", "keys")
+
+
+def demand_problem(path: Path) -> str | None:
+    """Why a demand.json that exists is written again: damaged, or fitted by an earlier geospec
+    (its measurement is reused and fitted again)."""
+    problem = json_problem(path, *DEMAND_KEYS)
+    if problem is not None:
+        return problem
+    layers = read_json(path)["layers"]
+    if any("exponent_at_bound" not in row.get("fit", {}) for row in layers):
+        return f"{path.name} holds fits of an earlier geospec; fitting its measurement again"
+    return None
 
 
 def read_demand(run_dir: Path) -> dict[str, Any] | None:
