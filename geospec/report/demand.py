@@ -78,8 +78,10 @@ def summary_lines(demand: Mapping[str, Any]) -> list[str]:
     if bound:
         lines.append(
             f"The fitted exponent of layers {bound} sits at an end of the searched range "
-            "(0.01 or 10): their curves do not pin a_l (a loss that rises only at the smallest "
-            "fraction, or barely at all), and the calibrated schedule inherits that."
+            "(0.01 or 10), so their curves do not pin a_l: near a = 0.01 the law is "
+            "λ a ln(1/f), which fixes only the product λ·a (λ alone is then not comparable "
+            "with other layers'; the calibrated schedule's marginal gains depend on λ·a and are "
+            "unaffected); at 10 the loss rises only at the smallest fraction."
         )
     if additivity["pairs"]:
         lines.append(

@@ -194,8 +194,9 @@ def demand_plot(
     run_dir: Path, demand: Mapping[str, Any], others: Mapping[str, Sequence[float]]
 ) -> list[str]:
     """``plots/demand.png``: every layer's loss increase against the fraction kept (dots) with
-    its fitted power law (line), and lambda_l beside the other profiles (each scaled to its own
-    maximum, so shapes compare on one axis)."""
+    its fitted power law (line), and the measured increase at ``pair_keep`` and the fitted
+    lambda_l beside the other profiles (each scaled to its own maximum, so shapes compare on one
+    axis)."""
     plots = PlotDir(run_dir)
     plt, save = plots.plt, plots.save
     import numpy as np
@@ -219,15 +220,17 @@ def demand_plot(
         top = max((abs(v) for v in values), default=0.0)
         return [v / top if top > 0 else 0.0 for v in values]
 
-    beside.plot(
-        index, scaled(demand["profiles"]["demand/lambda"]), color="black", lw=2, label="λ (demand)"
-    )
+    keep = demand["additivity"]["keep"]
+    measured = demand["profiles"][f"demand/f{keep:g}"]
+    beside.plot(index, scaled(measured), color="black", lw=2, label=f"Δloss at {keep:g}")
+    lam = demand["profiles"]["demand/lambda"]
+    beside.plot(index, scaled(lam), color="black", lw=1, ls="--", label="λ (fitted)")
     for name in sorted(others):
         if len(others[name]) == len(index):
             beside.plot(index, scaled(others[name]), lw=0.8, alpha=0.7, label=name)
     beside.xaxis.set_major_locator(MaxNLocator(integer=True))
     beside.set_xlabel("layer", fontsize=8)
-    beside.set_title("λ_l beside the other profiles (each / its max)", fontsize=9)
+    beside.set_title("Demand beside the other profiles (each / its max)", fontsize=9)
     beside.legend(fontsize=6, ncol=2)
     for ax in (curves, beside):
         ax.tick_params(labelsize=7)
