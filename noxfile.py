@@ -39,6 +39,7 @@ CORE_TESTS = [
     "tests/test_architecture.py",
     "tests/test_plugin_edges.py",
     "tests/test_status.py",
+    "tests/test_overrides.py",
 ]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 

@@ -341,6 +341,9 @@ class Launch:
     say: Callable[[str], None]
     spec: Path | None = None
     recorded: Callable[[TrainingRun], RunOutcome | None] = lambda run: None
+    overrides: tuple[str, ...] = ()
+    """The ``--set dotted.key=value`` values ``spec`` was loaded with: a later job that runs
+    ``geospec run SPEC`` passes each as ``--set``, or it would run another spec."""
 
 
 class Launcher(Plugin):

@@ -244,6 +244,8 @@ class Slurm(Launcher):
         )
         command = [sys.executable, "-m", "geospec", "run", str(launch.spec)]
         command += ["--out", str(launch.run_dir.resolve())]
+        for override in launch.overrides:  # the spec as this run loaded it
+            command += ["--set", override]
         with _outside_this_job():
             job = executor.submit(FinishPipeline(command))
         return str(job.job_id)

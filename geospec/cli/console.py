@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
+
 
 def escape(text: str) -> str:
     from rich.markup import escape as rich_escape
@@ -36,3 +38,15 @@ def warn_broken_plugins() -> None:
             f"{escape(broken.error)}",
             highlight=False,
         )
+
+
+#: ``--set dotted.key=value`` (repeatable): a spec value changed for this command only, validated
+#: exactly like the file (geospec.spec.loading.apply_overrides); spec.resolved.toml records it.
+set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Change one spec value (a TOML value; repeatable), e.g. --set train.lr=1e-3 "
+    "--set 'arms[1].schedule.start=1.2'.",
+)

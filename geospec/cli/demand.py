@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from geospec.cli.console import set_option
 from geospec.pipeline.executor import STAGES
 
 UP_TO_DEMAND = STAGES[: STAGES.index("demand") + 1]
@@ -21,7 +22,10 @@ UP_TO_DEMAND = STAGES[: STAGES.index("demand") + 1]
     help="Redo this stage and every later one up to demand.",
 )
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
-def demand(spec_path: Path, from_stage: str | None, out: Path | None) -> None:
+@set_option
+def demand(
+    spec_path: Path, from_stage: str | None, out: Path | None, overrides: tuple[str, ...]
+) -> None:
     """Measure the demand of every layer of SPEC's reference model (its own trained model or a
     pretrained checkpoint).
 
@@ -39,12 +43,19 @@ def demand(spec_path: Path, from_stage: str | None, out: Path | None) -> None:
     from geospec.spec.loading import load_spec
 
     warn_broken_plugins()
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, overrides)
     if not spec.demand.enabled:
         enabled = spec.demand.model_copy(update={"enabled": True})
         spec = spec.model_copy(update={"demand": enabled})
     run_dir = out or Path(spec.run_dir)
-    run_pipeline(spec, spec_path, from_stage=from_stage, until_stage="demand", run_dir=run_dir)
+    run_pipeline(
+        spec,
+        spec_path,
+        overrides=overrides,
+        from_stage=from_stage,
+        until_stage="demand",
+        run_dir=run_dir,
+    )
     if os.environ.get("RANK", "0") != "0":
         return  # under torchrun, rank 0 alone reports
     measured = read_demand(run_dir)

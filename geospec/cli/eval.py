@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from geospec.cli.console import set_option
+
 
 @click.command(name="eval")
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
@@ -13,7 +15,8 @@ import click
     "--again", is_flag=True, help="Evaluate every run again (after upgrading lm-eval, say)."
 )
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
-def evaluate(spec_path: Path, again: bool, out: Path | None) -> None:
+@set_option
+def evaluate(spec_path: Path, again: bool, out: Path | None, overrides: tuple[str, ...]) -> None:
     """Evaluate every trained arm x seed of SPEC on its [eval] tasks with lm-evaluation-harness
     (pip install "geospec[eval]"), then rebuild the report.
 
@@ -29,10 +32,12 @@ def evaluate(spec_path: Path, again: bool, out: Path | None) -> None:
     from geospec.spec.loading import load_spec
 
     warn_broken_plugins()
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, overrides)
     if spec.eval is None:
         raise UsageError(
             f"{spec_path}: no [eval] section; add one naming the tasks, for example\n"
             '  [eval]\n  tasks = ["geospec_austen_lastword"]'
         )
-    run_pipeline(spec, spec_path, from_stage="eval" if again else None, run_dir=out)
+    run_pipeline(
+        spec, spec_path, overrides=overrides, from_stage="eval" if again else None, run_dir=out
+    )

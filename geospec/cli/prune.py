@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from geospec.cli.console import set_option
 from geospec.pipeline.executor import STAGES
 
 UP_TO_PRUNE = STAGES[: STAGES.index("prune") + 1]
@@ -21,7 +22,10 @@ UP_TO_PRUNE = STAGES[: STAGES.index("prune") + 1]
     help="Redo this stage and every later one up to prune.",
 )
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
-def prune(spec_path: Path, from_stage: str | None, out: Path | None) -> None:
+@set_option
+def prune(
+    spec_path: Path, from_stage: str | None, out: Path | None, overrides: tuple[str, ...]
+) -> None:
     """Prune SPEC's pretrained reference.checkpoint to each [prune] keep fraction with every
     [prune] arm's allocation and each calibration seed (docs/prune.md).
 
@@ -39,11 +43,18 @@ def prune(spec_path: Path, from_stage: str | None, out: Path | None) -> None:
     from geospec.spec.loading import load_spec
 
     warn_broken_plugins()
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, overrides)
     if spec.prune is None:
         raise UsageError(f"{spec_path}: no [prune] section; add one (docs/prune.md)")
     run_dir = out or Path(spec.run_dir)
-    run_pipeline(spec, spec_path, from_stage=from_stage, until_stage="prune", run_dir=run_dir)
+    run_pipeline(
+        spec,
+        spec_path,
+        overrides=overrides,
+        from_stage=from_stage,
+        until_stage="prune",
+        run_dir=run_dir,
+    )
     if os.environ.get("RANK", "0") != "0":
         return
     record = read_prune(run_dir)

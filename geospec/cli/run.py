@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from geospec.cli.console import set_option
 from geospec.pipeline.executor import STAGES
 
 STAGE = click.Choice(STAGES)
@@ -16,8 +17,16 @@ STAGE = click.Choice(STAGES)
 @click.option("--from", "from_stage", type=STAGE, help="Redo this stage and every later one.")
 @click.option("--until", "until_stage", type=STAGE, help="Stop after this stage.")
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
-def run(spec_path: Path, from_stage: str | None, until_stage: str | None, out: Path | None) -> None:
-    """Run the pipeline of SPEC: reference, probe, measure, diagnose, solve, train, report.
+@set_option
+def run(
+    spec_path: Path,
+    from_stage: str | None,
+    until_stage: str | None,
+    out: Path | None,
+    overrides: tuple[str, ...],
+) -> None:
+    """Run the pipeline of SPEC: reference, probe, measure, diagnose, demand, solve, prune, train,
+    eval, report (diagnose, demand, prune and eval where SPEC enables them).
 
     Finished stages are skipped; an interrupted run resumes where it stopped.
     """
@@ -26,5 +35,12 @@ def run(spec_path: Path, from_stage: str | None, until_stage: str | None, out: P
     from geospec.spec.loading import load_spec
 
     warn_broken_plugins()
-    spec = load_spec(spec_path)
-    run_pipeline(spec, spec_path, from_stage=from_stage, until_stage=until_stage, run_dir=out)
+    spec = load_spec(spec_path, overrides)
+    run_pipeline(
+        spec,
+        spec_path,
+        overrides=overrides,
+        from_stage=from_stage,
+        until_stage=until_stage,
+        run_dir=out,
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import click
 
+from geospec.cli.console import set_option
 from geospec.errors import UsageError
 from geospec.spec.sections import Spec
 
@@ -86,6 +87,7 @@ def arm_widths(spec: Spec, arm: str, given: str | None) -> list[int]:
     help="Output directory (default: RUN_DIR/arms/ARM/seed-K).",
 )
 @click.option("--steps", type=click.IntRange(min=1), help="Override the number of steps.")
+@set_option
 def train(
     spec_path: Path,
     arm: str,
@@ -93,6 +95,7 @@ def train(
     widths_text: str | None,
     out: Path | None,
     steps: int | None,
+    overrides: tuple[str, ...],
 ) -> None:
     """Train one model of SPEC: the arm's widths, one seed. Resumes an interrupted run."""
     from rich.console import Console
@@ -106,7 +109,7 @@ def train(
     from geospec.pipeline.training import train_into
     from geospec.spec.loading import load_spec
 
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, overrides)
     widths = arm_widths(spec, arm, widths_text)
     run_dir = Path(spec.run_dir)
     out = out or arm_seed_dir(run_dir, arm, seed)

@@ -6,19 +6,20 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import escape, stdout, warn_broken_plugins
+from geospec.cli.console import escape, set_option, stdout, warn_broken_plugins
 
 
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
-def validate(spec_path: Path) -> None:
+@set_option
+def validate(spec_path: Path, overrides: tuple[str, ...]) -> None:
     """Check a spec and print what it resolves to."""
     from geospec.solve.widths import compute_widths
     from geospec.spec.loading import load_spec
     from geospec.spec.summary import spec_summary
 
     warn_broken_plugins()
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, overrides)
     stdout().print(spec_summary(spec))
     # the widths computable without profiles: say which derived arm equals its source
     computable = compute_widths(

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from geospec.cli.console import set_option
 from geospec.engine.model_size import ffn_params
 from geospec.errors import UsageError
 from geospec.pipeline.run_dir import RUN_FILE, WIDTHS_FILE
@@ -42,7 +43,14 @@ from geospec.spec.sections import Spec
     type=click.Path(path_type=Path),
     help="Also write the --json shape to this file (never into a run directory's widths.json).",
 )
-def widths(spec_path: Path, profiles_path: Path | None, as_json: bool, output: Path | None) -> None:
+@set_option
+def widths(
+    spec_path: Path,
+    profiles_path: Path | None,
+    as_json: bool,
+    output: Path | None,
+    overrides: tuple[str, ...],
+) -> None:
     """Print every arm's FFN width per layer, without training or writing anything.
 
     A run directory's widths.json is written only by ``geospec run`` (its solve stage), so a
@@ -54,7 +62,7 @@ def widths(spec_path: Path, profiles_path: Path | None, as_json: bool, output: P
     """
     from geospec.spec.loading import load_spec
 
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, overrides)
     profiles = None
     source = None
     if profiles_path is not None:

@@ -36,6 +36,8 @@ class RunContext:
     """Where models run in every stage ('auto': cuda when available)."""
     spec_path: Path | None = None
     """The spec file being run (for a launcher whose later job runs the pipeline again)."""
+    overrides: tuple[str, ...] = ()
+    """The ``--set`` values the spec was loaded with (passed on with ``spec_path``)."""
 
     @property
     def is_main(self) -> bool:

@@ -16,6 +16,7 @@ be: :func:`geospec.engine.distributed.wait_for_main`), then read the outputs bac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -62,11 +63,14 @@ def run_pipeline(
     until_stage: str | None = None,
     console: Console | None = None,
     run_dir: Path | None = None,
+    overrides: Sequence[str] = (),
 ) -> list[str]:
     """Run the stages in order; returns the stages that did work (empty: already up to date).
 
     ``from_stage`` redoes that stage and every later one; ``until_stage`` stops after it. Stages
     before ``from_stage`` still plan themselves: a later stage never runs on stale inputs.
+    ``overrides``: the ``--set`` values ``spec`` was loaded with (a launcher whose later job runs
+    the pipeline again passes them on).
     """
     for option, value in (("--from", from_stage), ("--until", until_stage)):
         if value is not None and value not in STAGES:
@@ -85,6 +89,7 @@ def run_pipeline(
             context(),
             spec.train.device,
             spec_path=spec_path.resolve(),
+            overrides=tuple(overrides),
         )
         if run.is_main:
             prepare_run_dir(run.run_dir)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +72,88 @@ def _duplicate_key(source: str, text: str, message: str) -> tuple[str, list[str]
     return source, [problem]
 
 
-def load_spec(path: str | Path) -> Spec:
-    """Read, validate and cross-check a spec file."""
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
+    """Read, validate and cross-check a spec file, with ``overrides`` (``--set`` values,
+    ``dotted.key=value``) applied to it first: validated exactly like the file."""
     path = Path(path)
     data = read_toml(path)
+    apply_overrides(data, overrides)
     return validate_spec(data, source=str(path))
+
+
+#: One segment of an override's key: a name, then any list indices (``arms[1]``).
+_SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_-]*)((?:\[\d+\])*)$")
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> None:
+    """Set each ``dotted.key=value`` of ``overrides`` in ``data`` (the spec's TOML as read).
+
+    The value is a TOML value (``3e-4``, ``true``, ``[0, 1]``, ``{ kind = "uniform" }``,
+    ``"text"``); one that does not parse as TOML is taken as a string (``name=study-2``). Keys are
+    dotted paths as error messages print them, list entries by index (``arms[1].schedule``);
+    missing tables are created, so a section the file lacks can be given. A malformed override is
+    a :class:`SpecError` naming it."""
+    problems = []
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(
+                f"--set {override!r}: give dotted.key=value (for example train.lr=1e-3)"
+            )
+            continue
+        try:
+            _set(data, key, _toml_value(text.strip()))
+        except ValueError as error:
+            problems.append(f"--set {key}: {error}")
+    if problems:
+        raise SpecError("--set", problems)
+
+
+def _toml_value(text: str) -> Any:
+    try:
+        value = tomlkit.parse(f"value = {text}")["value"]
+    except Exception:  # not TOML: a bare word is meant as a string
+        return text
+    return value.unwrap() if hasattr(value, "unwrap") else value
+
+
+def _set(data: dict[str, Any], key: str, value: Any) -> None:
+    node: Any = data
+    steps: list[str | int] = []
+    for segment in key.split("."):
+        match = _SEGMENT.match(segment)
+        if match is None:
+            raise ValueError(f"{segment!r} is not a key (letters, digits, _ and -, then [index])")
+        steps.append(match.group(1))
+        steps += [int(i) for i in re.findall(r"\[(\d+)\]", match.group(2))]
+    for step, following in itertools.pairwise(steps):
+        node = _child(node, step, following)
+    last = steps[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise ValueError(f"index [{last}] is beyond the list (it has {_length(node)} entries)")
+        node[last] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ValueError(f"{last!r} is set inside a {type(node).__name__}, not a table")
+
+
+def _child(node: Any, step: str | int, following: str | int) -> Any:
+    if isinstance(step, int):
+        if not isinstance(node, list) or step >= len(node):
+            raise ValueError(f"index [{step}] is beyond the list (it has {_length(node)} entries)")
+        return node[step]
+    if not isinstance(node, dict):
+        raise ValueError(f"{step!r} is looked up inside a {type(node).__name__}, not a table")
+    if step not in node:
+        node[step] = [] if isinstance(following, int) else {}
+    return node[step]
+
+
+def _length(node: Any) -> int:
+    return len(node) if isinstance(node, list) else 0
 
 
 def validate_spec(data: dict[str, Any], source: str = "<spec>") -> Spec:

@@ -102,7 +102,9 @@ class Train:
             runs, redo=redo, reuse=run.run_dir / REFERENCE_DIR, study=self.study, context=run,
             tokens=run.token_data(self.data),
         )  # fmt: skip
-        launch = Launch(runs, trainer, run.run_dir, run.say, run.spec_path, trainer.recorded)
+        launch = Launch(
+            runs, trainer, run.run_dir, run.say, run.spec_path, trainer.recorded, run.overrides
+        )
         outcomes = launcher.launch(launch)
         if run.is_main:
             record_submissions(
