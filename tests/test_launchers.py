@@ -185,6 +185,8 @@ def test_status_of_a_finished_run(serial: Path) -> None:
     assert all(r["evaluated"] is None and r["job"] is None for r in found["runs"])  # no [eval]
     table = CliRunner().invoke(cli, ["status", str(serial)])
     assert table.exit_code == 0 and "final loss" in table.output
+    # each stage's state is in words, not colour alone (CliRunner captures no colour)
+    assert "reference ✓" in table.output and "diagnose (skipped)" in table.output
 
 
 def test_status_of_a_run_in_progress_a_failed_run_and_a_stale_claim(

@@ -8,6 +8,11 @@ from pathlib import Path
 import click
 
 
+def _mark(state: str) -> str:
+    """A stage's state beside its name, readable without colour: ✓, (skipped), (pending)."""
+    return "✓" if state == "done" else f"({state})"
+
+
 def _duration(seconds: float) -> str:
     minutes = round(seconds / 60)
     return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60:02d} min"
@@ -35,7 +40,11 @@ def status(run_dir: Path, as_json: bool) -> None:
         "done": "green", "running": "cyan", "stale": "yellow", "failed": "red", "submitted": "blue"
     }  # fmt: skip
     console = stdout()
-    stages = "  ".join(f"[{colours.get(s['state'], 'dim')}]{s['name']}[/]" for s in found["stages"])
+    # each stage's state in words too: colour alone is lost in a log file
+    stages = "  ".join(
+        f"[{colours.get(s['state'], 'dim')}]{s['name']} {_mark(s['state'])}[/]"
+        for s in found["stages"]
+    )
     console.print(f"[bold]{escape(found['name'])}[/] ({escape(found['run_dir'])})")
     console.print(f"stages: {stages}", highlight=False)
     table = Table("arm", "seed", "state", "detail")
