@@ -97,3 +97,25 @@ def test_spec_resolved_toml_records_the_overrides(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     resolved = tomlkit.parse((tmp_path / "run" / "spec.resolved.toml").read_text())
     assert resolved["reference"]["train_steps"] == 3 and resolved["train"]["lr"] == 2e-3
+
+
+def test_validate_json_prints_the_fully_resolved_spec(tmp_path: Path) -> None:
+    from geospec.spec.sections import TrainSpec
+
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "g", "schedule": {"kind": "geometric", "profile": "shift/spherical"}},
+    ]
+    spec = minimal_spec(arms=arms)
+    del spec["measure"]  # "all": every registered pair
+    path = tmp_path / "spec.toml"
+    path.write_text(tomlkit.dumps(spec))
+    result = CliRunner().invoke(cli, ["validate", str(path), "--json", "--set", "train.steps=7"])
+    assert result.exit_code == 0, result.output
+    resolved = json.loads(result.output)
+    assert resolved["train"]["steps"] == 7
+    assert resolved["train"]["lr"] == TrainSpec.model_fields["lr"].default  # defaults filled in
+    solver = resolved["arms"][1]["schedule"]["solver"]
+    assert solver == {"kind": "power_law", "min_ratio": 0.25, "max_ratio": 2.0, "a": 1.0}
+    pairs = {(m["statistic"]["kind"], m["geometry"]["kind"]) for m in resolved["measure"]}
+    assert len(pairs) == 9 and ("shift", "spherical") in pairs

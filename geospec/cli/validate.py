@@ -11,15 +11,25 @@ from geospec.cli.console import escape, set_option, stdout, warn_broken_plugins
 
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the fully resolved spec as JSON (defaults in)."
+)
 @set_option
-def validate(spec_path: Path, overrides: tuple[str, ...]) -> None:
-    """Check a spec and print what it resolves to."""
+def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None:
+    """Check a spec and print what it resolves to (--json: every value, defaults filled in)."""
     from geospec.solve.widths import compute_widths
     from geospec.spec.loading import load_spec
     from geospec.spec.summary import spec_summary
 
     warn_broken_plugins()
     spec = load_spec(spec_path, overrides)
+    if as_json:
+        import json
+
+        from geospec.spec.resolve import resolved_spec
+
+        click.echo(json.dumps(resolved_spec(spec), indent=2))
+        return
     stdout().print(spec_summary(spec))
     # the widths computable without profiles: say which derived arm equals its source
     computable = compute_widths(

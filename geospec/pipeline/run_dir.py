@@ -305,10 +305,9 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
 
     from geospec.pipeline.keys import section
     from geospec.registry.loading import get_registries
-    from geospec.spec.resolve import measures
+    from geospec.spec.resolve import resolved_spec
 
-    resolved = spec.model_dump(mode="json")
-    resolved["measure"] = [section(e) for e in measures(spec)]
+    resolved = resolved_spec(spec)
     atomic_write_text(run_dir / "spec.resolved.toml", tomlkit.dumps(_without_none(resolved)))
     atomic_write_json(run_dir / "plugins.json", get_registries().describe())
     atomic_write_json(run_dir / "env.json", environment())

@@ -4,6 +4,8 @@ without loading a tokenizer."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from geospec.engine.model_size import Shape
 from geospec.kinds import ModelDims
 from geospec.spec.sections import BPETokenizer, GPT2Tokenizer, MeasureSpec, ModelSpec, Spec
@@ -45,3 +47,12 @@ def declared_vocab_size(spec: Spec) -> int | None:
 
 def model_shape(spec: Spec, vocab_size: int) -> Shape:
     return Shape.of(spec.model, vocab_size=vocab_size)
+
+
+def resolved_spec(spec: Spec) -> dict[str, Any]:
+    """The spec as it runs, in JSON form: every default filled in, every plugin table with all
+    its parameters, and the measures in effect (``measure = "all"`` expanded). What
+    ``spec.resolved.toml`` records and ``geospec validate --json`` prints."""
+    resolved: dict[str, Any] = spec.model_dump(mode="json")
+    resolved["measure"] = [entry.key_form() for entry in measures(spec)]
+    return resolved
