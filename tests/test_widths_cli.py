@@ -521,3 +521,20 @@ def test_widths_does_not_import_torch(tmp_path: Path) -> None:
 def spec_widths(spec: Spec, profiles: dict[str, list[float]]) -> WidthsResult:
     pretrained = spec.reference.checkpoint is not None
     return compute_widths(spec.model, spec.arms, profiles, pretrained_reference=pretrained)
+
+
+def test_profiles_from_several_files_are_merged_and_a_duplicate_is_refused(
+    tmp_path: Path,
+) -> None:
+    """--profiles twice: the files are merged (the last one no longer silently wins); the same
+    profile in both is one line naming both files."""
+    one = write_profiles(tmp_path, {"profiles": {PROFILE: FRONT_LOADED}}, "one.json")
+    other = write_profiles(tmp_path, {"profiles": {"other/raw": [1.0] * 6}}, "other.json")
+    merged = run(write_spec(tmp_path), "--profiles", one, "--profiles", other, "--json")
+    assert merged.exit_code == 0, merged.output
+    alone = run(write_spec(tmp_path), "--profiles", one, "--json")
+    assert json.loads(merged.stdout) == json.loads(alone.stdout)  # other/raw is read, unused
+    twice = write_profiles(tmp_path, {"profiles": {PROFILE: [1.0] * 6}}, "twice.json")
+    clash = run(write_spec(tmp_path), "--profiles", one, "--profiles", twice)
+    assert clash.exit_code == 2 and "Traceback" not in clash.output
+    assert f"{PROFILE!r} is in both {one} and {twice}" in clash.output

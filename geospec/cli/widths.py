@@ -26,10 +26,12 @@ from geospec.spec.sections import Spec
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
 @click.option(
     "--profiles",
-    "profiles_path",
+    "profiles_paths",
     metavar="FILE",
+    multiple=True,
     type=click.Path(path_type=Path),
-    help='Measured profiles: {"profiles": {"topology/hyperbolic": [one number per layer], ...}}.',
+    help='Measured profiles: {"profiles": {"topology/hyperbolic": [one number per layer], ...}} '
+    "(repeatable: the files are merged; a profile in two files is an error).",
 )
 @click.option(
     "--json",
@@ -46,7 +48,7 @@ from geospec.spec.sections import Spec
 @set_option
 def widths(
     spec_path: Path,
-    profiles_path: Path | None,
+    profiles_paths: tuple[Path, ...],
     as_json: bool,
     output: Path | None,
     overrides: tuple[str, ...],
@@ -65,8 +67,8 @@ def widths(
     spec = load_spec(spec_path, overrides)
     profiles = None
     source = None
-    if profiles_path is not None:
-        profiles, source = read_profiles(profiles_path), str(profiles_path)
+    if profiles_paths:
+        profiles, source = merged_profiles(profiles_paths), ", ".join(map(str, profiles_paths))
     result = compute_widths(
         spec.model,
         spec.arms,
@@ -103,6 +105,21 @@ def widths(
             console.print(f"[cyan]bounds:[/] {escape(arm)} {escape(at_bounds)}", highlight=False)
     if output is not None:
         console.print(f"wrote {escape(str(output))}", highlight=False)
+
+
+def merged_profiles(paths: tuple[Path, ...]) -> dict[str, list[float]]:
+    """The profiles of every file, merged; a profile named in two files is a UsageError (which
+    one was meant cannot be guessed)."""
+    merged: dict[str, list[float]] = {}
+    origin: dict[str, Path] = {}
+    for path in paths:
+        for name, values in read_profiles(path).items():
+            if name in merged:
+                raise UsageError(
+                    f"--profiles: {name!r} is in both {origin[name]} and {path}; give it once"
+                )
+            merged[name], origin[name] = list(values), path
+    return merged
 
 
 def check_profile_names(
