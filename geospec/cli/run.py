@@ -8,6 +8,7 @@ import click
 
 from geospec.cli.console import set_option
 from geospec.pipeline.executor import STAGES
+from geospec.spec.sections import Spec
 
 STAGE = click.Choice(STAGES)
 
@@ -17,12 +18,24 @@ STAGE = click.Choice(STAGES)
 @click.option("--from", "from_stage", type=STAGE, help="Redo this stage and every later one.")
 @click.option("--until", "until_stage", type=STAGE, help="Stop after this stage.")
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
+@click.option(
+    "--arms",
+    metavar="A,B",
+    help="Train only these arms (comma-separated); the report says which runs are missing.",
+)
+@click.option(
+    "--seeds",
+    metavar="0,1",
+    help="Train only these seeds (comma-separated); the report says which runs are missing.",
+)
 @set_option
 def run(
     spec_path: Path,
     from_stage: str | None,
     until_stage: str | None,
     out: Path | None,
+    arms: str | None,
+    seeds: str | None,
     overrides: tuple[str, ...],
 ) -> None:
     """Run the pipeline of SPEC: reference, probe, measure, diagnose, demand, solve, prune, train,
@@ -36,6 +49,9 @@ def run(
 
     warn_broken_plugins()
     spec = load_spec(spec_path, overrides)
+    chosen_arms = None if arms is None else _names(arms)
+    chosen_seeds = None if seeds is None else _seeds(seeds)
+    _check_choice(spec, chosen_arms, chosen_seeds)
     run_pipeline(
         spec,
         spec_path,
@@ -43,4 +59,32 @@ def run(
         from_stage=from_stage,
         until_stage=until_stage,
         run_dir=out,
+        arms=chosen_arms,
+        seeds=chosen_seeds,
     )
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _seeds(text: str) -> list[int]:
+    from geospec.errors import UsageError
+
+    try:
+        return [int(seed) for seed in _names(text)]
+    except ValueError:
+        raise UsageError(f"--seeds {text!r}: give whole numbers separated by commas") from None
+
+
+def _check_choice(spec: Spec, arms: list[str] | None, seeds: list[int] | None) -> None:
+    """--arms and --seeds name arms and seeds of the spec (one line, exit 2, before any work)."""
+    from geospec.errors import UsageError
+
+    names = [arm.name for arm in spec.arms]
+    unknown = [arm for arm in arms or () if arm not in names]
+    if unknown:
+        raise UsageError(f"--arms: {unknown} not among the spec's arms {names}")
+    missing = [seed for seed in seeds or () if seed not in spec.train.seeds]
+    if missing:
+        raise UsageError(f"--seeds: {missing} not in train.seeds {list(spec.train.seeds)}")

@@ -38,6 +38,10 @@ class RunContext:
     """The spec file being run (for a launcher whose later job runs the pipeline again)."""
     overrides: tuple[str, ...] = ()
     """The ``--set`` values the spec was loaded with (passed on with ``spec_path``)."""
+    arms: tuple[str, ...] | None = None
+    """Train only these arms (``geospec run --arms``; None: every arm)."""
+    seeds: tuple[int, ...] | None = None
+    """Train only these seeds (``geospec run --seeds``; None: every seed)."""
 
     @property
     def is_main(self) -> bool:

@@ -64,13 +64,17 @@ def run_pipeline(
     console: Console | None = None,
     run_dir: Path | None = None,
     overrides: Sequence[str] = (),
+    arms: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> list[str]:
     """Run the stages in order; returns the stages that did work (empty: already up to date).
 
     ``from_stage`` redoes that stage and every later one; ``until_stage`` stops after it. Stages
     before ``from_stage`` still plan themselves: a later stage never runs on stale inputs.
     ``overrides``: the ``--set`` values ``spec`` was loaded with (a launcher whose later job runs
-    the pipeline again passes them on).
+    the pipeline again passes them on). ``arms``, ``seeds``: train only these (the train stage
+    then stays unfinished while other runs are untrained, and the report says which are
+    missing); each must be one of the spec's.
     """
     for option, value in (("--from", from_stage), ("--until", until_stage)):
         if value is not None and value not in STAGES:
@@ -90,6 +94,8 @@ def run_pipeline(
             spec.train.device,
             spec_path=spec_path.resolve(),
             overrides=tuple(overrides),
+            arms=None if arms is None else tuple(arms),
+            seeds=None if seeds is None else tuple(seeds),
         )
         if run.is_main:
             prepare_run_dir(run.run_dir)

@@ -96,11 +96,12 @@ def write_plots(
         fig, ax = plt.subplots(figsize=(6.4, 3.6))
         for index, (name, arm_curves) in enumerate(curves.items()):
             color = f"C{index % 10}"
-            for seed, points in arm_curves.items():
+            label: str | None = name  # on the arm's first drawn seed (seed 0 may be untrained)
+            for points in arm_curves.values():
                 if points:
                     steps, losses = zip(*points, strict=True)
-                    label = name if seed == next(iter(arm_curves)) else None
                     ax.plot(steps, losses, color=color, alpha=0.8, lw=1, label=label)
+                    label = None
         ax.set_xlabel("step")
         ax.set_ylabel("validation loss")
         ax.set_title("Validation loss per arm (one line per seed)")

@@ -63,16 +63,57 @@ class Train:
             for seed in self.train.seeds
             for arm in self.arms
         ]
-        todo = [r for r in runs if forced or not is_trained(r[2], r[3])]
+        self.check_selection(run)
+        chosen = [r for r in runs if self.selected(run, r[0], r[1])]
+        todo = [r for r in chosen if forced or not is_trained(r[2], r[3])]
+        left_out = [r for r in runs if r not in chosen and not is_trained(r[2], r[3])]
         return Plan(
             digest(
                 "train", [self.run_key(widths[a], s) for a in self.arms for s in self.train.seeds]
             ),
-            run=lambda: self.train_runs(run, todo, widths, redo=forced),
-            current=not todo,
+            run=lambda: self.train_selected(run, todo, left_out, widths, redo=forced),
+            current=not todo and not left_out,
             note="[dim]✓ train: every arm and seed is trained (skipped)[/]",
             main_only=False,
         )
+
+    @staticmethod
+    def selected(run: RunContext, arm: str, seed: int) -> bool:
+        """Whether ``--arms`` and ``--seeds`` (none: every run) choose this run."""
+        return (run.arms is None or arm in run.arms) and (run.seeds is None or seed in run.seeds)
+
+    def check_selection(self, run: RunContext) -> None:
+        unknown_arms = [a for a in run.arms or () if a not in self.arms]
+        unknown_seeds = [s for s in run.seeds or () if s not in self.train.seeds]
+        if unknown_arms:
+            raise UsageError(
+                f"--arms: {', '.join(map(repr, unknown_arms))} not in the spec's arms "
+                f"({', '.join(self.arms)})"
+            )
+        if unknown_seeds:
+            raise UsageError(
+                f"--seeds: {unknown_seeds} not in train.seeds {list(self.train.seeds)}"
+            )
+
+    def train_selected(
+        self,
+        run: RunContext,
+        todo: list[tuple[str, int, Path, str]],
+        left_out: list[tuple[str, int, Path, str]],
+        widths: dict[str, list[int]],
+        redo: bool,
+    ) -> Any:
+        """Train ``todo``; with runs left out by --arms/--seeds untrained, the stage stays
+        unfinished (a later ``geospec run`` trains them) and the report leaves them out."""
+        outcome = self.train_runs(run, todo, widths, redo) if todo else None
+        if left_out:
+            names = ", ".join(f"{arm}/seed-{seed}" for arm, seed, _, _ in left_out)
+            run.say(
+                f"[yellow]![/] train: {len(left_out)} run(s) not chosen by --arms/--seeds are "
+                f"untrained ({names}); the report below leaves them out"
+            )
+            return INCOMPLETE
+        return outcome
 
     def run_key(self, widths: list[int], seed: int) -> str:
         return arm_run_key(self.model, self.data, self.train, widths, seed)
