@@ -188,3 +188,21 @@ def test_debug_flag_shows_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--debug", "validate", str(path)])
     assert result.exit_code != 0
     assert result.exception is not None  # re-raised instead of a one-line message
+
+
+def test_a_probe_only_spec_of_a_checkpoint_needs_no_train_table() -> None:
+    from geospec.errors import SpecError
+    from geospec.spec.loading import validate_spec
+    from geospec.testing import minimal_spec
+
+    pretrained = minimal_spec(
+        probe_only=True,
+        reference={"checkpoint": "model.gguf"},
+        data={"tokenizer": {"kind": "pretrained", "path": "model.gguf"}},
+    )
+    del pretrained["train"]
+    assert validate_spec(pretrained).train.device == "auto"
+    trained_here = minimal_spec(probe_only=True)  # its reference is trained with [train]
+    del trained_here["train"]
+    with pytest.raises(SpecError, match="train: required key is missing"):
+        validate_spec(trained_here)

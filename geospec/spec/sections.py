@@ -579,7 +579,8 @@ class Spec(Section):
     solve whose profiles (demand/lambda, demand/exponent, demand/f0.5, ...) schedules can read."""
     probe_only: bool = False
     """Train no arm: `geospec run` probes, measures, diagnoses, solves and reports (for pretrained
-    checkpoints, whose own shape is not trained here)."""
+    checkpoints, whose own shape is not trained here; with a reference.checkpoint, [train] may be
+    left out)."""
     eval: Annotated[EvalSpec | None, ADDED_LATER] = None
     """Evaluate every trained arm x seed on lm-eval tasks (a stage between train and report;
     scores and their paired comparison go into results.json and report.md). Absent: no
@@ -591,6 +592,19 @@ class Spec(Section):
     """Where the arm-seed runs are trained: a launcher table such as { kind = "pool", workers = 4 }
     (`geospec plugins` lists them). Absent: { kind = "local" }, one run after another in this
     process. It never changes what a run computes, so no key depends on it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _probe_only_trains_nothing(cls, data: Any) -> Any:
+        """A probe-only spec of a pretrained checkpoint trains nothing at all: [train] may be left
+        out (its device and threads then take their defaults; steps is a placeholder nothing
+        reads). A spec whose reference is trained here still needs it."""
+        if not isinstance(data, dict) or data.get("probe_only") is not True or "train" in data:
+            return data
+        reference = data.get("reference")
+        if isinstance(reference, dict) and reference.get("checkpoint"):
+            return {**data, "train": {"steps": 1}}
+        return data
 
     @property
     def run_dir(self) -> str:
