@@ -113,6 +113,7 @@ def test_demand_writes_demand_json_and_trains_no_arm(measured: Path) -> None:
     assert set(demand["profiles"]) == {
         "demand/lambda",
         "demand/exponent",
+        "demand/slope",
         "demand/f0.75",
         "demand/f0.5",
         "demand/f0.25",

@@ -35,7 +35,15 @@ def layer_rows(demand: Mapping[str, Any]) -> list[list[str]]:
 
 def correlation_headers(demand: Mapping[str, Any]) -> list[str]:
     keep = demand["additivity"]["keep"]
-    return ["profile", "ρ vs λ", "95% interval", f"ρ vs Δloss at {keep:g}", "95% interval"]
+    return [
+        "profile",
+        f"ρ vs Δloss at {keep:g}",
+        "95% interval",
+        "ρ vs λ·a",
+        "95% interval",
+        "ρ vs λ",
+        "95% interval",
+    ]
 
 
 def _rho(entry: Mapping[str, Any] | None) -> list[str]:
@@ -47,14 +55,14 @@ def _rho(entry: Mapping[str, Any] | None) -> list[str]:
 
 
 def correlation_rows(demand: Mapping[str, Any]) -> list[list[str]]:
-    """One row per other profile, strongest correlation with lambda first."""
+    """One row per other profile, strongest correlation with the measured increase first."""
 
     def strength(item: tuple[str, Mapping[str, Any]]) -> float:
-        entry = item[1].get("lambda")
+        entry = item[1].get("increase")
         return -abs(entry["rho"]) if entry and entry.get("rho") is not None else 0.0
 
     return [
-        [name, *_rho(entry.get("lambda")), *_rho(entry.get("increase"))]
+        [name, *_rho(entry.get("increase")), *_rho(entry.get("slope")), *_rho(entry.get("lambda"))]
         for name, entry in sorted(demand.get("correlations", {}).items(), key=strength)
     ]
 
@@ -106,8 +114,9 @@ def demand_markdown(demand: Mapping[str, Any], images: list[str]) -> str:
     if rows:
         lines += [
             "Which profile tracks the measured demand: Spearman rank correlation of each profile "
-            "with λ and with the raw loss increase, 95% percentile bootstrap intervals over "
-            "layers.",
+            "with the measured loss increase, with the fitted λ·a (the slope in ln(1/f) at full "
+            "width, pinned even where λ and a alone are not) and with λ; 95% percentile "
+            "bootstrap intervals over layers.",
             "",
         ]
         lines += markdown_table(correlation_headers(demand), rows)

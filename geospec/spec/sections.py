@@ -540,9 +540,10 @@ DIAGNOSTIC_PROFILES = (
 )
 
 #: The per-layer profiles the demand stage adds (when [demand] is enabled): the fitted lambda_l and
-#: a_l, and the measured loss increase at each keep fraction f, named ``demand/f<f>``
-#: (:func:`demand_profile_names`).
-DEMAND_PROFILES = ("demand/lambda", "demand/exponent")
+#: a_l, their product (the slope of the loss increase in ln(1/f) at full width, which the data pin
+#: even where lambda and a alone are not), and the measured loss increase at each keep fraction
+#: f, named ``demand/f<f>`` (:func:`demand_profile_names`).
+DEMAND_PROFILES = ("demand/lambda", "demand/exponent", "demand/slope")
 
 
 def demand_profile_names(demand: DemandSpec) -> tuple[str, ...]:

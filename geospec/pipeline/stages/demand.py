@@ -30,7 +30,7 @@ from geospec.pipeline.keys import data_key, digest
 from geospec.pipeline.run_dir import DEMAND_FILE, json_problem, read_json
 from geospec.pipeline.stages.probe import Probe
 from geospec.report.stats import finite
-from geospec.spec.sections import DemandSpec, Spec
+from geospec.spec.sections import DEMAND_PROFILES, DemandSpec, Spec
 
 if TYPE_CHECKING:
     from torch import nn
@@ -275,6 +275,7 @@ def profiles_of(
     profiles = {
         "demand/lambda": [max(row["fit"]["lambda"], 0.0) for row in layers],
         "demand/exponent": [row["fit"]["exponent"] for row in layers],
+        "demand/slope": [max(row["fit"]["lambda"], 0.0) * row["fit"]["exponent"] for row in layers],
     }
     for k, fraction in enumerate(keep):
         profiles[f"demand/f{fraction:g}"] = [max(row["increase"][k], 0.0) for row in layers]
@@ -286,11 +287,16 @@ def correlations(
     others: Mapping[str, Sequence[float]],
     pair_keep: float,
 ) -> dict[str, dict[str, Any]]:
-    """Per other profile: Spearman's rho with lambda and with the increase at ``pair_keep``,
-    each with a percentile bootstrap interval over layers."""
+    """Per other profile: Spearman's rho with the increase at ``pair_keep`` (the measured
+    demand), with lambda x a and with lambda (the fit), each with a percentile bootstrap interval
+    over layers."""
     from geospec.report.stats import spearman_interval
 
-    targets = {"lambda": demand["demand/lambda"], "increase": demand[f"demand/f{pair_keep:g}"]}
+    targets = {
+        "increase": demand[f"demand/f{pair_keep:g}"],
+        "slope": demand["demand/slope"],
+        "lambda": demand["demand/lambda"],
+    }
     result: dict[str, dict[str, Any]] = {}
     for name, values in others.items():
         if len(values) != len(targets["lambda"]):
@@ -323,8 +329,11 @@ def demand_problem(path: Path) -> str | None:
     problem = json_problem(path, *DEMAND_KEYS)
     if problem is not None:
         return problem
-    layers = read_json(path)["layers"]
-    if any("exponent_at_bound" not in row.get("fit", {}) for row in layers):
+    stored = read_json(path)
+    fits = [row.get("fit", {}) for row in stored["layers"]]
+    if any("exponent_at_bound" not in fit for fit in fits) or any(
+        name not in stored["profiles"] for name in DEMAND_PROFILES
+    ):
         return f"{path.name} holds fits of an earlier geospec; fitting its measurement again"
     return None
 

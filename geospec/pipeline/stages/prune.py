@@ -47,11 +47,13 @@ class PruneStage:
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         if self.prune is None:
             return Plan(None, current=True)
-        profiles = {
+        every = {
             **(done["measure"].output or {}),
             **(done["diagnose"].output or {}),
             **(done["demand"].output or {}),
         }
+        # keyed by the profiles the arms read: a profile no arm uses changes no pruned model
+        profiles = {name: every[name] for name in self.needed_profiles() if name in every}
         key = digest(
             "prune",
             section(self.prune),
@@ -69,6 +71,18 @@ class PruneStage:
             artifacts=(path,),
             problem=json_problem(path, *PRUNE_KEYS) if path.exists() else None,
         )
+
+    def needed_profiles(self) -> list[str]:
+        """The profiles the prune arms' schedules read (sorted)."""
+        from geospec.plugin import create_plugin
+
+        assert self.prune is not None
+        names: set[str] = set()
+        for arm in self.prune.arms:
+            schedule = create_plugin("schedule", arm.schedule)
+            if not schedule.reads_neuron_scores:
+                names.update(schedule.required_profiles())
+        return sorted(names)
 
     def write(
         self, run: RunContext, key: str, profiles: Mapping[str, Sequence[float]]
