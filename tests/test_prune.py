@@ -296,3 +296,47 @@ def test_an_edited_prune_record_is_recomputed(pruned_run: Path, damaged: str) ->
     if damaged == "prune.json":
         assert "! prune: prune.json was changed after geospec wrote it" in output
     assert json.loads((run / "prune.json").read_text()) == before
+
+
+def test_healing_fine_tunes_each_pruned_model_from_its_own_weights(tmp_path: Path) -> None:
+    """heal.steps: each pruned model, imported into geospec's engine with its uneven widths, is
+    trained on [data]'s text; at a vanishing learning rate the healed loss is the pruned loss
+    (the import is exact and training starts from the pruned weights), at a real one it moves."""
+    arms = PRUNE_SPEC["arms"][:2]  # uniform and flap
+    spec = prune_spec(
+        tmp_path,
+        arms=arms,
+        keep=0.5,
+        calibration={"windows": 8, "seeds": [0]},
+        export=False,
+        heal={"steps": 2, "lr": 1e-12, "batch_size": 2},
+    )
+    invoke("prune", str(spec))
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    for name in ("uniform", "flap"):
+        arm = record["budgets"][0]["arms"][name]
+        for corpus in ("docs.jsonl", "other.jsonl"):
+            assert arm["healed_loss"][corpus]["0"] == pytest.approx(
+                arm["loss"][corpus]["0"], abs=1e-5
+            )
+    heal_dir = tmp_path / "run" / "prune" / "keep-0.5" / "flap" / "seed-0" / "heal"
+    config = json.loads((heal_dir / "config.json").read_text())
+    assert config["ffn_widths"] == record["budgets"][0]["arms"]["flap"]["widths"]["0"]
+    assert config["norm_eps"] == pytest.approx(1e-6)  # the checkpoint's own epsilon
+    # a real learning rate: the loss moves
+    spec.write_text(spec.read_text().replace("lr = 1e-12", "lr = 0.01"))
+    invoke("prune", str(spec))
+    healed = json.loads((tmp_path / "run" / "prune.json").read_text())["budgets"][0]["arms"]
+    moved = healed["uniform"]["healed_loss"]["docs.jsonl"]["0"]
+    assert abs(moved - healed["uniform"]["loss"]["docs.jsonl"]["0"]) > 1e-3
+    assert "| docs.jsonl, healed |" in (tmp_path / "run" / "prune" / "report.md").read_text()
+
+
+def test_healing_a_model_geospec_cannot_import_is_one_line(tmp_path: Path) -> None:
+    spec = prune_spec(tmp_path, heal={"steps": 2}, arms=PRUNE_SPEC["arms"][:1], keep=0.5)
+    hf_models.gpt2().save_pretrained(tmp_path / "model")  # replaces the Llama weights
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "prune.heal:" in last and "not Llama-family" in last
+    assert not (tmp_path / "run" / "prune.json").exists()

@@ -208,6 +208,18 @@ def fingerprint(
     }
 
 
+def weights_digest(state: dict[str, torch.Tensor]) -> str:
+    """A content hash of a state dict (names, shapes, dtypes and bytes)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        h.update(tensor.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
 def _check_same_run(out_dir: Path, stored: dict[str, Any], wanted: dict[str, Any]) -> None:
     if "tokens" not in stored:  # recorded before geospec hashed the tokens: compare the rest
         wanted = {k: v for k, v in wanted.items() if k != "tokens"}
@@ -379,10 +391,14 @@ def train_model(
     steps: int | None = None,
     progress: bool = True,
     observer: TrainObserver | None = None,
+    initial: dict[str, torch.Tensor] | None = None,
 ) -> TrainResult:
     """Train (or resume, or return the finished result of) one model; see the module docstring.
-    ``observer`` watches it on rank 0 (not a finished run returned as it is)."""
-    return _Run(train, config, data, Path(out_dir), seed, steps, progress, observer).run()
+    ``observer`` watches it on rank 0 (not a finished run returned as it is). ``initial``: the
+    model's starting weights (a pretrained or pruned model, fine-tuned) instead of the seeded
+    initialisation; the fingerprint holds their digest, so a directory never mixes two."""
+    run = _Run(train, config, data, Path(out_dir), seed, steps, progress, observer, initial)
+    return run.run()
 
 
 class _Run:
@@ -398,6 +414,7 @@ class _Run:
         steps: int | None,
         progress: bool,
         observer: TrainObserver | None = None,
+        initial: dict[str, torch.Tensor] | None = None,
     ) -> None:
         self.train, self.config, self.data, self.out_dir, self.seed = (
             train,
@@ -413,7 +430,10 @@ class _Run:
         )
         self.total = total_steps(train, config.seq_len, steps)
         self.micro, self.accum = micro_batching(train, self.ctx.world_size)
+        self.initial = initial
         self.fingerprint = fingerprint(train, config, data, seed, self.total)
+        if initial is not None:  # absent otherwise: fingerprints of earlier runs stay equal
+            self.fingerprint["initial"] = weights_digest(initial)
         self.show_progress = progress and self.ctx.is_main
         self.tokens_per_step = train.batch_size * config.seq_len
         self.observer = observer if self.ctx.is_main else None
@@ -437,6 +457,8 @@ class _Run:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(self.seed)
         raw = GPT(self.config)  # built on CPU so the initial weights do not depend on the device
+        if self.initial is not None:
+            raw.load_state_dict(self.initial)
         _seed_dropout(self.seed, self.ctx.rank)
         raw.to(self.device)
         self.raw = raw

@@ -12,7 +12,8 @@ from geospec.report.diagnostics import number
 
 
 def budget_rows(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> list[list[str]]:
-    """One row per arm and corpus."""
+    """One row per arm and corpus (and per corpus after healing, where the models were healed);
+    every difference is from the baseline's loss measured the same way."""
     from geospec.report.stats import paired_difference, sign_flip_p, summarize
 
     baseline = budget["arms"][prune["baseline"]]
@@ -21,22 +22,20 @@ def budget_rows(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> list[lis
         widths = next(iter(arm["widths"].values()))
         varies = len({tuple(w) for w in arm["widths"].values()}) > 1
         shown = " ".join(str(w) for w in widths) + (" (seed 0; varies)" if varies else "")
-        params = sorted(set(arm["ffn_params"].values()))
-        for corpus, losses in arm["loss"].items():
+        params = "/".join(f"{p:,}" for p in sorted(set(arm["ffn_params"].values())))
+        measured = [("loss", corpus) for corpus in arm["loss"]]
+        measured += [("healed_loss", corpus) for corpus in arm.get("healed_loss", {})]
+        for field, corpus in measured:
+            losses = arm[field][corpus]
             values = [float(v) for v in losses.values()]
-            mean = summarize(values).mean
-            row = [
-                name,
-                shown,
-                "/".join(f"{p:,}" for p in params),
-                corpus,
-                number(math.exp(mean), 2),
-            ]
+            label = corpus if field == "loss" else f"{corpus}, healed"
+            row = [name, shown, params, label, number(math.exp(summarize(values).mean), 2)]
+            shown, params = "", ""  # once per arm
             if name == prune["baseline"]:
                 rows.append([*row, "-", "-", "-", "-"])
                 continue
-            against = {int(s): float(v) for s, v in baseline["loss"][corpus].items()}
-            diff = paired_difference({int(s): float(v) for s, v in losses.items()}, against)
+            against = values_by(baseline[field][corpus])
+            diff = paired_difference(values_by(losses), against)
             p = sign_flip_p([values_by(losses)[s] - against[s] for s in diff.seeds])
             ci = "-" if math.isnan(diff.ci[0]) else f"[{diff.ci[0]:+.4f}, {diff.ci[1]:+.4f}]"
             rows.append(
@@ -48,7 +47,6 @@ def budget_rows(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> list[lis
                     "-" if p is None else f"{p:.3g}",
                 ]
             )
-            shown = ""  # widths once per arm
     return rows
 
 

@@ -463,6 +463,20 @@ class PruneEval(Section):
     """Windows per forward pass."""
 
 
+class PruneHeal(Section):
+    """Fine-tuning every pruned model on the spec's training text in geospec's own engine (its
+    weights imported: Llama-family checkpoints), then its held-out loss again."""
+
+    steps: int = Field(0, ge=0, le=100_000_000)
+    """Optimizer steps per pruned model (0: no healing)."""
+    lr: float = Field(1e-4, gt=0.0, le=10.0)
+    """Peak learning rate (cosine decay to a tenth, after warmup)."""
+    warmup: int = Field(0, ge=0)
+    batch_size: int = Field(8, ge=1, le=1_048_576)
+    """Sequences of model.seq_len tokens per step."""
+    weight_decay: float = Field(0.0, ge=0.0, le=10.0)
+
+
 PruneFraction = Annotated[float, Field(gt=0.0, le=1.0)]
 
 
@@ -483,6 +497,8 @@ class PruneSpec(Section):
     """The arm every other is compared with, paired by calibration seed."""
     export: bool = True
     """Write every pruned model as a transformers checkpoint."""
+    heal: Annotated[PruneHeal, ADDED_LATER] = Field(default_factory=PruneHeal)
+    """Fine-tune every pruned model (steps > 0) and measure it again (docs/prune.md)."""
 
     @property
     def fractions(self) -> list[float]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from geospec.atomic import atomic_write_json
 from geospec.digests import seal_broken, sealed, unsealed
+from geospec.errors import UsageError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest, section
 from geospec.pipeline.run_dir import PRUNE_DIR, PRUNE_FILE, json_problem, read_json
@@ -39,10 +40,12 @@ class PruneStage:
     data: DataSpec
     model: ModelSpec
     reference: ReferenceSpec
+    threads: int | None = None
+    """train.threads: torch's CPU threads while healing."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> PruneStage:
-        return cls(spec.prune, spec.data, spec.model, spec.reference)
+        return cls(spec.prune, spec.data, spec.model, spec.reference, spec.train.threads)
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         if self.prune is None:
@@ -110,6 +113,15 @@ class PruneStage:
         except CutError as error:
             raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
         width = ffn_width(sites[0].ffn)
+        if prune.heal.steps > 0:
+            from geospec.engine.imported import import_problem
+
+            problem = import_problem(model)
+            if problem is not None:
+                raise UsageError(
+                    "prune.heal: healing fine-tunes the pruned models in geospec's engine, which "
+                    f"cannot reproduce this checkpoint exactly ({problem}); set heal.steps = 0"
+                )
         importance = create_plugin("importance", prune.importance)
         train = run.token_data(self.data).train
         seq_len = self.model.seq_len
@@ -163,8 +175,9 @@ class PruneStage:
                         if keep not in widths:
                             widths[keep] = allocate(prune.arms, dims[keep], profiles, scored[0])
                         result = self.prune_unit(
-                            model, sites, scored[1], widths[keep][arm.name], corpora, unit_dir
-                        )
+                            run, model, sites, scored[1], widths[keep][arm.name], corpora,
+                            unit_dir, seed, unit_key,
+                        )  # fmt: skip
                         result.update(
                             {"keep": keep, "arm": arm.name, "seed": seed, "key": unit_key}
                         )
@@ -177,19 +190,25 @@ class PruneStage:
 
     def prune_unit(
         self,
+        run: RunContext,
         model: Any,
         sites: Sequence[Any],
         orders: Sequence[Sequence[int]],
         widths: Sequence[int],
         corpora: Mapping[str, Sequence[Any]],
         unit_dir: Path,
+        seed: int,
+        key: str,
     ) -> dict[str, Any]:
-        """One pruned model: its losses, FFN parameters and (with export) checkpoint."""
+        """One pruned model: its losses, FFN parameters, (with export) checkpoint and (with
+        heal.steps) its losses after fine-tuning."""
         import torch
 
+        from geospec.engine.imported import import_llama
         from geospec.prune.apply import eval_loss, export_pruned, ffn_parameters, pruned
 
         assert self.prune is not None
+        initial = None
         with torch.no_grad(), pruned(sites, orders, widths):
             losses = {name: eval_loss(model, batches) for name, batches in corpora.items()}
             params = ffn_parameters(sites)
@@ -199,11 +218,64 @@ class PruneStage:
                 export_pruned(model, sites, widths, staging)
                 shutil.rmtree(unit_dir / MODEL_DIR, ignore_errors=True)
                 staging.rename(unit_dir / MODEL_DIR)
-        return {"widths": list(widths), "ffn_params": params, "loss": losses}
+            if self.prune.heal.steps > 0:
+                initial = import_llama(model, self.model.seq_len)
+        result = {"widths": list(widths), "ffn_params": params, "loss": losses}
+        if initial is not None:
+            result["healed_loss"] = self.heal(run, initial, corpora, unit_dir, seed, key)
+        return result
+
+    def heal(
+        self,
+        run: RunContext,
+        imported: Any,
+        corpora: Mapping[str, Sequence[Any]],
+        unit_dir: Path,
+        seed: int,
+        key: str,
+    ) -> dict[str, float]:
+        """Fine-tune the imported pruned model on [data]'s training text (resumable, in
+        ``heal/`` beside the unit's record: a directory of another unit key is emptied, one of
+        the same key resumes) and measure it again on every corpus."""
+        import torch
+
+        from geospec.engine.checkpoint import load_model
+        from geospec.engine.train import train_model
+        from geospec.pipeline.run_dir import own_training_dir
+        from geospec.prune.apply import eval_loss
+        from geospec.spec.sections import TrainSpec
+
+        assert self.prune is not None
+        heal = self.prune.heal
+        spec = TrainSpec(
+            steps=heal.steps,
+            batch_size=heal.batch_size,
+            lr=heal.lr,
+            warmup=heal.warmup,
+            weight_decay=heal.weight_decay,
+            seeds=[seed],
+            device=run.device,
+            threads=self.threads,
+            eval_tokens=self.model.seq_len,
+        )
+        directory = unit_dir / HEAL_DIR
+        own_training_dir(run, directory, key, list(imported.config.ffn_widths))
+        state = {k: v.detach().clone() for k, v in imported.state_dict().items()}
+        train_model(
+            spec,
+            imported.config,
+            run.token_data(self.data),
+            directory,
+            seed,
+            progress=False,
+            initial=state,
+        )
+        healed = load_model(directory, next(iter(corpora.values()))[0][0].device)
+        with torch.no_grad():
+            return {name: eval_loss(healed, batches) for name, batches in corpora.items()}
 
     def eval_batches(self, run: RunContext, device: Any) -> dict[str, list[Any]]:
         """Each eval corpus's first validation windows, tokenized like [data]."""
-        from geospec.errors import UsageError
         from geospec.measure.sensitivity import loss_batches, scored_text
 
         assert self.prune is not None
@@ -238,6 +310,7 @@ def eval_data(data: DataSpec, corpus: str) -> DataSpec:
 #: A unit's record and its exported model, under prune/keep-<f>/<arm>/seed-<k>/.
 UNIT_FILE = "result.json"
 MODEL_DIR = "model"
+HEAL_DIR = "heal"
 #: What prune.json holds at the top level.
 PRUNE_KEYS = ("keep", "baseline", "corpora", "reference", "budgets", "key")
 
@@ -283,6 +356,11 @@ def gather(
                     for corpus in first["loss"]
                 },
             }
+            if "healed_loss" in first:
+                arms[arm.name]["healed_loss"] = {
+                    corpus: {str(s): unit["healed_loss"][corpus] for s, unit in units.items()}
+                    for corpus in first["healed_loss"]
+                }
         budgets.append(
             {
                 "keep": keep,
