@@ -340,3 +340,56 @@ def test_healing_a_model_geospec_cannot_import_is_one_line(tmp_path: Path) -> No
     last = result.output.strip().splitlines()[-1]
     assert "prune.heal:" in last and "not Llama-family" in last
     assert not (tmp_path / "run" / "prune.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "message"),
+    [
+        ({"keep": 1.5}, "prune.keep", "less than or equal to 1"),
+        ({"keep": [0.5, 0.0]}, "prune.keep", "greater than 0"),
+        ({"baseline": "nope"}, "prune", "baseline 'nope' is not one of the arms"),
+        ({"calibration": {"seeds": [1, 1]}}, "prune.calibration.seeds", "distinct"),
+        ({"heal": {"steps": -1}}, "prune.heal.steps", "greater than or equal to 0"),
+    ],
+)
+def test_bad_prune_settings_name_the_field(
+    change: dict[str, object], field: str, message: str
+) -> None:
+    from geospec.errors import SpecError
+    from geospec.spec.loading import validate_spec
+    from geospec.testing import minimal_spec
+
+    spec = minimal_spec(
+        probe_only=True,
+        reference={"checkpoint": "model"},
+        data={"tokenizer": {"kind": "pretrained", "path": "model"}},
+        prune=PRUNE_SPEC | change,
+        measure=[{"geometry": "spherical", "statistic": "shift"}],
+    )
+    with pytest.raises(SpecError) as error:
+        validate_spec(spec)
+    assert field in str(error.value) and message in str(error.value)
+
+
+def test_a_prune_without_a_checkpoint_or_with_a_short_eval_corpus_is_one_line(
+    tmp_path: Path,
+) -> None:
+    from geospec.errors import SpecError
+    from geospec.spec.loading import validate_spec
+    from geospec.testing import minimal_spec
+
+    with pytest.raises(SpecError, match=r"prunes a pretrained reference\.checkpoint"):
+        validate_spec(minimal_spec(prune={"arms": PRUNE_SPEC["arms"][:1]}))
+    spec = prune_spec(tmp_path, arms=PRUNE_SPEC["arms"][:1], keep=0.5)
+    (tmp_path / "other.jsonl").write_text(json.dumps({"text": "w1 w2 w3"}))
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    last = result.output.strip().splitlines()[-1]
+    assert "prune.eval.corpora: 'other.jsonl'" in last and "val split is empty" in last
+    # long enough to split, too short for the windows asked
+    (tmp_path / "other.jsonl").write_text(
+        "\n".join(json.dumps({"text": f"w{i} w{i + 1} w{i + 2}"}) for i in range(40))
+    )
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    last = result.output.strip().splitlines()[-1]
+    assert result.exit_code == 2 and "fewer than 6 windows of 16 need" in last

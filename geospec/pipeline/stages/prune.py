@@ -281,7 +281,10 @@ class PruneStage:
         assert self.prune is not None
         result = {}
         for corpus in self.prune.eval.corpora:
-            data: TokenData = run.token_data(eval_data(self.data, corpus))
+            try:
+                data: TokenData = run.token_data(eval_data(self.data, corpus))
+            except UsageError as error:
+                raise UsageError(f"prune.eval.corpora: {corpus!r}: {error}") from None
             tokens = scored_text(data.val, data.eot_id if self.data.end_of_text else None)
             needed = self.prune.eval.windows * self.model.seq_len + 1
             if len(tokens) < needed:
