@@ -5,8 +5,10 @@ maps; and the builtin importance scores against their formulas."""
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from contextlib import ExitStack
+from typing import Literal
 
 import hf_models
 import pytest
@@ -31,7 +33,7 @@ from geospec.measure.cut import (
 )
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
-from geospec.plugin import create_plugin
+from geospec.plugin import PluginParams, create_plugin
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -258,3 +260,60 @@ def test_an_ordering_keeps_the_best_scores_and_breaks_ties_by_index() -> None:
         neuron_order(Fixed([0.1, 0.5, 0.5]), view)
     with pytest.raises(PluginError, match="non-finite"):
         neuron_order(Fixed([0.1, float("nan"), 0.5, 0.2]), view)
+
+
+# the contract kit for importance plugins, proven on the builtins and on broken ones
+
+
+@pytest.mark.parametrize(
+    ("kind", "per_neuron"), [("magnitude", True), ("activation", True), ("random", False)]
+)
+def test_the_builtin_importances_keep_their_contract(kind: str, per_neuron: bool) -> None:
+    from geospec.registry.loading import get_registries
+    from geospec.testing import check_importance
+
+    check_importance(get_registries()["importance"].get(kind).cls, per_neuron=per_neuron)
+
+
+class Broken(Importance):
+    class Params(PluginParams):
+        kind: Literal["broken"] = "broken"
+
+    flaw = ""  # each subclass in the test below breaks one rule
+
+    def scores(self, ffn: NeuronWeights) -> torch.Tensor:
+        flaw = type(self).flaw
+        if flaw == "shape":
+            return ffn.output.norm(dim=0)[:-1]
+        if flaw == "nan":
+            return ffn.output.norm(dim=0) * float("nan")
+        if flaw == "integer":
+            return ffn.output.norm(dim=0).long()
+        if flaw == "unstable":
+            return torch.rand(ffn.width)
+        if flaw == "mutates":
+            ffn.output.mul_(2)
+            return ffn.output.norm(dim=0)
+        if flaw == "positional":
+            return torch.arange(ffn.width, dtype=torch.float32)
+        return ffn.output.norm(dim=0)
+
+
+@pytest.mark.parametrize(
+    ("flaw", "rule"),
+    [
+        ("shape", "shape (width,)"),
+        ("nan", "every score must be finite"),
+        ("integer", "floating point"),
+        ("unstable", "the same FFN must get the same scores"),
+        ("mutates", "must not change the weights"),
+        ("positional", "must move with it when the neurons are permuted"),
+    ],
+)
+def test_a_broken_importance_fails_the_rule_it_breaks(flaw: str, rule: str) -> None:
+    from geospec.testing import ContractError, check_importance
+
+    flawed = type("Flawed", (Broken,), {"flaw": flaw})
+    with pytest.raises(ContractError, match=re.escape(rule)):
+        check_importance(flawed)
+    check_importance(Broken)  # the same class without the flaw passes
