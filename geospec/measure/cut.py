@@ -181,10 +181,14 @@ def cut_modules(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> dict[str,
 def cut_ffn(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> None:
     """Remove every hidden neuron of ``ffn`` not in ``keep``, in place (the kept neurons stay in
     their original order)."""
-    for name, module in cut_modules(ffn, keep).items():
+    _install(ffn, cut_modules(ffn, keep), len(torch.as_tensor(keep).flatten()))
+
+
+def _install(ffn: nn.Module, modules: dict[str, nn.Module], width: int | None) -> None:
+    for name, module in modules.items():
         setattr(ffn, name, module)
-    if isinstance(getattr(ffn, "width", None), int):  # geospec's FeedForward records it
-        setattr(ffn, "width", len(torch.as_tensor(keep).flatten()))  # noqa: B010
+    if width is not None and isinstance(getattr(ffn, "width", None), int):
+        setattr(ffn, "width", width)  # noqa: B010  (geospec's FeedForward records its width)
 
 
 @contextmanager
@@ -195,13 +199,10 @@ def ffn_cut(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> Iterator[None
     original = {name: getattr(ffn, name) for name in replaced}
     width = getattr(ffn, "width", None)
     try:
-        cut_ffn(ffn, keep)
+        _install(ffn, replaced, len(torch.as_tensor(keep).flatten()))
         yield
     finally:
-        for name, module in original.items():
-            setattr(ffn, name, module)
-        if width is not None:
-            setattr(ffn, "width", width)  # noqa: B010
+        _install(ffn, original, width)
 
 
 @contextmanager
