@@ -402,8 +402,13 @@ def test_two_processes_match_one(mode: str, tmp_path: Path) -> None:
     two = json.loads((tmp_path / "two" / "result.json").read_text())
     assert abs(two["final_val_loss"] - single.final_val_loss) < 1e-5
     a, b = load_file(tmp_path / "two" / MODEL_FILE), load_file(tmp_path / "one" / MODEL_FILE)
+    # FSDP2 reduce-scatters gradient shards, summing them in another order than one process
+    # does; after 60 AdamW steps a few near-zero weights differ by ~1.2e-5 on some CPUs (seen on
+    # this project's machine, on the code before and after this change alike), so its absolute
+    # tolerance is 2e-5 (0.1% of the weights' 0.02 scale); DDP's all-reduce stays within 1e-5.
+    atol = 1e-5 if mode == "ddp" else 2e-5
     for key in a:
-        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a[key], b[key], atol=atol, rtol=1e-4)
 
 
 @pytest.mark.slow
