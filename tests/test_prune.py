@@ -393,3 +393,10 @@ def test_a_prune_without_a_checkpoint_or_with_a_short_eval_corpus_is_one_line(
     result = CliRunner().invoke(cli, ["prune", str(spec)])
     last = result.output.strip().splitlines()[-1]
     assert result.exit_code == 2 and "fewer than 6 windows of 16 need" in last
+
+
+def test_the_report_has_the_pruning_section_and_its_plot(pruned_run: Path) -> None:
+    invoke("report", str(pruned_run / "run"))
+    report = (pruned_run / "run" / "report.md").read_text()
+    assert "## Pruning the reference" in report and "![prune](plots/prune.png)" in report
+    assert (pruned_run / "run" / "plots" / "prune.png").stat().st_size > 1000

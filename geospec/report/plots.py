@@ -238,3 +238,33 @@ def demand_plot(
     fig.tight_layout()
     save(fig, "demand.png")
     return plots.written
+
+
+def prune_plot(run_dir: Path, prune: Mapping[str, Any]) -> list[str]:
+    """``plots/prune.png``: per keep fraction and eval corpus, every arm's perplexity on each
+    calibration seed (dots) and their mean (bar), the unpruned reference as a dashed line."""
+    import math
+
+    plots = PlotDir(run_dir)
+    plt, save = plots.plt, plots.save
+    budgets, corpora = prune["budgets"], prune["corpora"]
+    fig, axes = plt.subplots(
+        len(budgets), len(corpora), figsize=(4.6 * len(corpora), 3.2 * len(budgets)), squeeze=False
+    )
+    for row, budget in enumerate(budgets):
+        names = list(budget["arms"])
+        for column, corpus in enumerate(corpora):
+            ax = axes[row][column]
+            for index, name in enumerate(names):
+                seeds = [math.exp(v) for v in budget["arms"][name]["loss"][corpus].values()]
+                ax.barh(index, sum(seeds) / len(seeds), color=f"C{index % 10}", alpha=0.5)
+                ax.scatter(seeds, [index] * len(seeds), s=9, color="black", zorder=3)
+            ax.axvline(math.exp(prune["reference"][corpus]), color="grey", ls="--", lw=1)
+            ax.set_yticks(range(len(names)), names, fontsize=7)
+            ax.invert_yaxis()
+            ax.tick_params(axis="x", labelsize=7)
+            ax.set_title(f"keep {budget['keep']:g}, {corpus}", fontsize=9)
+            ax.set_xlabel("perplexity (dashed: unpruned)", fontsize=8)
+    fig.tight_layout()
+    save(fig, "prune.png")
+    return plots.written

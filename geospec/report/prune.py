@@ -5,7 +5,8 @@ corpus, and its paired difference in loss from the baseline over the calibration
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from geospec.report.diagnostics import number
@@ -80,8 +81,8 @@ def params_problem(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> str |
     return None
 
 
-def prune_markdown(prune: Mapping[str, Any]) -> str:
-    """The report.md section for prune.json."""
+def prune_markdown(prune: Mapping[str, Any], images: Sequence[str] = ()) -> str:
+    """The report.md section for prune.json (tables, then the plots given)."""
     from geospec.report.markdown import markdown_table
 
     importance = prune["importance"]["kind"]
@@ -114,4 +115,6 @@ def prune_markdown(prune: Mapping[str, Any]) -> str:
             "",
         ]
         lines += markdown_table(HEADERS, budget_rows(prune, budget))
+    for image in images:
+        lines += [f"![{Path(image).stem}]({image})", ""]
     return "\n".join(lines)

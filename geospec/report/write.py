@@ -49,6 +49,11 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
     if prune is not None:  # the prune stage ran
         from geospec.report.prune import prune_markdown
 
-        text += "\n" + prune_markdown(prune)
+        drawn = []
+        if plots:
+            from geospec.report.plots import prune_plot
+
+            drawn = prune_plot(run_dir, prune)
+        text += "\n" + prune_markdown(prune, drawn)
     atomic_write_text(run_dir / REPORT_FILE, text)
     return results
