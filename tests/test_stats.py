@@ -237,3 +237,34 @@ def test_smallest_p_seeds_to_reach_and_holms_cap() -> None:
     assert seeds_to_reach(0.05) == 6  # 2/32 > 0.05 >= 2/64
     # 2 x 0.6 = 1.2 is capped at 1, and the larger p cannot fall below it
     assert holm({"a": 0.6, "b": 0.7, "c": None}) == {"a": 1.0, "b": 1.0, "c": None}
+
+
+def test_spearman_interval_matches_scipy() -> None:
+    """rho and p are scipy's spearmanr; the percentile bootstrap over layers agrees with
+    scipy.stats.bootstrap (paired, percentile) to sampling error; constant sides give None."""
+    import numpy as np
+    from scipy import stats
+
+    from geospec.report.stats import spearman_interval
+
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=30)
+    b = a + rng.normal(scale=1.0, size=30)
+    got = spearman_interval(list(a), list(b), resamples=4000, seed=1)
+    assert got is not None
+    rho, p = stats.spearmanr(a, b)
+    assert got["rho"] == pytest.approx(rho) and got["p"] == pytest.approx(p)
+    reference = stats.bootstrap(
+        (a, b),
+        lambda x, y: stats.spearmanr(x, y)[0],
+        paired=True,
+        vectorized=False,
+        n_resamples=4000,
+        method="percentile",
+        random_state=np.random.default_rng(2),
+    ).confidence_interval
+    assert got["low"] == pytest.approx(reference.low, abs=0.05)
+    assert got["high"] == pytest.approx(reference.high, abs=0.05)
+    assert got["low"] < rho < got["high"] and got["layers"] == 30
+    assert spearman_interval([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]) is None
+    assert spearman_interval([1.0, 2.0], [1.0, 2.0]) is None
