@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
 from geospec.cli.console import set_option
-from geospec.pipeline.executor import STAGES
-
-UP_TO_DEMAND = STAGES[: STAGES.index("demand") + 1]
+from geospec.cli.until import from_option, out_option, run_until
+from geospec.spec.sections import Spec
 
 
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
-@click.option(
-    "--from",
-    "from_stage",
-    type=click.Choice(UP_TO_DEMAND),
-    help="Redo this stage and every later one up to demand.",
-)
-@click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
+@from_option("demand")
+@out_option
 @set_option
 def demand(
     spec_path: Path, from_stage: str | None, out: Path | None, overrides: tuple[str, ...]
@@ -34,32 +27,24 @@ def demand(
     fitted to lambda_l ((w/W)^-a_l - 1); writes demand.json and plots/demand.png into the run
     directory and prints the fits and which profiles track the demand. No arm is trained.
     """
-    from geospec.cli.console import warn_broken_plugins
     from geospec.errors import GeospecError
-    from geospec.pipeline.executor import run_pipeline
     from geospec.pipeline.run_dir import DEMAND_FILE
     from geospec.pipeline.stages.demand import read_demand
     from geospec.report.terminal import print_demand
-    from geospec.spec.loading import load_spec
 
-    warn_broken_plugins()
-    spec = load_spec(spec_path, overrides)
-    if not spec.demand.enabled:
-        enabled = spec.demand.model_copy(update={"enabled": True})
-        spec = spec.model_copy(update={"demand": enabled})
-    run_dir = out or Path(spec.run_dir)
-    run_pipeline(
-        spec,
-        spec_path,
-        overrides=overrides,
-        from_stage=from_stage,
-        until_stage="demand",
-        run_dir=run_dir,
-    )
-    if os.environ.get("RANK", "0") != "0":
+    done = run_until("demand", spec_path, overrides, from_stage, out, adapt=_enabled)
+    if done is None:
         return  # under torchrun, rank 0 alone reports
+    run_dir = done[1]
     measured = read_demand(run_dir)
     if measured is None:
         raise GeospecError(f"{run_dir}: the demand stage wrote no demand.json")
     print_demand(measured)
     click.echo(f"demand: {run_dir / DEMAND_FILE}")
+
+
+def _enabled(spec: Spec) -> Spec:
+    """The spec with [demand] enabled (its settings kept)."""
+    if spec.demand.enabled:
+        return spec
+    return spec.model_copy(update={"demand": spec.demand.model_copy(update={"enabled": True})})

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
 from geospec.cli.console import set_option
-from geospec.pipeline.executor import STAGES
-
-UP_TO_DIAGNOSE = STAGES[: STAGES.index("diagnose") + 1]
+from geospec.cli.until import from_option, out_option, run_until
+from geospec.spec.sections import Spec
 
 
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
-@click.option(
-    "--from",
-    "from_stage",
-    type=click.Choice(UP_TO_DIAGNOSE),
-    help="Redo this stage and every later one up to diagnose.",
-)
-@click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
+@from_option("diagnose")
+@out_option
 @set_option
 def diagnose(
     spec_path: Path, from_stage: str | None, out: Path | None, overrides: tuple[str, ...]
@@ -33,32 +26,25 @@ def diagnose(
     and prints per-layer residual norms, intrinsic dimensions and sensitivities, the correlations
     of the work profiles and the least additive layer pairs. No arm is trained.
     """
-    from geospec.cli.console import warn_broken_plugins
     from geospec.errors import GeospecError
-    from geospec.pipeline.executor import run_pipeline
     from geospec.pipeline.run_dir import DIAGNOSTICS_FILE
     from geospec.pipeline.stages.diagnose import read_diagnostics
     from geospec.report.terminal import print_diagnostics
-    from geospec.spec.loading import load_spec
 
-    warn_broken_plugins()
-    spec = load_spec(spec_path, overrides)
-    if not spec.diagnose.enabled:
-        enabled = spec.diagnose.model_copy(update={"enabled": True})
-        spec = spec.model_copy(update={"diagnose": enabled})
-    run_dir = out or Path(spec.run_dir)
-    run_pipeline(
-        spec,
-        spec_path,
-        overrides=overrides,
-        from_stage=from_stage,
-        until_stage="diagnose",
-        run_dir=run_dir,
-    )
-    if os.environ.get("RANK", "0") != "0":
+    done = run_until("diagnose", spec_path, overrides, from_stage, out, adapt=_enabled)
+    if done is None:
         return  # under torchrun, rank 0 alone reports
+    run_dir = done[1]
     diagnostics = read_diagnostics(run_dir)
     if diagnostics is None:
         raise GeospecError(f"{run_dir}: the diagnose stage wrote no diagnostics.json")
     print_diagnostics(diagnostics)
     click.echo(f"diagnostics: {run_dir / DIAGNOSTICS_FILE}")
+
+
+def _enabled(spec: Spec) -> Spec:
+    """The spec with [diagnose] enabled (its settings kept)."""
+    if spec.diagnose.enabled:
+        return spec
+    enabled = spec.diagnose.model_copy(update={"enabled": True})
+    return spec.model_copy(update={"diagnose": enabled})

@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from geospec.cli.console import set_option
-from geospec.pipeline.executor import STAGES
-
-UP_TO_PRUNE = STAGES[: STAGES.index("prune") + 1]
+from geospec.cli.until import from_option, out_option, run_until
+from geospec.spec.sections import Spec
 
 
 @click.command()
 @click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
-@click.option(
-    "--from",
-    "from_stage",
-    type=click.Choice(UP_TO_PRUNE),
-    help="Redo this stage and every later one up to prune.",
-)
-@click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
+@from_option("prune")
+@out_option
 @set_option
 def prune(
     spec_path: Path, from_stage: str | None, out: Path | None, overrides: tuple[str, ...]
@@ -34,35 +28,33 @@ def prune(
     transformers checkpoint) under prune/, prune.json and report.md's pruning section, and
     prints the comparison with the baseline arm. An interrupted prune resumes.
     """
-    from geospec.cli.console import warn_broken_plugins
+    from geospec.atomic import atomic_write_text
     from geospec.errors import UsageError
-    from geospec.pipeline.executor import run_pipeline
-    from geospec.pipeline.run_dir import REPORT_FILE
+    from geospec.pipeline.run_dir import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
     from geospec.pipeline.stages.prune import read_prune
     from geospec.report.prune import prune_markdown
-    from geospec.spec.loading import load_spec
 
-    warn_broken_plugins()
-    spec = load_spec(spec_path, overrides)
-    if spec.prune is None:
-        raise UsageError(f"{spec_path}: no [prune] section; add one (docs/prune.md)")
-    run_dir = out or Path(spec.run_dir)
-    run_pipeline(
-        spec,
-        spec_path,
-        overrides=overrides,
-        from_stage=from_stage,
-        until_stage="prune",
-        run_dir=run_dir,
-    )
-    if os.environ.get("RANK", "0") != "0":
-        return
+    done = run_until("prune", spec_path, overrides, from_stage, out, adapt=_has_prune(spec_path))
+    if done is None:
+        return  # under torchrun, rank 0 alone reports
+    run_dir = done[1]
     record = read_prune(run_dir)
     if record is None:
-        raise UsageError(f"{run_dir}: the prune stage wrote no prune.json")
-    from geospec.atomic import atomic_write_text
-
+        raise UsageError(f"{run_dir}: the prune stage wrote no {PRUNE_FILE}")
     text = prune_markdown(record)
-    atomic_write_text(run_dir / "prune" / REPORT_FILE, text)
+    atomic_write_text(run_dir / PRUNE_DIR / REPORT_FILE, text)
     click.echo(text)
-    click.echo(f"\nprune: {run_dir / 'prune.json'}, {run_dir / 'prune' / REPORT_FILE}")
+    click.echo(f"\nprune: {run_dir / PRUNE_FILE}, {run_dir / PRUNE_DIR / REPORT_FILE}")
+
+
+def _has_prune(spec_path: Path) -> Callable[[Spec], Spec]:
+    """A check that the spec has a [prune] section (one line naming the file, exit 2)."""
+
+    def check(spec: Spec) -> Spec:
+        from geospec.errors import UsageError
+
+        if spec.prune is None:
+            raise UsageError(f"{spec_path}: no [prune] section; add one (docs/prune.md)")
+        return spec
+
+    return check

@@ -1,0 +1,60 @@
+"""What the commands that run the pipeline up to one stage share (``geospec diagnose``,
+``geospec demand``, ``geospec prune``): their ``--from`` and ``--out`` options, and the run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from geospec.pipeline.executor import STAGES
+from geospec.spec.sections import Spec
+
+
+def from_option(stage: str) -> Callable[[Any], Any]:
+    """``--from STAGE``, any stage up to ``stage``."""
+    return click.option(
+        "--from",
+        "from_stage",
+        type=click.Choice(STAGES[: STAGES.index(stage) + 1]),
+        help=f"Redo this stage and every later one up to {stage}.",
+    )
+
+
+out_option = click.option(
+    "--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out)."
+)
+
+
+def run_until(
+    stage: str,
+    spec_path: Path,
+    overrides: tuple[str, ...],
+    from_stage: str | None,
+    out: Path | None,
+    adapt: Callable[[Spec], Spec] = lambda spec: spec,
+) -> tuple[Spec, Path] | None:
+    """Load the spec (``--set`` applied, then ``adapt``: a command enabling its own stage), run
+    the stages up to ``stage`` and return the spec and run directory; None on the ranks other
+    than 0 under torchrun, which report nothing."""
+    from geospec.cli.console import warn_broken_plugins
+    from geospec.pipeline.executor import run_pipeline
+    from geospec.spec.loading import load_spec
+
+    warn_broken_plugins()
+    spec = adapt(load_spec(spec_path, overrides))
+    run_dir = out or Path(spec.run_dir)
+    run_pipeline(
+        spec,
+        spec_path,
+        overrides=overrides,
+        from_stage=from_stage,
+        until_stage=stage,
+        run_dir=run_dir,
+    )
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    return spec, run_dir
