@@ -269,6 +269,17 @@ def neuron_order(importance: Importance, ffn: NeuronWeights) -> list[int]:
     """Every neuron of one FFN from the most to the least important by ``importance``'s scores
     (ties: the lower index first). A score of the wrong shape, or not finite, is a
     :class:`PluginError` naming the plugin."""
+    return order_of(checked_scores(importance, ffn))
+
+
+def order_of(scores: torch.Tensor) -> list[int]:
+    """Neuron indices by decreasing score (ties: the lower index first)."""
+    return [int(i) for i in torch.argsort(-scores, stable=True)]
+
+
+def checked_scores(importance: Importance, ffn: NeuronWeights) -> torch.Tensor:
+    """``importance``'s scores of one FFN as float64 on the CPU, checked: one finite score per
+    neuron, or a :class:`PluginError` naming the plugin."""
     name = importance.kind_name()
     try:
         scores = importance.scores(ffn)
@@ -289,8 +300,7 @@ def neuron_order(importance: Importance, ffn: NeuronWeights) -> list[int]:
         raise PluginError(
             f"importance {name!r} returned non-finite scores (NaN or inf) for layer {ffn.layer}"
         )
-    order = torch.argsort(-scores, stable=True)
-    return [int(i) for i in order]
+    return scores
 
 
 def kept_neurons(order: Sequence[int], count: int) -> list[int]:

@@ -25,12 +25,13 @@ from geospec import __version__
 from geospec.errors import UsageError
 from geospec.kinds import Importance
 from geospec.measure.cut import (
+    checked_scores,
     ffn_cut,
     ffn_layout,
     hidden_activations,
     kept_neurons,
-    neuron_order,
     neuron_weights,
+    order_of,
 )
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, mean_loss
@@ -71,9 +72,8 @@ def neuron_scores(
     views = [
         neuron_weights(site.ffn, layer, activations[layer]) for layer, site in enumerate(sites)
     ]
-    orders = [neuron_order(importance, view) for view in views]
-    scores = [[float(s) for s in importance.scores(view)] for view in views]
-    return scores, orders
+    checked = [checked_scores(importance, view) for view in views]  # each plugin call once
+    return [s.tolist() for s in checked], [order_of(s) for s in checked]
 
 
 @contextmanager
