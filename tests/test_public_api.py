@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
 
 import geospec
+from geospec.cli import cli
 
 
 def test_top_level_names() -> None:
     from geospec.measure import measure_profiles, measure_work
     from geospec.registry.hookspecs import hookimpl
 
-    assert geospec.__version__ == "0.1.0"
+    assert geospec.__version__ == "0.2.0"
     assert geospec.hookimpl is hookimpl
     assert geospec.measure_work is measure_work
     assert geospec.measure_profiles is measure_profiles
@@ -47,7 +55,7 @@ def test_python_dash_m_geospec() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "geospec", "--version"], capture_output=True, text=True
     )
-    assert result.returncode == 0 and "0.1.0" in result.stdout, result.stderr
+    assert result.returncode == 0 and geospec.__version__ in result.stdout, result.stderr
     listed = subprocess.run(
         [sys.executable, "-m", "geospec", "--help"], capture_output=True, text=True
     )
@@ -63,3 +71,112 @@ def test_python_dash_m_geospec() -> None:
         "report",
     ):
         assert command in listed.stdout, command
+
+
+#: Names an earlier README or docs page showed users importing, at their old homes (0.1.0), and
+#: where they live now. Each keeps importing, with a DeprecationWarning naming the new home.
+MOVED = [
+    ("geospec.specfile", "validate_spec", "geospec.spec"),
+    ("geospec.specfile", "load_spec", "geospec.spec"),
+    ("geospec.widths", "compute_widths", "geospec.solve.widths"),
+    ("geospec.widths", "write_widths", "geospec.solve.widths"),
+    ("geospec.widths", "read_profiles", "geospec.solve.profiles"),
+    ("geospec.train", "train_model", "geospec.engine.train"),
+    ("geospec.train", "load_model", "geospec.engine.train"),
+    ("geospec.model", "GPT", "geospec.engine.model"),
+    ("geospec.model", "GPTConfig", "geospec.engine.model"),
+    ("geospec.model", "config_from_spec", "geospec.engine.model"),
+    ("geospec.intrinsic_dimension", "two_nn", "geospec.measure.intrinsic_dimension"),
+    ("geospec.intrinsic_dimension", "fit_two_nn", "geospec.measure.intrinsic_dimension"),
+    ("geospec.data", "prepare_data", "geospec.engine.token_data"),
+    *(
+        ("geospec.sensitivity", name, "geospec.measure.sensitivity")
+        for name in (
+            "loss_batches",
+            "layer_sensitivity",
+            "additivity",
+            "sample_pairs",
+            "mean_loss",
+            "scaled_sublayers",
+            "next_token_loss",
+        )
+    ),
+]
+
+
+@pytest.mark.parametrize(("old", "name", "new"), MOVED)
+def test_moved_names_still_import_with_a_warning_naming_the_new_home(
+    old: str, name: str, new: str
+) -> None:
+    with pytest.warns(DeprecationWarning, match=rf"{old}\.{name} moved to {new}\.{name}"):
+        value = getattr(importlib.import_module(old), name)
+    assert value is getattr(importlib.import_module(new), name)
+
+
+def test_old_plugin_package_test_still_runs() -> None:
+    # What the first release's README told plugin authors to write in their tests.
+    code = (
+        "from geospec.specfile import validate_spec\n"
+        "from geospec.testing import minimal_spec\n"
+        "print(type(validate_spec(minimal_spec())).__name__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning:__main__", "-c", code],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 1 and "geospec.spec.validate_spec" in result.stderr
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "Spec", result.stderr
+
+
+def test_moved_module_reports_an_unknown_name_plainly() -> None:
+    import geospec.train
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(AttributeError, match=r"geospec\.train.*no attribute 'nope'"):
+            geospec.train.nope  # noqa: B018
+
+
+def test_a_mistyped_command_gets_a_suggestion() -> None:
+    result = CliRunner().invoke(cli, ["stauts"])
+    assert result.exit_code == 2 and "Did you mean 'status'?" in result.output
+    result = CliRunner().invoke(cli, ["xyzzy"])
+    assert result.exit_code == 2 and "Did you mean" not in result.output
+
+
+def test_shipped_specs_run_by_name_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["validate", "tiny"])
+    assert result.exit_code == 0 and "is valid" in result.output, result.output
+    checkout = Path(__file__).parents[1] / "specs"
+    from geospec.spec.loading import shipped_specs
+
+    assert set(shipped_specs()) == {path.stem for path in checkout.glob("*.toml")}
+    # A file of that name in the current directory wins over the shipped one.
+    (tmp_path / "tiny").write_text("not toml [")
+    result = CliRunner().invoke(cli, ["validate", "tiny"])
+    assert result.exit_code == 2 and "tiny" in result.output
+    result = CliRunner().invoke(cli, ["validate", "no-such-spec"])
+    assert result.exit_code == 2 and "name a shipped spec (121m," in result.output
+
+
+@pytest.mark.slow
+def test_wheel_ships_specs_data_and_shims(tmp_path: Path) -> None:
+    root = Path(__file__).parents[1]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path), str(root)],
+        check=True,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("geospec-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for shipped in root.glob("specs/*.toml"):
+        assert f"geospec/specs/{shipped.name}" in names
+    assert {
+        "geospec/data/__init__.py",
+        "geospec/data/austen.txt.gz",
+        "geospec/specfile.py",
+    } <= names

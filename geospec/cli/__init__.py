@@ -7,6 +7,7 @@ message; ``--debug`` (or ``GEOSPEC_DEBUG=1``) shows the traceback. Commands that
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 from typing import Any
@@ -50,6 +51,18 @@ class GeospecGroup(click.Group):
         module_name, attribute = target.split(":")
         command: click.Command = getattr(importlib.import_module(module_name), attribute)
         return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        # click says "No such command"; a typo deserves the command that was meant.
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            close = difflib.get_close_matches(name, COMMANDS, n=2, cutoff=0.6)
+            if close:
+                meant = " or ".join(repr(candidate) for candidate in close)
+                ctx.fail(f"No such command {name!r}. Did you mean {meant}?")
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -3,6 +3,7 @@ that failed to load."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -50,3 +51,18 @@ set_option = click.option(
     help="Change one spec value (a TOML value; repeatable), e.g. --set train.lr=1e-3 "
     "--set 'arms[1].schedule.start=1.2'.",
 )
+
+
+class SpecFile(click.ParamType):
+    """A command's SPEC: a spec file, or the name of a spec shipped with geospec (``tiny``)."""
+
+    name = "spec"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        from geospec.spec.loading import find_spec_file
+
+        return find_spec_file(value)
+
+
+#: The SPEC argument of every command that reads a spec.
+spec_argument = click.argument("spec_path", metavar="SPEC", type=SpecFile())

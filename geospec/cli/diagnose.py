@@ -6,13 +6,13 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option
+from geospec.cli.console import set_option, spec_argument
 from geospec.cli.until import from_option, out_option, run_until
 from geospec.spec.sections import Spec
 
 
 @click.command()
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@spec_argument
 @from_option("diagnose")
 @out_option
 @set_option

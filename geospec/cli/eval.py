@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option
+from geospec.cli.console import set_option, spec_argument
 
 
 @click.command(name="eval")
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@spec_argument
 @click.option(
     "--again", is_flag=True, help="Evaluate every run again (after upgrading lm-eval, say)."
 )

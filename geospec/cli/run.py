@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option
+from geospec.cli.console import set_option, spec_argument
 from geospec.pipeline.executor import STAGES
 from geospec.spec.sections import Spec
 
@@ -14,7 +14,7 @@ STAGE = click.Choice(STAGES)
 
 
 @click.command()
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@spec_argument
 @click.option("--from", "from_stage", type=STAGE, help="Redo this stage and every later one.")
 @click.option("--until", "until_stage", type=STAGE, help="Stop after this stage.")
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option
+from geospec.cli.console import set_option, spec_argument
 from geospec.errors import UsageError
 from geospec.spec.sections import Spec
 
@@ -72,7 +72,7 @@ def arm_widths(spec: Spec, arm: str, given: str | None) -> list[int]:
 
 
 @click.command()
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@spec_argument
 @click.option("--arm", required=True, help="The arm to train (its name in the spec).")
 @click.option(
     "--seed",

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import escape, set_option, stdout, warn_broken_plugins
+from geospec.cli.console import escape, set_option, spec_argument, stdout, warn_broken_plugins
 
 
 @click.command()
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@spec_argument
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the fully resolved spec as JSON (defaults in)."
 )

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from geospec.cli.console import set_option
+from geospec.cli.console import set_option, spec_argument
 from geospec.engine.model_size import ffn_params
 from geospec.errors import UsageError
 from geospec.pipeline.run_dir import RUN_FILE, WIDTHS_FILE
@@ -23,7 +23,7 @@ from geospec.spec.sections import Spec
 
 
 @click.command()
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@spec_argument
 @click.option(
     "--profiles",
     "profiles_paths",

@@ -23,13 +23,40 @@ from geospec.spec.sections import Spec
 MAX_SPEC_BYTES = 1_000_000
 
 
+def shipped_specs() -> dict[str, Path]:
+    """The example specs shipped inside geospec (``geospec.specs``), by name (``tiny``)."""
+    from importlib.resources import files
+
+    folder = files("geospec.specs")
+    return {
+        entry.name.removesuffix(".toml"): Path(str(entry))
+        for entry in folder.iterdir()
+        if entry.name.endswith(".toml")
+    }
+
+
+def find_spec_file(given: str | Path) -> Path:
+    """The spec a command names: a file, or else a shipped example by name (``tiny`` or
+    ``tiny.toml``), so that ``geospec run tiny`` works from any directory and any install.
+
+    A file in the current directory wins over a shipped spec of the same name; a name that is
+    neither comes back unchanged, for :func:`read_toml` to report."""
+    path = Path(given)
+    if path.exists() or len(path.parts) != 1:
+        return path
+    return shipped_specs().get(path.name.removesuffix(".toml"), path)
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     """Parse a TOML file into plain Python values, or raise :class:`SpecError` saying where."""
     source = str(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise SpecError(source, ["no such file; check the path"]) from None
+        shipped = ", ".join(sorted(shipped_specs()))
+        raise SpecError(
+            source, [f"no such file; check the path, or name a shipped spec ({shipped})"]
+        ) from None
     except IsADirectoryError:
         raise SpecError(source, ["is a directory; give the path of a .toml spec file"]) from None
     except OSError as error:
