@@ -1,4 +1,4 @@
-"""Names that moved: the old import path keeps working, with a DeprecationWarning naming the new one.
+"""Names that moved: the old import path keeps working, with a warning naming the new one.
 
 A module that used to hold public names (shown to users in an earlier README or docs page) becomes a
 shim whose module-level ``__getattr__`` is built here, so that ``from geospec.train import

@@ -157,6 +157,8 @@ def probe_spec(directory: Path, name: str, checkpoint: str, **reference: str) ->
         measure=[{"geometry": "raw", "statistic": "shift"}],
         probe_only=True,
     )
+    # The checkpoint's shape fills [model]: only the spec's own choices stay
+    spec["model"] = {key: spec["model"][key] for key in ("seq_len", "multiple_of")}
     if "revision" in reference:
         spec["data"]["tokenizer"]["revision"] = reference["revision"]
     path = directory / f"{name}.toml"
@@ -249,7 +251,10 @@ def test_a_commit_missing_from_the_cache_is_one_line(offline_cache: Path) -> Non
     result = CliRunner().invoke(cli, ["run", str(wrong), "--until", "probe"])
     assert result.exit_code == 2, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: reference.revision: commit ffff")
+    # said when the spec is read: [model] is filled from the checkpoint's config.json
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: {wrong}: reference.revision: commit ffff"
+    )
     assert f"cached commits: {COMMIT}" in lines[0] and "HF_HUB_OFFLINE=1" in lines[0]
 
 

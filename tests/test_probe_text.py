@@ -80,6 +80,7 @@ def test_val_fraction_above_half_only_when_nothing_is_trained(tmp_path: Path) ->
     result = CliRunner().invoke(cli, ["validate", str(path)])
     assert result.exit_code == 2 and "data.val_fraction" in result.output
     spec["probe_only"] = True
+    (tmp_path / "model-dir").mkdir()  # validate checks that a local checkpoint exists
     spec["reference"] = {"checkpoint": "model-dir"}
     spec["data"]["tokenizer"] = {"kind": "pretrained", "path": "model-dir"}
     path.write_text(tomlkit.dumps(spec))

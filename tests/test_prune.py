@@ -335,6 +335,10 @@ def test_healing_fine_tunes_each_pruned_model_from_its_own_weights(tmp_path: Pat
 def test_healing_a_model_geospec_cannot_import_is_one_line(tmp_path: Path) -> None:
     spec = prune_spec(tmp_path, heal={"steps": 2}, arms=PRUNE_SPEC["arms"][:1], keep=0.5)
     hf_models.gpt2().save_pretrained(tmp_path / "model")  # replaces the Llama weights
+    # [model] as a user of this GPT-2 would leave it: the shape is read from its config.json
+    data = tomlkit.parse(spec.read_text())
+    data["model"] = {"seq_len": 16, "multiple_of": 8}
+    spec.write_text(tomlkit.dumps(data))
     result = CliRunner().invoke(cli, ["prune", str(spec)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     last = result.output.strip().splitlines()[-1]

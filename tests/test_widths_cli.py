@@ -461,12 +461,18 @@ def test_missing_profiles_file(tmp_path: Path) -> None:
 
 
 def test_a_pretrained_reference_of_another_depth_is_resampled(tmp_path: Path) -> None:
+    # A 4-layer checkpoint (its config is all validate reads) and a spec training a 6-layer
+    # target from its profiles: a given [model] value is the target's in a spec that trains.
+    (tmp_path / "some" / "model-dir").mkdir(parents=True)
+    config = {"model_type": "gpt2", "n_layer": 4, "n_embd": 48, "n_head": 2, "vocab_size": 512}
+    (tmp_path / "some" / "model-dir" / "config.json").write_text(json.dumps(config))
     pretrained = write_spec(
         tmp_path,
         extra='[reference]\ncheckpoint = "some/model-dir"\n',
         tokenizer='{ kind = "pretrained", path = "some/model-dir" }',
     )
     spec = load_spec(pretrained)
+    assert spec.model.n_layers == 6 and spec.model.d_model == 64
     result = spec_widths(spec, {PROFILE: [8.0, 4.0, 2.0, 1.0]})  # a 4-layer reference
     geo = result.widths["geo"]
     assert len(geo) == 6 and sum(geo) == 6 * 512 and geo == sorted(geo, reverse=True)

@@ -1,4 +1,7 @@
-"""Deprecated since 0.2.0: token preparation moved to `geospec.engine.token_data`; this package holds the bundled corpora, the GPT-2 BPE files and the evaluation task."""
+"""The bundled corpora, the GPT-2 BPE files and the evaluation task (package data).
+
+Deprecated since 0.2.0: ``prepare_data`` moved to ``geospec.engine.token_data``.
+"""
 
 from __future__ import annotations
 

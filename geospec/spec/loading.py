@@ -105,7 +105,93 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     path = Path(path)
     data = read_toml(path)
     apply_overrides(data, overrides)
-    return validate_spec(data, source=str(path))
+    # What only the file's place can tell (local paths, the checkpoint's shape) is said together
+    # with the spec's own problems, after them.
+    missing = local_path_problems(data, path.parent)
+    no_checkpoint = any(problem.startswith("reference.checkpoint:") for problem in missing)
+    problems = missing + ([] if no_checkpoint else fill_model_from_checkpoint(data, path.parent))
+    try:
+        spec = validate_spec(data, source=str(path))
+    except SpecError as error:
+        told = error.problems
+        unread = any(p.startswith(_UNREAD) or p.endswith(_READ_FROM_IT) for p in problems)
+        if no_checkpoint or unread:
+            # "the checkpoint's shape cannot be read" says why [model]'s keys are missing
+            told = [p for p in told if not (p.startswith("model.") and p.endswith(_MISSING))]
+        raise SpecError(error.source, told + problems) from None
+    if problems:
+        raise SpecError(str(path), problems)
+    return spec
+
+
+_UNREAD = "model: the checkpoint's shape cannot be read"
+_MISSING = "required key is missing"
+_READ_FROM_IT = "; [model] is read from it"
+
+
+def _table(data: Any, *keys: str) -> dict[str, Any]:
+    for key in keys:
+        data = data.get(key) if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def local_path_problems(data: dict[str, Any], spec_dir: Path) -> list[str]:
+    """The local model paths of a spec (``reference.checkpoint``, a pretrained
+    ``data.tokenizer.path``) that do not exist: a placeholder is caught here, not hours later.
+    A hub id (given with its revision) is checked by the spec's own validation."""
+    problems = []
+    for field, table in (
+        ("reference.checkpoint", _table(data, "reference")),
+        ("data.tokenizer.path", _table(data, "data", "tokenizer")),
+    ):
+        name = field.rsplit(".", 1)[1]
+        given = table.get(name)
+        if not isinstance(given, str) or table.get("revision") is not None:
+            continue
+        if field == "data.tokenizer.path" and table.get("kind") != "pretrained":
+            continue
+        local = Path(given).expanduser()
+        local = local if local.is_absolute() else spec_dir / local
+        if not local.exists():
+            problems.append(
+                f"{field}: {local} does not exist; give a local Hugging Face model directory or "
+                "a .gguf file (relative to the spec file), or a hub id with its revision"
+            )
+    return problems
+
+
+def fill_model_from_checkpoint(data: dict[str, Any], spec_dir: Path) -> list[str]:
+    """Fill ``[model]`` from a pretrained ``reference.checkpoint``'s own config (what the spec
+    leaves out); in a probe-only or pruning spec, return a problem for each value the spec gives
+    that contradicts it."""
+    from geospec.spec.checkpoint_shape import HubUnreadable, fill_model, read_checkpoint_shape
+
+    reference = _table(data, "reference")
+    checkpoint = reference.get("checkpoint")
+    if not isinstance(checkpoint, str):
+        return []
+    revision = reference.get("revision")
+    found = read_checkpoint_shape(
+        checkpoint, revision if isinstance(revision, str) else None, spec_dir
+    )
+    model = data.setdefault("model", {})
+    if isinstance(found, str) or not isinstance(model, dict):
+        if isinstance(model, dict) and "n_layers" not in model:
+            if isinstance(found, HubUnreadable):  # already a line naming reference.revision
+                return [f"{found}{_READ_FROM_IT}"]
+            return [f"{_UNREAD} ({found}); give [model] in full (docs/pretrained.md)"]
+        return []
+    problems: list[str] = []
+    # Probing or pruning the checkpoint, [model] *is* the checkpoint: a different value is a
+    # mistake. A spec that trains arms may give a target of its own (the profiles are resampled
+    # to its depth), so there a given value stands and only what is left out is filled.
+    strict = data.get("probe_only") is True or "prune" in data
+    fill_model(
+        model,
+        found,
+        lambda name, message: problems.append(f"model.{name}: {message}") if strict else None,
+    )
+    return problems
 
 
 #: One segment of an override's key: a name, then any list indices (``arms[1]``).
@@ -205,7 +291,7 @@ def format_error(error: Any, data: dict[str, Any]) -> str:
     kind = error["type"]
     message = error["msg"]
     if kind == "missing":
-        message = "required key is missing"
+        message = _MISSING
     elif kind == "extra_forbidden":
         key = str(loc[-1]) if loc else "?"
         message = "unknown key"

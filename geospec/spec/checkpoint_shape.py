@@ -1,0 +1,300 @@
+"""A pretrained reference's shape, read from its checkpoint: `[model]` is not copied by hand.
+
+The spec's ``[model]`` may leave out what the checkpoint says (layers, widths, heads, vocabulary,
+activation, norm, positions, tied embeddings, FFN bias) and keep only what is the spec's own choice
+(``seq_len``, ``multiple_of``); :func:`fill_model` fills it from ``config.json`` (a local directory,
+or a hub id at a commit found in the Hugging Face cache) or from a GGUF file's metadata, and a value
+the spec gives that contradicts the checkpoint is an error naming both.
+
+Torch- and numpy-free (``geospec validate`` runs it): GGUF metadata is read by
+:func:`read_gguf_header`, a few lines of ``struct`` over the file's documented header, rather than
+the ``gguf`` package, which needs numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+#: The ``[model]`` fields a checkpoint determines; ``seq_len``, ``multiple_of`` and ``dropout`` are
+#: the spec's own.
+CHECKPOINT_FIELDS = (
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_width",
+    "activation",
+    "vocab_size",
+    "norm",
+    "positions",
+    "rope_theta",
+    "tie_embeddings",
+    "bias",
+)
+
+#: transformers' default ``tie_word_embeddings`` per family, for a config.json that leaves it out.
+_TIED_BY_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "gemma": True, "gemma2": True}
+#: Families with a gated FFN (three matrices: geospec's ``swiglu`` layout, whatever the gate's
+#: nonlinearity), rmsnorm and rotary positions.
+GATED_FAMILIES = frozenset(_TIED_BY_DEFAULT)
+
+
+@dataclass(frozen=True)
+class CheckpointShape:
+    """The ``[model]`` values a checkpoint determines, and where each was read."""
+
+    values: dict[str, Any]
+    origin: dict[str, str] = field(default_factory=dict)
+    """field -> the checkpoint key it came from (``num_hidden_layers``), for messages."""
+    described: str = ""
+    """What was read (``config.json of /models/llama``), for messages."""
+
+
+def shape_from_config(config: Mapping[str, Any], described: str) -> CheckpointShape | None:
+    """The shape a transformers ``config.json`` gives, or None for a family geospec cannot read."""
+    family = config.get("model_type")
+    if family == "gpt2":
+        d_model = config["n_embd"]
+        inner = config.get("n_inner")
+        return CheckpointShape(
+            {
+                "n_layers": config["n_layer"],
+                "d_model": d_model,
+                "n_heads": config["n_head"],
+                "n_kv_heads": None,
+                "ffn_width": inner if inner is not None else 4 * d_model,
+                "activation": "gelu",
+                "vocab_size": config["vocab_size"],
+                "norm": "layernorm",
+                "positions": "learned",
+                "tie_embeddings": config.get("tie_word_embeddings", True),
+                "bias": True,
+            },
+            {
+                "n_layers": "n_layer",
+                "d_model": "n_embd",
+                "n_heads": "n_head",
+                "ffn_width": "n_inner",
+            },
+            described,
+        )
+    if family not in GATED_FAMILIES:
+        return None
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    parameters = config.get("rope_parameters") or {}
+    theta = config.get("rope_theta", parameters.get("rope_theta", 10000.0))
+    return CheckpointShape(
+        {
+            "n_layers": config["num_hidden_layers"],
+            "d_model": config["hidden_size"],
+            "n_heads": heads,
+            "n_kv_heads": kv_heads if kv_heads != heads else None,
+            "ffn_width": config["intermediate_size"],
+            "activation": "swiglu",
+            "vocab_size": config["vocab_size"],
+            "norm": "rmsnorm",
+            "positions": "rope",
+            "rope_theta": float(theta),
+            "tie_embeddings": config.get("tie_word_embeddings", _TIED_BY_DEFAULT[family]),
+            "bias": bool(config.get("mlp_bias", False)),
+        },
+        {
+            "n_layers": "num_hidden_layers",
+            "d_model": "hidden_size",
+            "n_heads": "num_attention_heads",
+            "n_kv_heads": "num_key_value_heads",
+            "ffn_width": "intermediate_size",
+            "rope_theta": "rope_theta",
+            "tie_embeddings": "tie_word_embeddings",
+            "bias": "mlp_bias",
+        },
+        described,
+    )
+
+
+def shape_from_gguf(path: Path) -> CheckpointShape | None:
+    """The shape a GGUF file's metadata gives (Llama-layout architectures), or None."""
+    metadata, tensors = read_gguf_header(path)
+    arch = metadata.get("general.architecture")
+    if arch not in ("llama", "mistral", "qwen2", "gemma", "gemma2"):
+        return None
+    heads = metadata[f"{arch}.attention.head_count"]
+    kv_heads = metadata.get(f"{arch}.attention.head_count_kv", heads)
+    vocab = metadata.get(f"{arch}.vocab_size", metadata.get("tokenizer.ggml.tokens"))
+    values = {
+        "n_layers": metadata[f"{arch}.block_count"],
+        "d_model": metadata[f"{arch}.embedding_length"],
+        "n_heads": heads,
+        "n_kv_heads": kv_heads if kv_heads != heads else None,
+        "ffn_width": metadata[f"{arch}.feed_forward_length"],
+        "activation": "swiglu",
+        "vocab_size": vocab,
+        "norm": "rmsnorm",
+        "positions": "rope",
+        "rope_theta": float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
+        # A GGUF stores a separate output matrix only when the embeddings are not tied.
+        "tie_embeddings": "output.weight" not in tensors,
+        "bias": "blk.0.ffn_up.bias" in tensors,
+    }
+    origin = {
+        "n_layers": f"{arch}.block_count",
+        "d_model": f"{arch}.embedding_length",
+        "n_heads": f"{arch}.attention.head_count",
+        "n_kv_heads": f"{arch}.attention.head_count_kv",
+        "ffn_width": f"{arch}.feed_forward_length",
+        "vocab_size": "tokenizer.ggml.tokens",
+        "rope_theta": f"{arch}.rope.freq_base",
+    }
+    return CheckpointShape(values, origin, f"the GGUF metadata of {path}")
+
+
+class GGUFFormatError(ValueError):
+    """The file is not a GGUF file this reader understands."""
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q"}
+_SCALARS |= {11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+def read_gguf_header(path: Path) -> tuple[dict[str, Any], set[str]]:
+    """A GGUF file's metadata (key -> value; an array of strings is given as its length, which is
+    all the shape needs) and its tensors' names, read from the header (versions 2 and 3) without
+    touching the tensor data."""
+    with path.open("rb") as file:
+        if file.read(4) != b"GGUF":
+            raise GGUFFormatError(f"{path} is not a GGUF file (no GGUF magic)")
+        (version,) = _unpack(file, "<I")
+        if version not in (2, 3):
+            raise GGUFFormatError(f"{path}: GGUF version {version} (this reader knows 2 and 3)")
+        n_tensors, n_values = _unpack(file, "<QQ")
+        metadata = {}
+        for _ in range(n_values):
+            key = _string(file)
+            (kind,) = _unpack(file, "<I")
+            metadata[key] = _value(file, kind)
+        tensors = set()
+        for _ in range(n_tensors):
+            tensors.add(_string(file))
+            (n_dims,) = _unpack(file, "<I")
+            file.seek(8 * n_dims + 4 + 8, 1)  # dimensions, type, offset
+    return metadata, tensors
+
+
+def _unpack(file: BinaryIO, layout: str) -> tuple[Any, ...]:
+    size = struct.calcsize(layout)
+    data = file.read(size)
+    if len(data) != size:
+        raise GGUFFormatError("the GGUF header ends early")
+    return struct.unpack(layout, data)
+
+
+def _string(file: BinaryIO) -> str:
+    (length,) = _unpack(file, "<Q")
+    return file.read(length).decode("utf-8", errors="replace")
+
+
+def _value(file: BinaryIO, kind: int) -> Any:
+    if kind in _SCALARS:
+        return _unpack(file, _SCALARS[kind])[0]
+    if kind == _STRING:
+        return _string(file)
+    if kind == _ARRAY:
+        element, count = _unpack(file, "<IQ")
+        if element == _STRING:
+            for _ in range(count):
+                (length,) = _unpack(file, "<Q")
+                file.seek(length, 1)
+            return count
+        if element in _SCALARS:
+            size = struct.calcsize(_SCALARS[element])
+            return list(struct.unpack(f"<{count}{_SCALARS[element][1]}", file.read(size * count)))
+        return [_value(file, element) for _ in range(count)]
+    raise GGUFFormatError(f"unknown GGUF value type {kind}")
+
+
+def read_checkpoint_shape(
+    checkpoint: str, revision: str | None, spec_dir: Path
+) -> CheckpointShape | str:
+    """The shape of ``reference.checkpoint``, or why it cannot be read (a sentence)."""
+    if revision is not None:
+        return _hub_shape(checkpoint, revision)
+    path = Path(checkpoint).expanduser()
+    path = path if path.is_absolute() else spec_dir / path
+    if path.is_file() and path.suffix == ".gguf":
+        try:
+            shape = shape_from_gguf(path)
+        except (GGUFFormatError, OSError, KeyError) as error:
+            return f"its GGUF metadata cannot be read ({error})"
+        return shape or "its GGUF architecture is not one whose shape geospec reads"
+    if (path / "config.json").is_file():
+        return _config_shape(path / "config.json", f"config.json of {path}")
+    return f"{path} has no config.json"
+
+
+class HubUnreadable(str):
+    """Why a hub checkpoint's config.json cannot be had (a complete line naming the field)."""
+
+
+def _hub_shape(checkpoint: str, revision: str) -> CheckpointShape | str:
+    """config.json of a hub id at its commit: from the Hugging Face cache, or downloaded (one
+    small file; offline, a commit missing from the cache is said with the commits it holds)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    from geospec.engine.hub import Source, check_hub_files
+    from geospec.errors import UsageError
+
+    source = Source(checkpoint, "reference.checkpoint", revision=revision)
+    try:
+        check_hub_files(source, "config.json")
+    except UsageError as error:
+        return HubUnreadable(str(error))
+    cached = try_to_load_from_cache(checkpoint, "config.json", revision=revision)
+    if not isinstance(cached, str):  # pragma: no cover - downloaded just above
+        return HubUnreadable(f"reference.revision: config.json of {source} is not in the cache")
+    return _config_shape(Path(cached), f"config.json of {checkpoint} at {revision[:12]}")
+
+
+def _config_shape(path: Path, described: str) -> CheckpointShape | str:
+    try:
+        config = json.loads(path.read_text())
+        shape = shape_from_config(config, described)
+    except (OSError, ValueError, KeyError) as error:
+        return f"{described} cannot be read ({error!r})"
+    if shape is None:
+        family = config.get("model_type")
+        return f"{described}: model_type {family!r} is not one whose shape geospec reads"
+    return shape
+
+
+def fill_model(
+    model: dict[str, Any], shape: CheckpointShape, problem: Callable[[str, str], None]
+) -> None:
+    """Fill ``model`` (the spec's ``[model]`` table as read) from ``shape``; each given value
+    that contradicts the checkpoint is reported through ``problem(field, message)``."""
+    for name in CHECKPOINT_FIELDS:
+        if name not in shape.values:
+            continue
+        truth = shape.values[name]
+        if name not in model:
+            if truth is not None:
+                model[name] = truth
+            continue
+        given = model[name]
+        if name == "n_kv_heads" and truth is None:
+            truth = shape.values["n_heads"]  # one key/value head per query head, said explicitly
+        same = float(given) == float(truth) if name == "rope_theta" else given == truth
+        if not same:
+            key = shape.origin.get(name)
+            says = f"{truth!r} ({key})" if key else repr(truth)
+            problem(
+                name,
+                f"{given!r} contradicts the checkpoint: {shape.described} says {says}; "
+                "remove the value (it is read from the checkpoint) or fix it",
+            )
