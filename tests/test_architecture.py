@@ -160,3 +160,27 @@ def test_spec_reading_commands_never_import_torch_or_numpy(command: str, tmp_pat
         [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_one_stage_list_everywhere() -> None:
+    """README, `geospec run --help`, docs/pipeline.md's table, docs/diagnostics.md and
+    `geospec status` list the executor's stages, all of them, in its order."""
+    import re
+
+    from click.testing import CliRunner
+
+    from geospec.cli import cli
+    from geospec.pipeline.executor import STAGES
+    from geospec.pipeline.status import STAGE_NAMES
+
+    assert STAGE_NAMES == STAGES
+    listed = ", ".join(STAGES)
+    readme = (ROOT / "README.md").read_text()
+    assert f"the whole pipeline ({listed})" in readme
+    help_text = " ".join(CliRunner().invoke(cli, ["run", "--help"]).output.split())
+    assert f"Run the pipeline of SPEC: {listed} (" in help_text
+    diagnostics = " ".join((ROOT / "docs" / "diagnostics.md").read_text().split())
+    assert f"(`STAGES`: {listed};" in diagnostics
+    table = (ROOT / "docs" / "pipeline.md").read_text()
+    rows = re.findall(r"^\| (\w+) \| ", table, re.M)
+    assert [row for row in rows if row in STAGES] == list(STAGES)
