@@ -478,6 +478,12 @@ def test_a_pretrained_reference_of_another_depth_is_resampled(tmp_path: Path) ->
     assert len(geo) == 6 and sum(geo) == 6 * 512 and geo == sorted(geo, reverse=True)
     with pytest.raises(UsageError, match="arm 'geo': profile 'testwork/testflat' is empty"):
         spec_widths(spec, {PROFILE: []})
+    # The command says it resampled (a wrong n_layers would otherwise pass unseen).
+    profiles = write_profiles(tmp_path, {"profiles": {PROFILE: [8.0, 4.0, 2.0, 1.0]}})
+    result = CliRunner().invoke(cli, ["widths", str(pretrained), "--profiles", str(profiles)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"note: profiles of 4 layers ({profiles}) resampled to the model's 6 layers" in said
 
 
 def test_read_profiles_keeps_all_zero_profiles_for_arms_that_do_not_use_them(

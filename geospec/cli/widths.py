@@ -96,6 +96,14 @@ def widths(
             f"needs the profile(s) {needs}; give them with --profiles FILE"
         )
         console.print(f"[yellow]pending:[/] {escape(arm)} {escape(reason)}", highlight=False)
+    if profiles is not None:
+        depths = sorted({len(values) for values in profiles.values()} - {spec.model.n_layers})
+        if depths:  # another depth's profiles are resampled: said, so a wrong n_layers shows
+            console.print(
+                f"[cyan]note:[/] profiles of {' and '.join(map(str, depths))} layers "
+                f"({escape(str(source))}) resampled to the model's {spec.model.n_layers} layers",
+                highlight=False,
+            )
     for arm, note in result.notes.items():
         if arm not in result.pending:
             console.print(f"[cyan]note:[/] {escape(arm)} {escape(note)}", highlight=False)
