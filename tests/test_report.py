@@ -17,12 +17,11 @@ from geospec.engine.model_size import Shape, count_params
 from geospec.errors import UsageError
 from geospec.report.results import (
     build_results,
-    comparison,
     exact_test_notes,
     profile_reliability,
     reliability_notes,
 )
-from geospec.report.stats import MIN_RELIABILITY
+from geospec.report.stats import MIN_RELIABILITY, comparison
 from geospec.report.write import write_report
 
 LOSSES = {

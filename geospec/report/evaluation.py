@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from geospec.pipeline.run_dir import EVAL_FILE, arm_seed_dir, json_problem, stored_run_key
-from geospec.report.stats import finite, holm, summarize
+from geospec.report.stats import comparison, finite, holm, summarize
 
 
 def read_scores(out: Path) -> dict[str, Any] | None:
@@ -41,8 +41,6 @@ def eval_results(
 ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Per arm, its metrics over the seeds with the paired comparison against the baseline; and
     what was evaluated (the tasks, every metric, lm-eval versions, examples per task)."""
-    from geospec.report.results import comparison
-
     values: dict[str, dict[str, dict[int, float]]] = {}  # arm -> metric -> seed -> value
     higher: dict[str, bool | None] = {}
     versions: set[str] = set()

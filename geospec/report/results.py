@@ -55,14 +55,14 @@ from geospec.pipeline.run_dir import (
     read_json,
     read_json_or_none,
 )
+from geospec.report.evaluation import eval_results
 from geospec.report.stats import (
     MIN_RELIABILITY,
+    comparison,
     finite,
     holm,
-    paired_difference,
     seeds_to_reach,
     shown_against,
-    sign_flip_p,
     smallest_sign_flip_p,
     split_half_reliability,
     standard_errors,
@@ -222,8 +222,6 @@ def build_results(run_dir: Path) -> dict[str, Any]:
     if reliability is not None:
         results["reliability"] = reliability
     if resolved.get("eval"):  # the spec evaluates the arms with lm-eval (the eval stage)
-        from geospec.report.evaluation import eval_results
-
         scores, results["eval"] = eval_results(run_dir, resolved, confidence)
         for name, entry in scores.items():
             arms[name]["eval"] = entry
@@ -275,31 +273,6 @@ def comparison_families(
 
 def _losses(entry: dict[str, Any]) -> dict[int, float]:
     return {int(seed): loss for seed, loss in entry["val_loss"]["seeds"].items()}
-
-
-def comparison(
-    losses: dict[int, float],
-    other: dict[int, float],
-    confidence: float,
-    resolved: dict[str, Any],
-) -> dict[str, Any] | None:
-    """``losses - other`` over their shared seeds: mean, intervals, wins, and the exact sign-flip
-    p-value with the smallest one this many seeds can give (``p_holm`` is filled in across the
-    arms); None when no seed is shared."""
-    diff = paired_difference(losses, other, confidence=confidence, bootstrap=resolved["bootstrap"])
-    if diff.n == 0:
-        return None
-    return {
-        "mean": diff.mean,
-        "sd": finite(diff.sd),
-        "ci95": [finite(diff.ci[0]), finite(diff.ci[1])],
-        "bootstrap_ci95": list(diff.bootstrap_ci) if diff.bootstrap_ci else None,
-        "improved": diff.improved,
-        "n": diff.n,
-        "p_exact": sign_flip_p([losses[s] - other[s] for s in diff.seeds]),
-        "p_holm": None,
-        "p_min": smallest_sign_flip_p(diff.n),
-    }
 
 
 def schedule_reads(table: dict[str, Any]) -> tuple[list[str], list[str]]:

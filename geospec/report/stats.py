@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -256,3 +257,29 @@ def standard_errors(replicates: Sequence[Sequence[float]]) -> list[float | None]
     if values.shape[0] < 2:
         return [None] * values.shape[1]
     return [float(v) for v in values.std(axis=0, ddof=1) / math.sqrt(values.shape[0])]
+
+
+def comparison(
+    losses: dict[int, float],
+    other: dict[int, float],
+    confidence: float,
+    resolved: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The paired comparison stored in results.json: ``losses - other`` over their shared
+    seeds: mean, intervals, wins, and the exact sign-flip p-value with the smallest one this many
+    seeds can give (``p_holm`` is filled in across the
+    arms); None when no seed is shared."""
+    diff = paired_difference(losses, other, confidence=confidence, bootstrap=resolved["bootstrap"])
+    if diff.n == 0:
+        return None
+    return {
+        "mean": diff.mean,
+        "sd": finite(diff.sd),
+        "ci95": [finite(diff.ci[0]), finite(diff.ci[1])],
+        "bootstrap_ci95": list(diff.bootstrap_ci) if diff.bootstrap_ci else None,
+        "improved": diff.improved,
+        "n": diff.n,
+        "p_exact": sign_flip_p([losses[s] - other[s] for s in diff.seeds]),
+        "p_holm": None,
+        "p_min": smallest_sign_flip_p(diff.n),
+    }
