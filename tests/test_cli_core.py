@@ -120,3 +120,15 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> None:
     assert run_command.endswith("geospec run specs/tiny.toml")
     assert (ROOT / "specs" / "tiny.toml").exists()
     assert test_command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_validate_summary_shows_the_training_settings_and_the_launcher(tmp_path: Path) -> None:
+    spec = minimal_spec(launch={"kind": "pool", "workers": 2})
+    spec["train"].update(lr=1.5e-3, precision="fp32", device="cpu")
+    path = tmp_path / "s.toml"
+    path.write_text(tomlkit.dumps(spec))
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "lr 0.0015" in said and "precision fp32, device cpu" in said
+    assert "launch pool(workers=2, gpus=False)" in said

@@ -48,9 +48,15 @@ def spec_summary(spec: Spec) -> Group:
     head.add_row("reference", reference)
     budget = f"{spec.train.steps} steps" if spec.train.steps else f"{spec.train.tokens:,} tokens"
     if not spec.probe_only:
+        t = spec.train
+        micro = f" (micro-batch {t.micro_batch_size})" if t.micro_batch_size else ""
         head.add_row(
-            "training", f"{budget}, batch {spec.train.batch_size}, seeds {list(spec.train.seeds)}"
+            "training",
+            f"{budget}, batch {t.batch_size}{micro}, seeds {list(t.seeds)}, lr {t.lr:g} "
+            f"(cosine to {t.min_lr_ratio:g} x), precision {t.precision}, device {t.device}",
         )
+        launch = spec.launch.model_dump(mode="json") if spec.launch else {"kind": "local"}
+        head.add_row("launch", Text(plugin_call(launch)))
         if spec.train.trackers:
             watched = [plugin_call(t.model_dump(mode="json")) for t in spec.train.trackers]
             head.add_row("trackers", Text(", ".join(watched)))
