@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "export": "geospec.cli.export:export",
     "eval": "geospec.cli.eval:evaluate",
     "status": "geospec.cli.status:status",
+    "prepare": "geospec.cli.prepare:prepare",
 }
 
 

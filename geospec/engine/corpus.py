@@ -101,6 +101,21 @@ class Corpus:
                 self.files.append(path)
         elif self.bundled is not None:
             self.files.append(bundled_path(self.bundled))
+        self._hub_documents: int | None = None
+
+    def documents_hint(self) -> int | None:
+        """How many documents the corpus will give, where that is cheap to know (parquet files'
+        row counts, a hub dataset's recorded size once it is loaded, ``max_documents``), for
+        progress; None otherwise. Empty rows are counted, so it can exceed the true number."""
+        known: int | None = self._hub_documents
+        if self.files and all(_builder(path) == "parquet" for path in self.files):
+            import pyarrow.parquet as pq
+
+            known = sum(pq.ParquetFile(path).metadata.num_rows for path in self.files)
+        limit = self.data.max_documents
+        if limit is not None:
+            return limit if known is None else min(known, limit)
+        return known
 
     def digests(self) -> list[str]:
         """Content digests of the local (or bundled) files; empty for a hub dataset."""
@@ -179,10 +194,11 @@ class Corpus:
                 yield from batch[field]
 
     def _hub_texts(self) -> Iterator[str]:
-        from geospec.engine.hub_dataset import load_hub_dataset
+        from geospec.engine.hub_dataset import documents_in, load_hub_dataset
 
         d = self.data
         dataset = load_hub_dataset(d)
+        self._hub_documents = documents_in(dataset, d.hub_split)
         where = f"hub dataset {d.corpus!r}"
         _check_field(list(dataset.column_names or []), d.text_field, where)
         for batch in dataset.iter(batch_size=BATCH):

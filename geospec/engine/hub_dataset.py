@@ -58,6 +58,18 @@ def load_hub_dataset(data: DataSpec) -> Any:
         raise UsageError(load_problem(data, error)) from None
 
 
+def documents_in(dataset: Any, split: str) -> int | None:
+    """The rows of a loaded split where datasets knows them: a downloaded split's length, or the
+    size the dataset's card records; None for a streamed split of unknown size."""
+    try:
+        return len(dataset)
+    except TypeError:
+        pass
+    splits = getattr(getattr(dataset, "info", None), "splits", None) or {}
+    rows = getattr(splits.get(split), "num_examples", None)
+    return int(rows) if rows else None
+
+
 def cached_snapshot(data: DataSpec) -> Path | None:
     """The directory of the spec's revision in the hub cache; None when the hub cache holds no
     revision of the dataset at all. :class:`UsageError` when it holds others but not this one,
