@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "eval": "geospec.cli.eval:evaluate",
     "status": "geospec.cli.status:status",
     "prepare": "geospec.cli.prepare:prepare",
+    "rehearse": "geospec.cli.rehearse:rehearse",
 }
 
 
