@@ -47,6 +47,12 @@ DEFAULT_CONTEXT = 64
     help="The GPU's dense bf16 peak (default 989, an H100/H200).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.option(
+    "--job-script",
+    is_flag=True,
+    help="Print instead the script the spec's [launch] would submit for its runs (the slurm "
+    "launcher's sbatch script); nothing is built or submitted.",
+)
 @set_option
 def rehearse(
     spec_path: Path,
@@ -55,6 +61,7 @@ def rehearse(
     mfu: float | None,
     peak_tflops: float | None,
     as_json: bool,
+    job_script: bool,
     overrides: tuple[str, ...],
 ) -> None:
     """Dry-run SPEC's shapes here: build every arm's model at full size, train a few steps on
@@ -62,7 +69,28 @@ def rehearse(
     from geospec.spec.loading import load_spec
 
     spec = load_spec(spec_path, overrides)
+    if job_script:
+        click.echo(launcher_script(spec), nl=False)
+        return
     show_rehearsal(spec, steps, context, mfu, peak_tflops, as_json)
+
+
+def launcher_script(spec: Spec) -> str:
+    """What the spec's launcher would submit for every arm x seed run of the spec."""
+    from geospec.errors import UsageError
+    from geospec.kinds import Launcher
+    from geospec.registry.loading import get_registries
+
+    launcher: Launcher = get_registries().create("launcher", spec.launch or "local")
+    runs = len(spec.arms) * len(spec.train.seeds)
+    script = launcher.job_script(Path(spec.run_dir), runs)
+    if script is None:
+        kind = spec.launch.kind if spec.launch is not None else "local"
+        raise UsageError(
+            f"launch: the {kind!r} launcher submits no job script; a [launch] table such as "
+            '{ kind = "slurm", gpus_per_run = 8 } does (docs/cluster.md)'
+        )
+    return script
 
 
 def show_rehearsal(
