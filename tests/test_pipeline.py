@@ -352,8 +352,8 @@ def test_torchrun_two_processes_match_one(tmp_path: Path) -> None:
             assert double[arm][seed] == pytest.approx(single[arm][seed], abs=1e-5)
 
 
-#: SMALL measuring one topology profile on 1,024 probed positions: rank 0 measures alone for a
-#: while (ripser per layer), the other rank waits for it.
+#: SMALL measuring one topology profile on 1,024 probed positions: the ranks measure their
+#: shares of the layers for a while (ripser per layer), then gather them.
 MEASURED = (
     SMALL.replace("measure = []\n", "").replace("[probe]\ntokens = 32", "[probe]\ntokens = 1024")
     + '\n[[measure]]\ngeometry = { kind = "raw" }\nstatistic = { kind = "topology" }\n'
@@ -371,9 +371,10 @@ def _torchrun_run(spec: Path) -> list[str]:
 def test_torchrun_workers_whose_launcher_is_killed_during_measure_end_at_once(
     tmp_path: Path,
 ) -> None:
-    """torchrun killed outright (SIGKILL: it forwards nothing) while rank 0 measures alone and
-    rank 1 waits for it in a barrier: both workers end within seconds (each watches its parent),
-    not when the measurement is done; nothing they left keeps a new torchrun from finishing."""
+    """torchrun killed outright (SIGKILL: it forwards nothing) while the ranks measure (one may
+    wait for the other's share): both workers end within seconds (each watches its parent),
+    not when the measurement is done; nothing they left keeps a new torchrun from finishing; the
+    profile both ranks measured has every layer."""
     spec = write_spec(tmp_path, MEASURED)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     launcher = subprocess.Popen(
