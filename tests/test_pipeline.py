@@ -425,3 +425,32 @@ def test_runs_claimed_by_another_process_are_left_to_it(tmp_path: Path) -> None:
     assert trained == ["arm cosine, seed 0"]
     assert set(_losses(run_dir)["cosine"]) == {"0", "1"}
     assert "nothing to do" in run(spec)
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_that_loaded_different_specs_stop_with_one_line(tmp_path: Path) -> None:
+    """Rank 1 started with another --set value: every rank stops before any stage (exit 2)."""
+    spec = write_spec(tmp_path, SMALL)
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import os, sys\n"
+        "from geospec.cli import main\n"
+        f"sys.argv = ['geospec', 'run', {str(spec)!r}]\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sys.argv += ['--set', 'train.lr=0.001']\n"
+        "main()\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*command, "--nproc_per_node", "2", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if "loaded different specs" in line]
+    assert len(lines) == 2, done.stderr[-3000:]  # one line from each rank
+    assert all("rank 1's is not rank 0's" in line for line in lines)
+    assert not (tmp_path / "run" / "stages.json").exists()
