@@ -17,7 +17,7 @@ from geospec.errors import UsageError
 from geospec.spec.loading import load_spec
 from geospec.spec.sections import DataSpec
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = "someone/webtext"
@@ -93,7 +93,6 @@ def test_a_cached_parquet_revision_reads_as_its_files(hub_cache: Path) -> None:
     assert documents(DataSpec(source=REPO, hub_revision=COMMIT, max_documents=7)) == texts(7)
 
 
-@pytest.mark.torch
 def test_tokens_of_the_cached_revision_equal_those_of_the_same_local_files(hub_cache: Path) -> None:
     from geospec.engine.token_data import prepare_data
 

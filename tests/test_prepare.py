@@ -3,12 +3,14 @@ half-written under a finished name, and found by ``geospec run``."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomlkit
@@ -18,9 +20,10 @@ from geospec.cli import cli
 from geospec.engine.progress import DataProgress
 from geospec.engine.token_data import META_FILE, STATE_FILE, partial_dir
 from geospec.spec.loading import load_spec
+from geospec.spec.sections import DataSpec
 from geospec.testing import minimal_spec
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 def write_corpus(path: Path, documents: int) -> list[str]:
@@ -58,7 +61,41 @@ def cache_files(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
-@pytest.mark.torch
+def test_an_interrupted_prepare_resumes_to_the_identical_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Interrupted (Ctrl-C) in its 25th batch: the partial build is kept, not renamed; prepared
+    again it resumes after the 20 batches it recorded, to the bytes of an uninterrupted build."""
+    from geospec.engine import token_data
+
+    write_corpus(tmp_path / "corpus.txt", 30_000)
+    data = DataSpec(files=["corpus.txt"], tokenizer={"kind": "gpt2"}, val_fraction=0.05)
+    fresh = token_data.prepare_data(data, tmp_path / "fresh", spec_dir=tmp_path)
+    packed = token_data.pack
+    calls = {"n": 0}
+
+    def interrupted(*args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2 * 25:  # a train and a validation part per batch
+            raise KeyboardInterrupt
+        return packed(*args)
+
+    monkeypatch.setattr(token_data, "pack", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        token_data.prepare_data(data, tmp_path / "cache", spec_dir=tmp_path)
+    work = token_data.partial_dir(tmp_path / "cache", fresh.key)
+    assert json.loads((work / STATE_FILE).read_text())["batches"] == 20
+    assert not (tmp_path / "cache" / fresh.key).exists()
+    monkeypatch.setattr(token_data, "pack", packed)
+    said: list[str] = []
+    resumed = token_data.prepare_data(
+        data, tmp_path / "cache", spec_dir=tmp_path, say=said.append, progress=True
+    )
+    assert said[0].startswith("tokens: resuming after")
+    assert cache_files(resumed.directory) == cache_files(fresh.directory)
+
+
+@pytest.mark.slow
 def test_a_killed_prepare_resumes_to_the_identical_cache(tmp_path: Path) -> None:
     """SIGKILL once the build has recorded a resumable point: nothing under the finished name,
     the partial build kept; run again, it resumes (says so) and ends with the bytes of a build
@@ -93,7 +130,6 @@ def test_a_killed_prepare_resumes_to_the_identical_cache(tmp_path: Path) -> None
     assert cache_files(finished) == cache_files(tmp_path / "fresh" / "tokens" / key)
 
 
-@pytest.mark.torch
 def test_geospec_run_reads_the_prepared_tokens(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
