@@ -369,6 +369,12 @@ class Launcher(Plugin):
     def launch(self, launch: Launch) -> list[RunOutcome]:
         raise NotImplementedError
 
+    def job_script(self, run_dir: Path, runs: int) -> str | None:
+        """The scheduler script this launcher would submit to train ``runs`` runs of
+        ``run_dir``, rendered without submitting anything (``geospec rehearse --job-script``);
+        None for a launcher that submits no script (the default)."""
+        return None
+
 
 @dataclass(frozen=True)
 class TrackedRun:

@@ -150,7 +150,28 @@ class Slurm(Launcher):
 
     def _name(self, launch: Launch) -> str:
         """The job name: the run directory's, so a later ``geospec run`` finds its jobs."""
-        return f"geospec-{launch.run_dir.resolve().name}-{_short_hash(launch.run_dir)}"
+        return _job_name(launch.run_dir)
+
+    def job_script(self, run_dir: Path, runs: int) -> str | None:
+        """The sbatch script of the job array of ``runs`` runs, as submitit writes it for
+        :meth:`_submit` (the array executor's parameters plus ``map_count``, its command), for
+        ``cluster = "slurm"``; nothing is submitted."""
+        if self.params.cluster != "slurm":
+            return None
+        submitit = _import_submitit()
+
+        class Rendering(submitit.SlurmExecutor):  # type: ignore[name-defined]
+            """submitit's Slurm executor where srun may be missing: it renders, never submits."""
+
+            @classmethod
+            def affinity(cls) -> int:
+                return 1
+
+        folder = run_dir / "launch" / "slurm"
+        executor = self._executor(submitit, folder, _job_name(run_dir), Rendering)
+        executor.parameters["map_count"] = runs  # what submitit's map_array sets for an array
+        script: str = executor._make_submission_file_text(executor._submitit_command_str, "0")
+        return script
 
     def _submit(self, launch: Launch, runs: list[TrainingRun]) -> list[RunOutcome]:
         params = self.params
@@ -192,7 +213,7 @@ class Slurm(Launcher):
         )
         return [RunOutcome(r, "submitted", f"job {i}") for r, i in zip(runs, ids, strict=True)]
 
-    def _executor(self, submitit: Any, folder: Path, name: str) -> Any:
+    def _executor(self, submitit: Any, folder: Path, name: str, slurm_executor: Any = None) -> Any:
         params = self.params
         tasks = max(1, params.gpus_per_run)
         if params.cluster == "local":
@@ -205,7 +226,7 @@ class Slurm(Launcher):
                 setup=params.setup,
             )
             return executor
-        executor = submitit.SlurmExecutor(folder=folder)
+        executor = (slurm_executor or submitit.SlurmExecutor)(folder=folder)
         extra: dict[str, Any] = {"signal": f"USR1@{params.warning_s}", **_options(params)}
         executor.update_parameters(
             job_name=name,
@@ -272,6 +293,10 @@ def _outside_this_job() -> Iterator[None]:
 def _options(params: SlurmParams) -> dict[str, str | int | bool]:
     """The extra sbatch options as flags: ``true`` is the bare flag, ``false`` leaves it out."""
     return {name: value for name, value in params.sbatch.items() if value is not False}
+
+
+def _job_name(run_dir: Path) -> str:
+    return f"geospec-{run_dir.resolve().name}-{_short_hash(run_dir)}"
 
 
 def _short_hash(path: Path) -> str:

@@ -364,6 +364,42 @@ def test_a_damaged_token_cache_is_rebuilt_before_training_on_it(
     assert results_of(copy / "run") == results_of(finished / "run")
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(("progress.json", truncate), id="progress.json truncated"),
+        pytest.param(("progress.json", garbage), id="progress.json garbage"),
+        pytest.param(("progress.json", wrong_type), id="progress.json wrong type"),
+        pytest.param(("train.bin", truncate), id="train.bin shorter than recorded"),
+        pytest.param(("tokenizer.json", delete), id="tokenizer.json deleted"),
+    ],
+)
+def test_a_damaged_partial_token_cache_is_prepared_again_to_the_same_tokens(
+    tmp_path: Path, damage: tuple[str, Callable[[Path], None]]
+) -> None:
+    """An unfinished build (geospec prepare killed) whose record or files are damaged: the next
+    prepare starts it over and ends with the tokens of an undisturbed build."""
+    from geospec.engine import token_data
+    from geospec.spec.sections import DataSpec
+
+    data = DataSpec(files=[str(CORPUS)], tokenizer={"kind": "gpt2"}, val_fraction=0.1)
+    clean = token_data.prepare_data(data, tmp_path / "clean")
+    work = token_data.partial_dir(tmp_path / "damaged", clean.key)
+    shutil.copytree(clean.directory, work)  # a build that got to its last batch, unrenamed
+    (work / "meta.json").unlink()
+    sizes = {n: (work / f"{n}.bin").stat().st_size for n in token_data.SPLITS}
+    state = {"key": clean.key, "eot": clean.eot_id, "batches": 1, "bytes": sizes}
+    state |= {"documents": clean.meta["documents"], "tokens": clean.meta["tokens"]}
+    (work / token_data.STATE_FILE).write_text(json.dumps(state))
+    name, how = damage
+    how(work / name)
+    again = token_data.prepare_data(data, tmp_path / "damaged")
+    assert not work.exists()
+    for split in ("train.bin", "val.bin", "tokenizer.json"):
+        assert (again.directory / split).read_bytes() == (clean.directory / split).read_bytes()
+    assert again.meta == clean.meta
+
+
 #: The finished run's spec evaluating its arms (the eval extra; nox -s eval).
 EVAL_SPEC = SPEC + '\n[eval]\ntasks = ["geospec_austen_lastword"]\nlimit = 6\n'
 

@@ -494,3 +494,52 @@ def test_the_slurm_launcher_without_slurm_says_so_in_one_line(
         result.output.split()
     )
     assert not (out / "launch").exists()
+
+
+def test_the_sbatch_script_of_the_440m_spec_as_docs_cluster_md_sets_it_up(tmp_path: Path) -> None:
+    """`geospec rehearse SPEC --job-script` renders, through submitit, the job array the slurm
+    launcher submits for specs/440m.toml with docs/cluster.md's [launch] table; no cluster."""
+    pytest.importorskip("submitit")
+    root = Path(__file__).resolve().parents[1]
+    docs = (root / "docs" / "cluster.md").read_text()
+    launch = docs.split("cat >> 440m-slurm.toml <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+    spec = (
+        (root / "specs" / "440m.toml")
+        .read_text()
+        .replace('out = "runs/440m"', f'out = "{tmp_path / "runs" / "440m"}"')
+    )
+    path = tmp_path / "440m-slurm.toml"
+    path.write_text(spec + launch + "\n")
+    result = CliRunner().invoke(cli, ["rehearse", str(path), "--job-script"])
+    assert result.exit_code == 0, result.output
+    script = result.output
+    flags = {line.split("=", 1)[0]: line.partition("=")[2] for line in script.splitlines()}
+    folder = tmp_path / "runs" / "440m" / "launch" / "slurm"
+    expected = {
+        "#SBATCH --array": "0-24%25",  # 5 arms x 5 seeds, all at once (parallel is 256)
+        "#SBATCH --nodes": "1",
+        "#SBATCH --gpus-per-node": "8",
+        "#SBATCH --ntasks-per-node": "8",  # one process per GPU
+        "#SBATCH --cpus-per-task": "8",
+        "#SBATCH --time": "720",
+        "#SBATCH --partition": "gpu",
+        "#SBATCH --account": "my-project",
+        "#SBATCH --mem": "0",
+        "#SBATCH --signal": "USR1@120",  # the checkpoint warning before the time limit
+        "#SBATCH --output": f"{folder}/%A_%a_0_log.out",
+    }
+    assert {flag: flags.get(flag) for flag in expected} == expected
+    assert "#SBATCH --exclusive" in script.splitlines()
+    assert flags["#SBATCH --job-name"].startswith("geospec-440m-")
+    lines = script.splitlines()
+    setup, srun = lines.index("source .venv/bin/activate"), len(lines) - 1
+    assert lines[srun].startswith("srun ") and setup < srun
+    assert lines[srun].endswith(f"-m submitit.core._submit {folder}")
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)  # valid shell
+    assert not (tmp_path / "runs").exists()  # nothing written, nothing submitted
+
+
+def test_a_launcher_without_a_job_script_says_so(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["rehearse", str(write(tmp_path)), "--job-script"])
+    assert result.exit_code == 2
+    assert "launch: the 'local' launcher submits no job script" in result.output

@@ -352,8 +352,8 @@ def test_torchrun_two_processes_match_one(tmp_path: Path) -> None:
             assert double[arm][seed] == pytest.approx(single[arm][seed], abs=1e-5)
 
 
-#: SMALL measuring one topology profile on 1,024 probed positions: rank 0 measures alone for a
-#: while (ripser per layer), the other rank waits for it.
+#: SMALL measuring one topology profile on 1,024 probed positions: the ranks measure their
+#: shares of the layers for a while (ripser per layer), then gather them.
 MEASURED = (
     SMALL.replace("measure = []\n", "").replace("[probe]\ntokens = 32", "[probe]\ntokens = 1024")
     + '\n[[measure]]\ngeometry = { kind = "raw" }\nstatistic = { kind = "topology" }\n'
@@ -371,9 +371,10 @@ def _torchrun_run(spec: Path) -> list[str]:
 def test_torchrun_workers_whose_launcher_is_killed_during_measure_end_at_once(
     tmp_path: Path,
 ) -> None:
-    """torchrun killed outright (SIGKILL: it forwards nothing) while rank 0 measures alone and
-    rank 1 waits for it in a barrier: both workers end within seconds (each watches its parent),
-    not when the measurement is done; nothing they left keeps a new torchrun from finishing."""
+    """torchrun killed outright (SIGKILL: it forwards nothing) while the ranks measure (one may
+    wait for the other's share): both workers end within seconds (each watches its parent),
+    not when the measurement is done; nothing they left keeps a new torchrun from finishing; the
+    profile both ranks measured has every layer."""
     spec = write_spec(tmp_path, MEASURED)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     launcher = subprocess.Popen(
@@ -424,3 +425,32 @@ def test_runs_claimed_by_another_process_are_left_to_it(tmp_path: Path) -> None:
     assert trained == ["arm cosine, seed 0"]
     assert set(_losses(run_dir)["cosine"]) == {"0", "1"}
     assert "nothing to do" in run(spec)
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_that_loaded_different_specs_stop_with_one_line(tmp_path: Path) -> None:
+    """Rank 1 started with another --set value: every rank stops before any stage (exit 2)."""
+    spec = write_spec(tmp_path, SMALL)
+    script = tmp_path / "ranks.py"
+    script.write_text(
+        "import os, sys\n"
+        "from geospec.cli import main\n"
+        f"sys.argv = ['geospec', 'run', {str(spec)!r}]\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    sys.argv += ['--set', 'train.lr=0.001']\n"
+        "main()\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*command, "--nproc_per_node", "2", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if "loaded different specs" in line]
+    assert len(lines) == 2, done.stderr[-3000:]  # one line from each rank
+    assert all("rank 1's is not rank 0's" in line for line in lines)
+    assert not (tmp_path / "run" / "stages.json").exists()

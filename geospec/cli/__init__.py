@@ -34,6 +34,8 @@ COMMANDS: dict[str, str] = {
     "export": "geospec.cli.export:export",
     "eval": "geospec.cli.eval:evaluate",
     "status": "geospec.cli.status:status",
+    "prepare": "geospec.cli.prepare:prepare",
+    "rehearse": "geospec.cli.rehearse:rehearse",
 }
 
 

@@ -28,6 +28,12 @@ STAGE = click.Choice(STAGES)
     metavar="0,1",
     help="Train only these seeds (comma-separated); the report says which runs are missing.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Build every arm's model at full size, train a few steps here and print what the runs "
+    "will need on GPUs (geospec rehearse SPEC); runs nothing, writes nothing.",
+)
 @set_option
 def run(
     spec_path: Path,
@@ -36,6 +42,7 @@ def run(
     out: Path | None,
     arms: str | None,
     seeds: str | None,
+    dry_run: bool,
     overrides: tuple[str, ...],
 ) -> None:
     """Run the pipeline of SPEC: reference, probe, measure, diagnose, demand, solve, prune, train,
@@ -49,6 +56,11 @@ def run(
 
     warn_broken_plugins()
     spec = load_spec(spec_path, overrides)
+    if dry_run:
+        from geospec.cli.rehearse import show_rehearsal
+
+        show_rehearsal(spec)
+        return
     chosen_arms = None if arms is None else _names(arms)
     chosen_seeds = None if seeds is None else _seeds(seeds)
     _check_choice(spec, chosen_arms, chosen_seeds)

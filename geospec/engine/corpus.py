@@ -7,8 +7,8 @@
   ``.parquet`` (one document per row, from ``data.text_field``); compressed files (gzip, bz2, xz,
   zstd) are read transparently.
 - anything else in ``source`` is a Hugging Face hub dataset name (``hub_config``, ``hub_split``,
-  ``hub_revision``, ``streaming``); it needs network access unless it is already in the datasets
-  cache.
+  ``hub_revision``, ``streaming``), read by :mod:`~geospec.engine.hub_dataset`: online through
+  datasets, offline (``HF_HUB_OFFLINE=1``) from the Hugging Face cache.
 
 Text (the bundled corpora and ``.txt``, plain or gzip/bz2/xz) is read here, exactly as datasets'
 ``text`` builder reads it (UTF-8, universal newlines; a whole file per document, or blocks split
@@ -101,6 +101,21 @@ class Corpus:
                 self.files.append(path)
         elif self.bundled is not None:
             self.files.append(bundled_path(self.bundled))
+        self._hub_documents: int | None = None
+
+    def documents_hint(self) -> int | None:
+        """How many documents the corpus will give, where that is cheap to know (parquet files'
+        row counts, a hub dataset's recorded size once it is loaded, ``max_documents``), for
+        progress; None otherwise. Empty rows are counted, so it can exceed the true number."""
+        known: int | None = self._hub_documents
+        if self.files and all(_builder(path) == "parquet" for path in self.files):
+            import pyarrow.parquet as pq
+
+            known = sum(pq.ParquetFile(path).metadata.num_rows for path in self.files)
+        limit = self.data.max_documents
+        if limit is not None:
+            return limit if known is None else min(known, limit)
+        return known
 
     def digests(self) -> list[str]:
         """Content digests of the local (or bundled) files; empty for a hub dataset."""
@@ -179,25 +194,16 @@ class Corpus:
                 yield from batch[field]
 
     def _hub_texts(self) -> Iterator[str]:
-        import datasets
+        from geospec.engine.hub_dataset import documents_in, load_hub_dataset
 
         d = self.data
-        try:
-            dataset = datasets.load_dataset(
-                d.corpus,
-                d.hub_config,
-                split=d.hub_split,
-                streaming=d.streaming,
-                revision=d.hub_revision,
-            )
-        except Exception as error:  # datasets raises many types; all mean "cannot load this"
-            raise UsageError(
-                f"data.source: cannot load hub dataset {d.corpus!r} (config {d.hub_config!r}, "
-                f"split {d.hub_split!r}, revision {d.hub_revision!r}): {error}. Offline, use a "
-                "bundled corpus or local files"
-            ) from None
-        _check_field(list(dataset.column_names or []), d.text_field, repr(d.corpus))
+        dataset = load_hub_dataset(d)
+        self._hub_documents = documents_in(dataset, d.hub_split)
+        where = f"hub dataset {d.corpus!r}"
+        _check_field(list(dataset.column_names or []), d.text_field, where)
         for batch in dataset.iter(batch_size=BATCH):
+            if d.text_field not in batch:  # a streamed dataset may not know its columns up front
+                _check_field(list(batch), d.text_field, where)
             yield from batch[d.text_field]
 
 

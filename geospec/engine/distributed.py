@@ -145,13 +145,29 @@ def wait_for_main(ctx: DistContext) -> None:
     once per process group with the long timeout: the waiting ranks sit in a CPU barrier with no
     NCCL operation pending.
     """
-    global _waiting
+    if ctx.enabled:
+        dist.barrier(group=_stage_group())
+
+
+def gather_stage_objects(value: Any, ctx: DistContext) -> list[Any]:
+    """``value`` from every rank, in rank order, through the same gloo group as
+    :func:`wait_for_main`: for the shares of a long stage (a measurement), which the ranks end
+    minutes or hours apart, longer than the default group's collective timeout."""
     if not ctx.enabled:
-        return
+        return [value]
+    out: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(out, value, group=_stage_group())
+    return out
+
+
+def _stage_group() -> Any:
+    """The gloo group with :data:`STAGE_TIMEOUT`, created once per process group (every rank
+    must reach the first call, as with any new group)."""
+    global _waiting
     world = dist.group.WORLD
     if _waiting is None or _waiting[0] is not world:
         _waiting = (world, dist.new_group(backend="gloo", timeout=STAGE_TIMEOUT))
-    dist.barrier(group=_waiting[1])
+    return _waiting[1]
 
 
 def all_reduce_sum(tensor: torch.Tensor, ctx: DistContext) -> torch.Tensor:

@@ -137,3 +137,59 @@ def stage_progress(
             log.advance(done)
 
         yield advance
+
+
+def format_bytes(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000:
+            return f"{size:.3g} {unit}"
+        size /= 1000
+    return f"{size:,.1f} TB"
+
+
+class DataProgress:
+    """Tokenizing a corpus, for logs: documents, tokens, tokens/s, and where the corpus's size is
+    known (``total()``: its documents) the ETA and the size the token files will take, projected
+    from the tokens per document so far. A line every ``interval`` seconds and one at the end."""
+
+    def __init__(
+        self, say: Callable[[str], None], total: Callable[[], int | None], interval: float = 10.0
+    ) -> None:
+        self.say, self.total, self.interval = say, total, interval
+        self.documents0 = self.tokens0 = self.itemsize = 0
+        self.started = self.last = time.perf_counter()
+
+    def start(self, documents: int, tokens: int, itemsize: int) -> None:
+        """Counts already in the files (a resumed build) and the bytes of one token id."""
+        self.documents0, self.tokens0, self.itemsize = documents, tokens, itemsize
+        self.started = self.last = time.perf_counter()
+        if documents:
+            self.say(f"tokens: resuming after {documents:,} documents ({tokens:,} tokens)")
+
+    def update(self, documents: int, tokens: int) -> None:
+        now = time.perf_counter()
+        if now - self.last >= self.interval:
+            self.last = now
+            self.say(self.line(documents, tokens, now))
+
+    def finish(self, documents: int, tokens: int) -> None:
+        elapsed = time.perf_counter() - self.started
+        self.say(
+            f"tokens: {documents:,} documents, {tokens:,} tokens "
+            f"({format_bytes(tokens * self.itemsize)}) in {format_duration(elapsed)}"
+        )
+
+    def line(self, documents: int, tokens: int, now: float) -> str:
+        elapsed = max(now - self.started, 1e-9)
+        rate = (tokens - self.tokens0) / elapsed
+        documents_rate = (documents - self.documents0) / elapsed
+        total = self.total()
+        text = f"tokens: {documents:,}"
+        if total:
+            text += f"/{total:,}"
+        text += f" documents, {tokens:,} tokens, {rate:,.0f} tokens/s"
+        if total and documents and documents_rate > 0:
+            eta = max(total - documents, 0) / documents_rate
+            size = tokens / documents * total * self.itemsize
+            text += f", eta {format_duration(eta)}, about {format_bytes(size)} on disk"
+        return text

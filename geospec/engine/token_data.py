@@ -9,16 +9,20 @@ uint32), with ``tokenizer.json`` and ``meta.json`` beside them.
 
 The result lives in ``cache_dir/<key>/`` where the key hashes the data section and the content of
 local files, so every arm and seed of a run reads byte-identical validation tokens, and a changed
-data section never reuses stale tokens. The directory is built under a temporary name and renamed
-into place (atomic); a lock file keeps concurrent processes from preparing it twice."""
+data section never reuses stale tokens. The directory is built as ``cache_dir/.<key>.partial/``
+and renamed into place when complete (atomic); a lock file keeps concurrent processes from
+preparing it twice. The build is resumable: every :data:`CHECKPOINT_BATCHES` batches of documents
+it flushes the token files and records how far it got (``progress.json``), so a killed build
+(``geospec prepare`` on a login node, a job at its time limit) continues from there, to the same
+bytes as an uninterrupted one."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +34,7 @@ from tokenizers import Tokenizer
 from geospec.atomic import atomic_write_json
 from geospec.digests import file_digest
 from geospec.engine.corpus import Corpus
+from geospec.engine.progress import DataProgress
 from geospec.engine.tokenizer import build_tokenizer, vocab_size
 from geospec.errors import GeospecError, UsageError
 from geospec.locks import file_lock
@@ -38,6 +43,10 @@ from geospec.spec.sections import BPETokenizer, DataSpec
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
 META_FILE = "meta.json"
+#: where an unfinished build keeps its state (inside ``.<key>.partial/``)
+STATE_FILE = "progress.json"
+#: batches of documents (of :data:`geospec.engine.corpus.BATCH`) between two resumable points
+CHECKPOINT_BATCHES = 10
 
 
 class DamagedCache(GeospecError):
@@ -163,12 +172,19 @@ def shared_cache_dir() -> Path:
     return Path(root) / "tokens"
 
 
+def partial_dir(cache_dir: Path, key: str) -> Path:
+    """Where the tokens of ``key`` are built until they are complete (a dot name, never opened as
+    a finished cache)."""
+    return Path(cache_dir) / f".{key}.partial"
+
+
 def prepare_data(
     data: DataSpec,
     cache_dir: Path,
     spec_dir: Path | None = None,
     say: Callable[[str], None] | None = None,
     earlier: Iterable[Path] = (),
+    progress: bool = False,
 ) -> TokenData:
     """Tokenize and pack the corpus once; later calls (any process) open the cached result.
 
@@ -176,6 +192,8 @@ def prepare_data(
     cache whose files no longer match its meta.json (length, content hash) is rebuilt, and
     ``say`` is told why. ``earlier``: cache directories where an earlier geospec may have built
     the same tokens (a run directory's ``data/``); a sound copy there is used as it is.
+    ``progress``: tell ``say`` every few seconds how far the build is (documents, tokens, rate,
+    ETA and the size the cache will take). A build that was killed resumes where it stopped.
     """
     corpus = Corpus(data, spec_dir)
     key = cache_key(data, corpus.digests())
@@ -202,14 +220,18 @@ def prepare_data(
                 return TokenData.open(final)  # another process may have built it meanwhile
             except DamagedCache:
                 pass
-        work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
-        work.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
+        work = partial_dir(cache_dir, key)
+        reporter = None
+        if progress and say is not None:
+            reporter = DataProgress(say, corpus.documents_hint)
         try:
-            _build(corpus, data, spec_dir, work, key)
-            shutil.rmtree(final, ignore_errors=True)  # a damaged or partial copy
-            os.replace(work, final)
-        finally:
+            _build(corpus, data, spec_dir, work, key, reporter)
+        except GeospecError:  # bad input: nothing worth resuming
             shutil.rmtree(work, ignore_errors=True)
+            raise
+        (work / STATE_FILE).unlink()
+        shutil.rmtree(final, ignore_errors=True)  # a damaged copy
+        os.replace(work, final)
     return TokenData.open(final)
 
 
@@ -225,27 +247,79 @@ def _documents(corpus: Corpus, seed: int, fraction: float) -> Iterator[tuple[lis
         )
 
 
-def _build(corpus: Corpus, data: DataSpec, spec_dir: Path | None, work: Path, key: str) -> None:
+def _resume_state(work: Path, key: str) -> dict[str, Any] | None:
+    """How far an earlier build of ``key`` in ``work`` got, or None (then ``work`` is emptied):
+    its tokenizer and the recorded length of each token file must be there."""
+    try:
+        state = json.loads((work / STATE_FILE).read_text())
+        sizes = [(work / f"{name}.bin").stat().st_size for name in SPLITS]
+        if (
+            state["key"] == key
+            and (work / "tokenizer.json").is_file()
+            and all(size >= state["bytes"][n] for size, n in zip(sizes, SPLITS, strict=True))
+        ):
+            return dict(state)
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    work.chmod(0o755)
+    return None
+
+
+def _build(
+    corpus: Corpus,
+    data: DataSpec,
+    spec_dir: Path | None,
+    work: Path,
+    key: str,
+    reporter: DataProgress | None = None,
+) -> None:
     seed, fraction = data.split_seed, data.val_fraction
+    state = _resume_state(work, key)
+    if state is None:
 
-    def training_texts() -> Iterable[str]:
-        for train_docs, _ in _documents(corpus, seed, fraction):
-            yield from train_docs
+        def training_texts() -> Iterable[str]:
+            for train_docs, _ in _documents(corpus, seed, fraction):
+                yield from train_docs
 
-    tokenizer, eot = build_tokenizer(data.tokenizer, training_texts(), spec_dir)
+        built, eot = build_tokenizer(data.tokenizer, training_texts(), spec_dir)
+        built.save(str(work / "tokenizer.json"))
+        state = {"key": key, "eot": eot, "batches": 0}
+        state |= {"documents": dict.fromkeys(SPLITS, 0), "tokens": dict.fromkeys(SPLITS, 0)}
+        state["bytes"] = dict.fromkeys(SPLITS, 0)
+    # encode with the saved tokenizer, as a resumed build must
+    tokenizer = Tokenizer.from_file(str(work / "tokenizer.json"))
+    eot = int(state["eot"])
     vocab = vocab_size(tokenizer)
     dtype = token_dtype(vocab)
-    documents = dict.fromkeys(SPLITS, 0)
-    tokens = dict.fromkeys(SPLITS, 0)
-    with open(work / "train.bin", "wb") as train_out, open(work / "val.bin", "wb") as val_out:
-        outputs: dict[str, IO[bytes]] = {"train": train_out, "val": val_out}
-        for split_docs in _documents(corpus, seed, fraction):
+    documents, tokens = state["documents"], state["tokens"]
+    outputs: dict[str, IO[bytes]] = {}
+    with contextlib.ExitStack() as files:
+        for name in SPLITS:
+            path = work / f"{name}.bin"
+            path.touch()
+            os.truncate(path, state["bytes"][name])  # what was written after the last record
+            outputs[name] = files.enter_context(open(path, "ab"))
+        if reporter is not None:
+            reporter.start(sum(documents.values()), sum(tokens.values()), dtype.itemsize)
+        for index, split_docs in enumerate(_documents(corpus, seed, fraction)):
+            if index < state["batches"]:
+                continue  # written before the build was stopped
             for name, docs in zip(SPLITS, split_docs, strict=True):
                 if docs:
                     packed = pack(tokenizer, docs, eot if data.end_of_text else None, dtype)
                     outputs[name].write(packed.tobytes())
                     documents[name] += len(docs)
                     tokens[name] += len(packed)
+            state["batches"] = index + 1
+            if state["batches"] % CHECKPOINT_BATCHES == 0:
+                _record(work, state, outputs)
+            if reporter is not None:
+                reporter.update(sum(documents.values()), sum(tokens.values()))
+        _record(work, state, outputs)
+    if reporter is not None:
+        reporter.finish(sum(documents.values()), sum(tokens.values()))
     for name in SPLITS:
         # val_fraction >= 0.5 only where nothing is trained (spec checks): no train split needed
         if tokens[name] == 0 and not (name == "train" and data.val_fraction >= 0.5):
@@ -255,7 +329,6 @@ def _build(corpus: Corpus, data: DataSpec, spec_dir: Path | None, work: Path, ke
                 f"and {documents['val']} validation documents); use more data or change "
                 "data.val_fraction"
             )
-    tokenizer.save(str(work / "tokenizer.json"))
     meta: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "key": key,
@@ -271,6 +344,16 @@ def _build(corpus: Corpus, data: DataSpec, spec_dir: Path | None, work: Path, ke
     if isinstance(data.tokenizer, BPETokenizer) and vocab != data.tokenizer.vocab_size:
         meta["note"] = f"BPE stopped at {vocab} tokens: the corpus has too few distinct merges"
     (work / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _record(work: Path, state: dict[str, Any], outputs: dict[str, IO[bytes]]) -> None:
+    """Make what was written so far durable, then record it: a build killed after this resumes
+    from here (the token files first, so the record never counts bytes that were lost)."""
+    for name, handle in outputs.items():
+        handle.flush()
+        os.fsync(handle.fileno())
+        state["bytes"][name] = handle.tell()
+    atomic_write_json(work / STATE_FILE, state)
 
 
 def pack(

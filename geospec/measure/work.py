@@ -48,6 +48,8 @@ MAX_DEFAULT_WORKERS = 16
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from geospec.engine.distributed import DistContext
+
 Cloud: TypeAlias = "torch.Tensor | ArrayLike"
 """n x d token states: a tensor, or anything torch.as_tensor takes (a numpy array)."""
 
@@ -111,6 +113,7 @@ def measure_profiles(
     *,
     workers: int | None = None,
     progress: bool | None = None,
+    dist: DistContext | None = None,
 ) -> dict[str, list[float]]:
     """Measure every profile on every layer: ``{profile: [one float per layer]}``.
 
@@ -129,6 +132,11 @@ def measure_profiles(
 
     Every cloud is checked before anything is measured; the first problem raises a
     :class:`CloudError` naming its layer.
+
+    ``dist`` (under torchrun, every rank calling this with the same clouds): each rank measures
+    its share of the (layer, geometry) tasks, round robin, with its share of the CPU cores, and
+    every rank returns all the values, gathered: the values of one process, since each task is
+    measured alone. A :class:`GeospecError` on any rank is raised on every rank.
     """
     measurements = resolve_pairs(pairs)
     checked = [check_clouds(x, y, _where(layer)) for layer, (x, y) in enumerate(clouds)]
@@ -149,11 +157,33 @@ def measure_profiles(
         for geometry, group in groups
     ]
     results: dict[str, list[float]] = {m.profile: [math.nan] * len(checked) for m in measurements}
+    ranks = dist if dist is not None and dist.enabled else None
+    mine = tasks if ranks is None else tasks[ranks.rank :: ranks.world_size]
+    share = 1 if ranks is None else ranks.world_size
+    measured: list[tuple[str, int, float]] = []
+    failure: GeospecError | None = None
     with _progress_bar(progress, len(measurements) * len(checked)) as advance:
-        for task, values in _run(tasks, _worker_count(workers, tasks, checked)):
-            for profile, value in zip(task.profiles, values, strict=True):
-                results[profile][task.layer] = value
-            advance(len(values))
+        try:
+            for task, values in _run(mine, _worker_count(workers, mine, checked, share)):
+                measured += [
+                    (profile, task.layer, value)
+                    for profile, value in zip(task.profiles, values, strict=True)
+                ]
+                advance(len(values) * share)
+        except GeospecError as error:
+            if ranks is None:
+                raise
+            failure = error  # said on every rank below, so none waits for this one
+    if ranks is not None:
+        from geospec.engine.distributed import gather_stage_objects
+
+        gathered = gather_stage_objects((measured, failure), ranks)
+        failures = [error for _, error in gathered if error is not None]
+        if failures:
+            raise failures[0]
+        measured = [value for values, _ in gathered for value in values]
+    for profile, layer, value in measured:
+        results[profile][layer] = value
     return results
 
 
@@ -164,6 +194,7 @@ def measure_replicates(
     *,
     workers: int | None = None,
     progress: bool | None = None,
+    dist: DistContext | None = None,
 ) -> dict[str, list[list[float]]]:
     """Every profile on each of ``replicates`` token samples: ``{profile: [[one float per layer]
     per replicate]}``.
@@ -181,7 +212,7 @@ def measure_replicates(
         for r in range(replicates)
         for x, y in clouds
     ]
-    flat = measure_profiles(split, pairs, workers=workers, progress=progress)
+    flat = measure_profiles(split, pairs, workers=workers, progress=progress, dist=dist)
     n = len(clouds)
     return {name: [v[r * n : (r + 1) * n] for r in range(replicates)] for name, v in flat.items()}
 
@@ -389,15 +420,20 @@ def _available_cpus() -> int:
 
 
 def _worker_count(
-    workers: int | None, tasks: list[_Task], clouds: list[tuple[torch.Tensor, torch.Tensor]]
+    workers: int | None,
+    tasks: list[_Task],
+    clouds: list[tuple[torch.Tensor, torch.Tensor]],
+    share: int = 1,
 ) -> int:
+    """Worker processes for ``tasks``: ``workers``, else one per core (``share`` processes
+    dividing the cores, as torchrun's ranks on one node do)."""
     if workers is not None:
         if workers < 1:
             raise UsageError(f"workers must be at least 1, not {workers}")
         return min(workers, max(1, len(tasks)))
     if not clouds or max(len(x) for x, _ in clouds) < PARALLEL_MIN_TOKENS:
         return 1
-    return max(1, min(_available_cpus(), len(tasks), MAX_DEFAULT_WORKERS))
+    return max(1, min(_available_cpus() // share, len(tasks), MAX_DEFAULT_WORKERS))
 
 
 def _picklable(tasks: list[_Task]) -> bool:

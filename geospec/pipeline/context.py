@@ -64,6 +64,7 @@ class RunContext:
             spec_dir=self.spec_dir,
             say=self.say,
             earlier=[self.run_dir / "data"],
+            progress=True,
         )
 
 

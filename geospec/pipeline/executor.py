@@ -86,6 +86,7 @@ def run_pipeline(
     from geospec.engine.distributed import context, process_group, wait_for_main
 
     with process_group():
+        same_spec_on_every_rank(spec, run_dir)
         run = RunContext(
             Path(run_dir or spec.run_dir),
             spec_path.parent,
@@ -141,3 +142,24 @@ def run_pipeline(
         if not ran:
             run.say("[green]nothing to do:[/] every stage is up to date")
         return ran
+
+
+def same_spec_on_every_rank(spec: Spec, run_dir: Path | None) -> None:
+    """Under torchrun, every process must run the same spec into the same directory (one started
+    with another file or other --set values would train another experiment into this one's
+    collectives): one line on every rank if they differ."""
+    import hashlib
+
+    from geospec.engine.distributed import context, gather_objects
+
+    ctx = context()
+    if not ctx.enabled:
+        return
+    mine = hashlib.sha256((spec.model_dump_json() + str(run_dir)).encode()).hexdigest()
+    digests = gather_objects(mine, ctx)
+    differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+    if differing:
+        raise UsageError(
+            f"spec: the torchrun processes loaded different specs (rank {differing[0]}'s is "
+            "not rank 0's); start every process with the same spec file, --set values and --out"
+        )

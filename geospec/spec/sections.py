@@ -171,7 +171,8 @@ class DataSpec(Section):
     hub_split: str = "train"
     hub_revision: str | None = None
     """Hub revision (branch, tag or commit) to pin the dataset's content; for datasets that still
-    ship a loading script, 'refs/convert/parquet' reads the hub's parquet export."""
+    ship a loading script (refused by datasets 4 and later), 'refs/convert/parquet' reads the
+    hub's parquet conversion. Offline (HF_HUB_OFFLINE=1) it is read from the Hugging Face cache."""
     text_field: str = "text"
     streaming: bool = False
     max_documents: int | None = Field(None, ge=1)

@@ -51,6 +51,7 @@ class Measure:
             load=lambda: read_profiles(run.run_dir),
             artifacts=(path,),
             problem=self.problem(path) if path.exists() else None,
+            main_only=False,  # every rank measures its share of the layers (torchrun)
         )
 
     def problem(self, path: Path) -> str | None:
@@ -91,9 +92,11 @@ class Measure:
             times = f" x {samples} token samples" if samples > 1 else ""
             run.say(f"[bold]measure[/]: {len(todo)} profiles x {len(clouds)} layers{times}")
             if samples == 1:
-                kept.update(measure_profiles(clouds, todo, progress=True))
+                kept.update(measure_profiles(clouds, todo, progress=run.is_main, dist=run.dist))
             else:  # the solver takes the mean; profiles.json keeps every replicate
-                measured = measure_replicates(clouds, samples, todo, progress=True)
+                measured = measure_replicates(
+                    clouds, samples, todo, progress=run.is_main, dist=run.dist
+                )
                 replicates.update(measured)
                 kept.update({name: _mean(values) for name, values in measured.items()})
         profiles = {e.profile: kept[e.profile] for e in self.entries}
@@ -104,7 +107,8 @@ class Measure:
         if replicated:
             record["replicates"] = replicated
             self.warn_unreliable(run, replicated)
-        atomic_write_json(path, sealed(record))
+        if run.is_main:
+            atomic_write_json(path, sealed(record))
         return profiles
 
     def warn_unreliable(self, run: RunContext, replicated: dict[str, list[list[float]]]) -> None:
