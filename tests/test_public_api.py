@@ -9,6 +9,7 @@ import warnings
 import zipfile
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -180,3 +181,19 @@ def test_wheel_ships_specs_data_and_shims(tmp_path: Path) -> None:
         "geospec/data/austen.txt.gz",
         "geospec/specfile.py",
     } <= names
+
+
+def test_every_command_taking_a_spec_accepts_a_shipped_name() -> None:
+    from geospec.cli import COMMANDS, cli
+    from geospec.cli.console import SpecFile
+
+    ctx = click.Context(cli)
+    taking = []
+    for name in COMMANDS:
+        command = cli.get_command(ctx, name)
+        assert command is not None
+        for param in command.params:
+            if param.name == "spec_path":
+                taking.append(name)
+                assert isinstance(param.type, SpecFile), name
+    assert {"run", "validate", "widths", "prepare", "rehearse"} <= set(taking)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option
+from geospec.cli.console import set_option, spec_argument
 
 
 @click.command()
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@spec_argument
 @set_option
 def prepare(spec_path: Path, overrides: tuple[str, ...]) -> None:
     """Tokenize SPEC's [data] into the token cache ($GEOSPEC_CACHE/tokens, default

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option
+from geospec.cli.console import set_option, spec_argument
 from geospec.spec.sections import Spec
 
 DEFAULT_STEPS = 3
@@ -19,7 +19,7 @@ DEFAULT_CONTEXT = 64
 
 
 @click.command()
-@click.argument("spec_path", metavar="SPEC", type=click.Path(path_type=Path))
+@spec_argument
 @click.option(
     "--steps",
     type=click.IntRange(1, 1000),
