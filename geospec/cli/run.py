@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option
+from geospec.cli.console import plugin_option, set_option
 from geospec.pipeline.executor import STAGES
 from geospec.spec.sections import Spec
 
@@ -29,6 +29,7 @@ STAGE = click.Choice(STAGES)
     help="Train only these seeds (comma-separated); the report says which runs are missing.",
 )
 @set_option
+@plugin_option
 def run(
     spec_path: Path,
     from_stage: str | None,

@@ -78,7 +78,20 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     path = Path(path)
     data = read_toml(path)
     apply_overrides(data, overrides)
+    load_plugin_files(data, path)
     return validate_spec(data, source=str(path))
+
+
+def load_plugin_files(data: dict[str, Any], path: Path) -> None:
+    """Register the spec's ``plugins`` files (relative to the spec file) before the rest is
+    validated: their plugins may be named anywhere in it. A malformed list is left to
+    validation to name."""
+    files = data.get("plugins")
+    if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        return
+    from geospec.registry.files import use_plugin_files
+
+    use_plugin_files([path.parent / f for f in files], f"{path}: plugins")
 
 
 #: One segment of an override's key: a name, then any list indices (``arms[1]``).

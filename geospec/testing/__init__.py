@@ -72,7 +72,8 @@ def minimal_spec(**sections: Any) -> dict[str, Any]:
 def registered(
     *plugins: Any, name: str = "test-plugin", builtins: bool = True
 ) -> Iterator[Registries]:
-    """Registries holding the builtins plus ``plugins`` (objects with hook implementations)."""
-    extra = [(plugin, Provider(name, "0.0.0")) for plugin in plugins]
+    """Registries holding the builtins plus ``plugins`` (objects with hook implementations),
+    provided by ``name`` 0.0.0 from source (their provenance holds their module's hash)."""
+    extra = [(plugin, Provider(name, "0.0.0", from_source=True)) for plugin in plugins]
     with use_registries(build_registries(builtins=builtins, entry_points=False, extra=extra)) as r:
         yield r
