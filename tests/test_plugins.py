@@ -202,6 +202,7 @@ def test_entry_points_load_each_on_its_own(entry_point_dists: Path) -> None:
             "tracker": [],
             "importance": [],
         },
+        "from_source": False,  # installed as a wheel: its version says what it computes
     } in described["plugins"]
 
 
@@ -250,7 +251,7 @@ def test_plugins_json_shape(entry_point_dists: Path) -> None:
     data = json.loads(result.output)
     assert set(data) == {"plugins", "errors"}
     for plugin in data["plugins"]:
-        assert set(plugin) == {"name", "version", "kinds"}
+        assert set(plugin) == {"name", "version", "kinds", "from_source"}
         assert set(plugin["kinds"]) == set(KINDS)
     assert data["errors"][0]["name"] == "geospec-broken"
     assert "needs libfoo" in data["errors"][0]["error"]

@@ -25,8 +25,8 @@ class Provider:
 
     name: str
     version: str | None = None
-    from_source: bool = False
-    path: str | None = None
+    from_source: bool = field(default=False, compare=False)
+    path: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.name} {self.version}" if self.version else self.name

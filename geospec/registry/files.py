@@ -83,8 +83,8 @@ def load_plugin_module(path: Path) -> ModuleType:
         if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
             return loaded
         raise UsageError(
-            f"plugin file {path} would be imported as {name!r}, but a module of that name is "
-            "already imported; rename the file"
+            f"plugin file {path} would be imported as {name!r}, which would hide the module "
+            f"{getattr(loaded, '__file__', None) or name} already imported; rename the file"
         )
     found = importlib.util.find_spec(name)
     if found is not None and found.origin is not None and Path(found.origin).resolve() != path:

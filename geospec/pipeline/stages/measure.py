@@ -4,9 +4,12 @@
 "plugins": {name: {"statistic": provenance, "geometry": provenance}}}``, a provenance being
 the plugin's distribution and version (and its module's source hash when it runs from source:
 an editable install, an in-tree module, a plugin file). A profile's key holds its settings, the
-clouds' key and that provenance: a profile measured before on the same clouds with the same
-settings by the same plugins is kept, so adding one measure, or changing one plugin, measures
-only the profiles it concerns. With ``probe.replicates`` R > 1 every profile is measured on each
+clouds' key and the provenance of its third-party plugins: a profile measured before on the same
+clouds with the same settings by the same plugins is kept, so adding one measure, or changing
+one plugin, measures only the profiles it concerns. The builtins' provenance is recorded but not
+keyed: like every stage's own code, a builtin whose results change changes its key explicitly
+(docs/architecture.md), so upgrading geospec re-measures no run for nothing.
+With ``probe.replicates`` R > 1 every profile is measured on each
 of the R token samples: ``"replicates": {name: [[one value per layer] x R]}`` keeps them and
 ``"profiles"`` holds their per-layer mean (what the solver uses).
 """
@@ -35,15 +38,20 @@ Profiles = dict[str, list[float]]
 Provenance = dict[str, dict[str, str | None]]
 
 
-def provenance(entry: MeasureSpec) -> Provenance:
+def provenance(entry: MeasureSpec, builtins: bool) -> Provenance:
     """The provenance of the statistic and geometry that measure ``entry`` (registries in
-    effect)."""
-    from geospec.registry.loading import get_registries
+    effect); without the builtins' when ``builtins`` is False."""
+    from geospec.registry.loading import BUILTIN_PROVIDER, get_registries
 
     registries = get_registries()
+    found = {
+        "statistic": registries["statistic"].get(entry.statistic.kind),
+        "geometry": registries["geometry"].get(entry.geometry.kind),
+    }
     return {
-        "statistic": registries["statistic"].get(entry.statistic.kind).provenance(),
-        "geometry": registries["geometry"].get(entry.geometry.kind).provenance(),
+        role: plugin.provenance()
+        for role, plugin in found.items()
+        if builtins or plugin.provider != BUILTIN_PROVIDER
     }
 
 
@@ -57,17 +65,21 @@ class Measure:
     a warning (it changes no artifact, so no key)."""
     plugins: tuple[Provenance, ...] = ()
     """What measures each entry: its statistic's and geometry's provenance."""
+    keyed: tuple[Provenance, ...] = ()
+    """The part of each entry's provenance its key holds: its third-party plugins'."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Measure:
         entries = tuple(measures(spec))
-        return cls(entries, spec.report.min_reliability, tuple(map(provenance, entries)))
+        plugins = tuple(provenance(entry, builtins=True) for entry in entries)
+        keyed = tuple(provenance(entry, builtins=False) for entry in entries)
+        return cls(entries, spec.report.min_reliability, plugins, keyed)
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         probe_key = done["probe"].key
-        keys = {
-            e.profile: digest("measure", section(e), probe_key, plugins)
-            for e, plugins in zip(self.entries, self.plugins, strict=True)
+        keys = {  # a profile measured by builtins alone keeps the key it always had
+            e.profile: digest("measure", section(e), probe_key, *([keyed] if keyed else []))
+            for e, keyed in zip(self.entries, self.keyed, strict=True)
         }
         path = run.run_dir / PROFILES_FILE
         return Plan(
