@@ -130,10 +130,13 @@ def core(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def plugins(session: nox.Session) -> None:
-    """Install a real third-party plugin package and a deliberately broken one; check discovery."""
-    session.install(*CORE_DEPENDENCIES)
+    """Install the example plugin packages (one per kind, from examples/) and a deliberately
+    broken one; check discovery, and run each example's tests (the contract kit) against it."""
+    session.install(TORCH, *CORE_DEPENDENCIES, "pytest>=8")  # the geometry's checks need torch
     session.install("--no-deps", "-e", ".")
-    session.install("--no-deps", "./examples/geospec-cka", "./examples/geospec-broken")
+    examples = ["geospec-cka", "geospec-manhattan", "geospec-step", "geospec-jsonl"]
+    session.install("--no-deps", *[f"./examples/{name}" for name in examples])
+    session.install("--no-deps", "./examples/geospec-broken")
     with session.chdir(session.create_tmp()):
         session.run("python", f"{session.invoked_from}/examples/check_plugins.py")
 
