@@ -71,10 +71,10 @@ def trackers(session: nox.Session) -> None:
     """The experiment trackers against their real libraries (the tensorboard, wandb and mlflow
     extras coexist): what each logged is read back and compared with metrics.jsonl. Nothing goes
     to the network: W&B runs offline, MLflow writes a file store. The slow test (trackers in
-    pool workers) runs here too."""
+    pool workers) runs here too, and the builtin trackers through the contract kit."""
     session.install(TORCH, "-e", ".[test,tensorboard,wandb,mlflow]")
     offline = {**OFFLINE, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    tests = ["tests/test_trackers.py", "-m", "not eval"]  # slow included
+    tests = ["tests/test_trackers.py", "tests/test_contracts.py", "-m", "not eval"]  # slow too
     session.run("python", "-m", "pytest", *tests, *session.posargs, env=offline)
 
 
