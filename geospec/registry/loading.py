@@ -52,7 +52,8 @@ def _from_source(dist: metadata.Distribution | None) -> bool:
         direct = json.loads(dist.read_text("direct_url.json") or "{}")
     except ValueError:
         return False
-    return bool(isinstance(direct, dict) and direct.get("dir_info", {}).get("editable"))
+    info = direct.get("dir_info") if isinstance(direct, dict) else None
+    return isinstance(info, dict) and info.get("editable") is True
 
 
 def _geospec_distribution() -> metadata.Distribution | None:
