@@ -71,10 +71,10 @@ def trackers(session: nox.Session) -> None:
     """The experiment trackers against their real libraries (the tensorboard, wandb and mlflow
     extras coexist): what each logged is read back and compared with metrics.jsonl. Nothing goes
     to the network: W&B runs offline, MLflow writes a file store. The slow test (trackers in
-    pool workers) runs here too."""
+    pool workers) runs here too, and the builtin trackers through the contract kit."""
     session.install(TORCH, "-e", ".[test,tensorboard,wandb,mlflow]")
     offline = {**OFFLINE, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    tests = ["tests/test_trackers.py", "-m", "not eval"]  # slow included
+    tests = ["tests/test_trackers.py", "tests/test_contracts.py", "-m", "not eval"]  # slow too
     session.run("python", "-m", "pytest", *tests, *session.posargs, env=offline)
 
 
@@ -130,10 +130,13 @@ def core(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def plugins(session: nox.Session) -> None:
-    """Install a real third-party plugin package and a deliberately broken one; check discovery."""
-    session.install(*CORE_DEPENDENCIES)
+    """Install the example plugin packages (one per kind, from examples/) and a deliberately
+    broken one; check discovery, and run each example's tests (the contract kit) against it."""
+    session.install(TORCH, *CORE_DEPENDENCIES, "pytest>=8")  # the geometry's checks need torch
     session.install("--no-deps", "-e", ".")
-    session.install("--no-deps", "./examples/geospec-cka", "./examples/geospec-broken")
+    examples = ["geospec-cka", "geospec-manhattan", "geospec-step", "geospec-jsonl"]
+    session.install("--no-deps", *[f"./examples/{name}" for name in examples])
+    session.install("--no-deps", "./examples/geospec-broken")
     with session.chdir(session.create_tmp()):
         session.run("python", f"{session.invoked_from}/examples/check_plugins.py")
 

@@ -1,6 +1,9 @@
-"""Checks run by `nox -s plugins` after installing geospec-cka and geospec-broken.
+"""Checks run by `nox -s plugins` after installing the example packages (one per kind:
+geospec-cka, geospec-manhattan, geospec-step, geospec-jsonl) and geospec-broken.
 
-The real packages are installed with pip, so this exercises entry-point discovery end to end.
+The real packages are installed with pip, so this exercises entry-point discovery end to end;
+then each example's own tests run against the installed package (they use geospec.testing's
+contract checks).
 """
 
 from __future__ import annotations
@@ -11,6 +14,13 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+#: Each example package and the one plugin it registers.
+EXAMPLES = {
+    "geospec-cka": ("statistic", "cka"),
+    "geospec-manhattan": ("geometry", "manhattan"),
+    "geospec-step": ("schedule", "step"),
+    "geospec-jsonl": ("tracker", "jsonl"),
+}
 
 
 def geospec(*args: str) -> subprocess.CompletedProcess[str]:
@@ -22,8 +32,10 @@ def main() -> None:
     assert listed.returncode == 0, listed.stderr
     data = json.loads(listed.stdout)
     by_name = {p["name"]: p for p in data["plugins"]}
-    assert by_name["geospec-cka"]["version"] == "0.1.0", by_name
-    assert by_name["geospec-cka"]["kinds"]["statistic"] == ["cka"], by_name
+    for package, (kind, name) in EXAMPLES.items():
+        assert by_name[package]["version"] == "0.1.0", by_name
+        assert by_name[package]["kinds"][kind] == [name], by_name
+        assert by_name[package]["from_source"] is False, by_name  # a wheel: its version says
     assert "cosine" in by_name["geospec"]["kinds"]["schedule"]
     [broken] = [e for e in data["errors"] if e["name"] == "geospec-broken"]
     assert broken["version"] == "0.0.1" and "geospec_missing_dependency" in broken["error"], broken
@@ -40,6 +52,12 @@ def main() -> None:
     assert invalid.returncode == 2, invalid
     assert "geospec-broken 0.0.1 failed to load" in invalid.stderr, invalid.stderr
     assert "Traceback" not in invalid.stderr
+
+    for package in EXAMPLES:
+        tests = HERE / package / "tests"
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                 str(tests)])  # fmt: skip
+        assert result.returncode == 0, f"{package}: its tests failed"
     print("plugins: OK")
 
 

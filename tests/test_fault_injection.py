@@ -582,3 +582,33 @@ def test_data_files_that_are_empty_or_not_text_are_one_line(
     result = invoke("run", str(spec), "--until", "reference")
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
+
+
+def _drop_a_measure(data: Any) -> None:
+    data["measure"].pop()
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (truncate, "measures.json is unreadable"),
+        (wrong_type, "measures.json does not hold what geospec wrote"),
+        (edit_json(_drop_a_measure), "measures.json was changed after geospec wrote it"),
+    ],
+    ids=["truncated", "a list", "a measure dropped, seal intact"],
+)
+def test_a_damaged_measures_json_is_said_and_measure_all_resolved_again(
+    tmp_path: Path, damage: Callable[[Path], None], said: str
+) -> None:
+    from geospec.pipeline.run_dir import MEASURES_FILE, pin_measures
+    from geospec.spec.loading import validate_spec
+    from geospec.testing import minimal_spec
+
+    spec = validate_spec(minimal_spec(measure="all"))
+    first = pin_measures(spec, tmp_path, print)
+    damage(tmp_path / MEASURES_FILE)
+    lines: list[str] = []
+    again = pin_measures(spec, tmp_path, lines.append)
+    assert [said in line and "resolved again" in line for line in lines] == [True]
+    assert again.measure == first.measure  # what every plugin registered now gives
+    assert pin_measures(spec, tmp_path, lines.append).measure == first.measure and len(lines) == 1

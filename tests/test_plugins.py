@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import sys
@@ -202,6 +203,7 @@ def test_entry_points_load_each_on_its_own(entry_point_dists: Path) -> None:
             "tracker": [],
             "importance": [],
         },
+        "from_source": False,  # installed as a wheel: its version says what it computes
     } in described["plugins"]
 
 
@@ -250,7 +252,7 @@ def test_plugins_json_shape(entry_point_dists: Path) -> None:
     data = json.loads(result.output)
     assert set(data) == {"plugins", "errors"}
     for plugin in data["plugins"]:
-        assert set(plugin) == {"name", "version", "kinds"}
+        assert set(plugin) == {"name", "version", "kinds", "from_source"}
         assert set(plugin["kinds"]) == set(KINDS)
     assert data["errors"][0]["name"] == "geospec-broken"
     assert "needs libfoo" in data["errors"][0]["error"]
@@ -358,3 +360,29 @@ def test_statistic_from_module_plugin() -> None:
     module.geospec_register_statistics = geospec_register_statistics  # type: ignore[attr-defined]
     registries = build_registries(entry_points=False, extra=[(module, Provider("mod", "1"))])
     assert "constant" in registries["statistic"]
+
+
+def test_an_editable_plugin_s_provenance_holds_its_source_hash_and_a_wheel_s_its_version(
+    entry_point_dists: Path,
+) -> None:
+    """PEP 610/660: an editable install's direct_url.json says ``dir_info.editable``; its
+    code may change under one version, so its provenance hashes the module's source."""
+    registries = build_registries()
+    assert registries["statistic"].get("spread").provenance() == {
+        "distribution": "geospec-good",
+        "version": "1.2.3",
+    }  # a wheel: the version says what it computes
+    [dist_info] = entry_point_dists.glob("geospec_good*.dist-info")
+    (dist_info / "direct_url.json").write_text(
+        json.dumps({"url": "file:///src/geospec-good", "dir_info": {"editable": True}})
+    )
+    sys.modules.pop("geospec_good", None)
+    source = entry_point_dists / "geospec_good.py"
+    provenance = build_registries()["statistic"].get("spread").provenance()
+    assert provenance == {
+        "distribution": "geospec-good",
+        "version": "1.2.3",
+        "source": "sha256:" + hashlib.sha256(source.read_bytes()).hexdigest(),
+    }
+    described = {p["name"]: p for p in build_registries().describe()["plugins"]}
+    assert described["geospec-good"]["from_source"] is True

@@ -44,6 +44,20 @@ def test_plugin_author_api() -> None:
     assert Register is not None and SmootherRef is not None and SolverRef is not None
 
 
+def test_the_contract_kit_imports_from_geospec_testing_without_torch() -> None:
+    """docs/plugins.md's names; a torch-free plugin package imports them (and no torch)."""
+    code = (
+        "import sys\n"
+        "from geospec.testing import (ContractError, check_geometry, check_importance,\n"
+        "    check_launcher, check_schedule, check_smoother, check_solver, check_statistic,\n"
+        "    check_tracker, minimal_spec, registered)\n"
+        "assert issubclass(ContractError, AssertionError)\n"
+        "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 def test_spec_package_exports_load_and_validate() -> None:
     from geospec.spec import Spec, load_spec, validate_spec
     from geospec.testing import minimal_spec

@@ -66,3 +66,24 @@ class SpecFile(click.ParamType):
 
 #: The SPEC argument of every command that reads a spec.
 spec_argument = click.argument("spec_path", metavar="SPEC", type=SpecFile())
+
+
+def _use_plugin_files(ctx: click.Context, param: click.Parameter, paths: tuple[str, ...]) -> None:
+    if paths:
+        from geospec.registry.files import use_plugin_files
+
+        use_plugin_files(paths, "--plugin")
+
+
+#: ``--plugin path.py`` (repeatable): a Python file whose @geospec.hookimpl hooks register
+#: plugins for this command, like an installed package's entry point (geospec.registry.files).
+plugin_option = click.option(
+    "--plugin",
+    "plugin_files",
+    multiple=True,
+    metavar="FILE.py",
+    expose_value=False,
+    is_eager=True,
+    callback=_use_plugin_files,
+    help="Load plugins from a Python file (repeatable), like an installed plugin package.",
+)

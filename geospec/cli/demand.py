@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option, spec_argument
+from geospec.cli.console import plugin_option, set_option, spec_argument
 from geospec.cli.until import from_option, out_option, run_until
 from geospec.spec.sections import Spec
 
@@ -16,6 +16,7 @@ from geospec.spec.sections import Spec
 @from_option("demand")
 @out_option
 @set_option
+@plugin_option
 def demand(
     spec_path: Path, from_stage: str | None, out: Path | None, overrides: tuple[str, ...]
 ) -> None:

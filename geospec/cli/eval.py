@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option, spec_argument
+from geospec.cli.console import plugin_option, set_option, spec_argument
 
 
 @click.command(name="eval")
@@ -16,6 +16,7 @@ from geospec.cli.console import set_option, spec_argument
 )
 @click.option("--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out).")
 @set_option
+@plugin_option
 def evaluate(spec_path: Path, again: bool, out: Path | None, overrides: tuple[str, ...]) -> None:
     """Evaluate every trained arm x seed of SPEC on its [eval] tasks with lm-evaluation-harness
     (pip install "geospec[eval]"), then rebuild the report.

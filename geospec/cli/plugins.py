@@ -6,10 +6,11 @@ import json
 
 import click
 
-from geospec.cli.console import escape, stdout
+from geospec.cli.console import escape, plugin_option, stdout
 
 
 @click.command()
+@plugin_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (a stable shape).")
 def plugins(as_json: bool) -> None:
     """List registered plugins by kind, with the package that provides each."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option, spec_argument
+from geospec.cli.console import plugin_option, set_option, spec_argument
 from geospec.pipeline.executor import STAGES
 from geospec.spec.sections import Spec
 
@@ -35,6 +35,7 @@ STAGE = click.Choice(STAGES)
     "will need on GPUs (geospec rehearse SPEC); runs nothing, writes nothing.",
 )
 @set_option
+@plugin_option
 def run(
     spec_path: Path,
     from_stage: str | None,

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import click
 
+from geospec.cli.console import plugin_option
+
 
 @click.command()
+@plugin_option
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write to a file.")
 def schema(output: Path | None) -> None:
     """Print the JSON Schema of a spec, including the installed plugins' parameters."""

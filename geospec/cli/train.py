@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option, spec_argument
+from geospec.cli.console import plugin_option, set_option, spec_argument
 from geospec.errors import UsageError
 from geospec.spec.sections import Spec
 
@@ -88,6 +88,7 @@ def arm_widths(spec: Spec, arm: str, given: str | None) -> list[int]:
 )
 @click.option("--steps", type=click.IntRange(min=1), help="Override the number of steps.")
 @set_option
+@plugin_option
 def train(
     spec_path: Path,
     arm: str,

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import escape, set_option, spec_argument, stdout, warn_broken_plugins
+from geospec.cli.console import (
+    escape,
+    plugin_option,
+    set_option,
+    spec_argument,
+    stdout,
+    warn_broken_plugins,
+)
 
 
 @click.command()
@@ -15,6 +22,7 @@ from geospec.cli.console import escape, set_option, spec_argument, stdout, warn_
     "--json", "as_json", is_flag=True, help="Print the fully resolved spec as JSON (defaults in)."
 )
 @set_option
+@plugin_option
 def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None:
     """Check a spec and print what it resolves to (--json: every value, defaults filled in)."""
     from geospec.solve.widths import compute_widths

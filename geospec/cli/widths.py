@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from geospec.cli.console import set_option, spec_argument
+from geospec.cli.console import plugin_option, set_option, spec_argument
 from geospec.engine.model_size import ffn_params
 from geospec.errors import UsageError
 from geospec.pipeline.run_dir import RUN_FILE, WIDTHS_FILE
@@ -46,6 +46,7 @@ from geospec.spec.sections import Spec
     help="Also write the --json shape to this file (never into a run directory's widths.json).",
 )
 @set_option
+@plugin_option
 def widths(
     spec_path: Path,
     profiles_paths: tuple[Path, ...],

@@ -26,6 +26,7 @@ from geospec.pipeline.context import INCOMPLETE, Done, RunContext, Stage
 from geospec.pipeline.run_dir import (
     STAGES_FILE,
     StageLog,
+    pin_measures,
     prepare_run_dir,
     write_run_metadata,
 )
@@ -100,8 +101,11 @@ def run_pipeline(
         )
         if run.is_main:
             prepare_run_dir(run.run_dir)
+            spec = pin_measures(spec, run.run_dir, run.say)
             write_run_metadata(run.run_dir, spec, spec_path)
         wait_for_main(run.dist)
+        if not run.is_main:  # rank 0 has recorded measure = "all"
+            spec = pin_measures(spec, run.run_dir, lambda _: None)
         log = StageLog(run.run_dir / STAGES_FILE)
         done: dict[str, Done] = {}
         partial = False  # a stage did part of its work: the later ones ran on part of it too

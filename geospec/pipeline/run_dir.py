@@ -18,6 +18,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,7 @@ from geospec import __version__
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import file_digest, seal_broken, sealed
 from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
-from geospec.errors import UsageError, last_line
+from geospec.errors import GeospecError, UsageError, last_line
 
 if TYPE_CHECKING:
     from geospec.pipeline.context import RunContext
@@ -37,6 +38,7 @@ RUN_FILE = "run.json"
 REFERENCE_DIR = "reference"
 CLOUDS_DIR = "clouds"
 PROFILES_FILE = "profiles.json"
+MEASURES_FILE = "measures.json"
 DIAGNOSTICS_FILE = "diagnostics.json"
 DEMAND_FILE = "demand.json"
 PRUNE_FILE = "prune.json"
@@ -327,6 +329,62 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
             **({"eval": {"tasks": list(spec.eval.tasks)}} if spec.eval is not None else {}),
             "geospec": __version__,
         },
+    )
+
+
+def pin_measures(spec: Spec, run_dir: Path, say: Callable[[str], None]) -> Spec:
+    """``spec`` with ``measure = "all"`` as this run first resolved it (``measures.json``): a
+    plugin installed or removed later changes no stage key of the run; what it would change is
+    said, here and by ``geospec status``. The first run records the pairs registered then; a
+    spec that lists its measures keeps no record. A damaged record is said and made again."""
+    from pydantic import ValidationError
+
+    from geospec.spec.resolve import measures
+    from geospec.spec.sections import MeasureSpec
+
+    path = run_dir / MEASURES_FILE
+    if spec.measure is not None:
+        path.unlink(missing_ok=True)
+        return spec
+    problem = json_problem(path, "measure") if path.exists() else None
+    if path.exists() and problem is None:
+        recorded = read_json(path)["measure"]
+    else:
+        if problem is not None:
+            say(f'[yellow]![/] {problem}; measure = "all" is resolved again from the plugins now')
+        recorded = [entry.key_form() for entry in measures(spec)]
+        atomic_write_json(path, sealed({"measure": recorded}))
+    try:
+        pinned = [MeasureSpec.model_validate(table) for table in recorded]
+    except (ValidationError, GeospecError) as error:
+        raise UsageError(
+            f'{path}: this run resolved measure = "all" when it began, but a plugin it measures '
+            f"is gone ({last_line(str(error))}); install it again, or list the measures in the "
+            "spec's [[measure]] tables"
+        ) from None
+    note = measure_all_note([e.profile for e in pinned], run_dir)
+    if note is not None:
+        say(f"[yellow]![/] {note}")
+    return spec.model_copy(update={"measure": pinned})
+
+
+def measure_all_note(recorded: list[str], run_dir: Path) -> str | None:
+    """What the plugins registered now would measure that this run's recorded ``measure =
+    "all"`` does not (or the other way), or None when they agree."""
+    from geospec.registry.loading import get_registries
+
+    now = [f"{statistic}/{geometry}" for statistic, geometry in get_registries().all_measures()]
+    added = [name for name in now if name not in recorded]
+    gone = [name for name in recorded if name not in now]
+    if not added and not gone:
+        return None
+    changes = ([f"adds {', '.join(added)}"] if added else []) + (
+        [f"no longer has {', '.join(gone)}"] if gone else []
+    )
+    return (
+        f'measure = "all" was resolved when this run began ({MEASURES_FILE}); the plugins '
+        f"installed now {' and '.join(changes)}: this run keeps its profiles. Delete "
+        f"{run_dir / MEASURES_FILE} to measure every pair registered now"
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from geospec.errors import PluginError
 from geospec.plugin import Plugin, kind_of
@@ -15,10 +17,16 @@ def _first_words(text: str, limit: int = 120) -> str:
 
 @dataclass(frozen=True)
 class Provider:
-    """Who provided a plugin: the plugin's registered name and its distribution's version."""
+    """Who provided a plugin: the plugin's registered name and its distribution's version.
+
+    ``from_source``: the plugin runs from source files that may change under the same version
+    (an editable install, an in-tree module, a plugin file), so its provenance holds a hash of
+    its module's source too. ``path``: the plugin file, for a plugin loaded from one."""
 
     name: str
     version: str | None = None
+    from_source: bool = field(default=False, compare=False)
+    path: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         return f"{self.name} {self.version}" if self.version else self.name
@@ -29,6 +37,33 @@ class Entry:
     name: str
     cls: type[Plugin]
     provider: Provider
+
+    def provenance(self) -> dict[str, str | None]:
+        """What the plugin's results depend on besides its params: its distribution's name and
+        version, and the hash of its module's source where that source may change under one
+        version (:attr:`Provider.from_source`). The measure key holds it, so a changed plugin
+        re-measures what it measures."""
+        record: dict[str, str | None] = {
+            "distribution": self.provider.name,
+            "version": self.provider.version,
+        }
+        if self.provider.from_source:
+            record["source"] = source_digest(self.cls)
+        return record
+
+
+def source_digest(cls: type[Any]) -> str:
+    """The sha256 of the source file of the module defining ``cls`` (of its source text when
+    the module has no file: a class defined interactively)."""
+    import hashlib
+    import inspect
+
+    try:
+        path = inspect.getsourcefile(cls)
+        data = Path(path).read_bytes() if path else inspect.getsource(cls).encode()
+    except (OSError, TypeError):
+        data = f"{cls.__module__}.{cls.__qualname__}".encode()  # no source to read
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)

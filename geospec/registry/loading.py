@@ -18,12 +18,14 @@ import contextlib
 import contextvars
 import difflib
 import importlib
+import json
 import os
 import re
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -34,10 +36,37 @@ from geospec.kinds import KINDS
 from geospec.plugin import Plugin, PluginParams, as_table
 from geospec.registry import hookspecs
 from geospec.registry.entries import BrokenPlugin, Provider, Registry
+from geospec.registry.files import load_plugin_module, plugin_files, sha256
 from geospec.registry.hookspecs import REGISTER_HOOKS
 
 ENTRY_POINT_GROUP = "geospec"
-BUILTIN_PROVIDER = Provider("geospec", __version__)
+
+
+def _from_source(dist: metadata.Distribution | None) -> bool:
+    """Whether a distribution's modules are source files that may change under one version: an
+    editable install (PEP 660's ``direct_url.json``), or no installed distribution at all (a
+    checkout on ``sys.path``)."""
+    if dist is None:
+        return True
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return False
+    info = direct.get("dir_info") if isinstance(direct, dict) else None
+    return isinstance(info, dict) and info.get("editable") is True
+
+
+def _geospec_distribution() -> metadata.Distribution | None:
+    try:
+        dist = metadata.distribution("geospec")
+    except metadata.PackageNotFoundError:
+        return None
+    # a checkout imported ahead of an installed geospec (PYTHONPATH) is in-tree source
+    installed = Path(str(dist.locate_file("geospec"))).resolve()
+    return dist if installed == Path(__file__).resolve().parents[1] else None
+
+
+BUILTIN_PROVIDER = Provider("geospec", __version__, _from_source(_geospec_distribution()))
 
 
 @dataclass(frozen=True)
@@ -47,6 +76,20 @@ class PluginInfo:
     name: str
     version: str | None
     kinds: dict[str, list[str]]
+    from_source: bool = False
+    """Runs from source that may change under one version (editable, in-tree, a file)."""
+    path: str | None = None
+    """The plugin file, for plugins loaded from one."""
+
+    def describe(self) -> dict[str, Any]:
+        """Its entry in ``plugins.json`` and ``geospec plugins --json``: a plugin file also
+        with its path and sha256."""
+        record: dict[str, Any] = {"name": self.name, "version": self.version, "kinds": self.kinds}
+        record["from_source"] = self.from_source
+        if self.path is not None:
+            record["path"] = self.path
+            record["sha256"] = sha256(Path(self.path)) if Path(self.path).is_file() else None
+        return record
 
 
 @dataclass
@@ -86,9 +129,7 @@ class Registries:
     def describe(self) -> dict[str, Any]:
         """The stable machine-readable form printed by ``geospec plugins --json``."""
         return {
-            "plugins": [
-                {"name": p.name, "version": p.version, "kinds": p.kinds} for p in self.plugins
-            ],
+            "plugins": [plugin.describe() for plugin in self.plugins],
             "errors": [
                 {"name": e.name, "version": e.version, "error": e.error} for e in self.errors
             ],
@@ -161,13 +202,24 @@ class _Loader:
             names = {normalized(ep.name), normalized(dist_name)}
             if names & block or (allow is not None and not names & allow):
                 continue
-            provider = Provider(dist_name, version)
+            provider = Provider(dist_name, version, _from_source(dist))
             try:
                 obj = ep.load()
             except Exception as error:
                 self.errors.append(BrokenPlugin(dist_name, version, _describe(error)))
                 continue
             self.add(obj, f"{dist_name}:{ep.name}", provider)
+
+    def load_files(self) -> None:
+        """The plugin files in effect (:mod:`geospec.registry.files`), each like an entry point."""
+        for path in plugin_files():
+            provider = Provider(path.name, None, from_source=True, path=str(path))
+            try:
+                module = load_plugin_module(path)
+            except Exception as error:
+                self.errors.append(BrokenPlugin(path.name, None, _describe(error)))
+                continue
+            self.add(module, f"file:{path}", provider)
 
 
 def _hook_problem(obj: Any, provider: Provider) -> str | None:
@@ -217,6 +269,7 @@ def build_registries(
         entry_points = not _truthy("GEOSPEC_DISABLE_PLUGIN_AUTOLOAD")
     if entry_points:
         loader.load_entry_points()
+    loader.load_files()  # named explicitly (a spec's plugins, --plugin): not autoloading
     for obj, provider in extra or []:
         loader.add(obj, f"{provider.name}:{id(obj)}", provider)
     return _collect(pm, loader)
@@ -260,7 +313,9 @@ def _collect(pm: pluggy.PluginManager, loader: _Loader) -> Registries:
             kinds[kind].append(name)
     for registry in registries.values():
         registry.broken = errors
-    infos = [PluginInfo(p.name, p.version, kinds) for p, kinds in plugins.items()]
+    infos = [
+        PluginInfo(p.name, p.version, kinds, p.from_source, p.path) for p, kinds in plugins.items()
+    ]
     return Registries(registries, infos, errors)
 
 
@@ -268,15 +323,18 @@ _current: contextvars.ContextVar[Registries | None] = contextvars.ContextVar(
     "geospec_registries", default=None
 )
 _default: Registries | None = None
+_default_files: list[Path] = []
 
 
 def get_registries() -> Registries:
-    """The registries in effect: those set by :func:`use_registries`, else the installed plugins."""
-    global _default
+    """The registries in effect: those set by :func:`use_registries`, else the installed plugins
+    (with the plugin files in effect: built again when they change)."""
+    global _default, _default_files
     current = _current.get()
     if current is not None:
         return current
-    if _default is None:
+    if _default is None or _default_files != plugin_files():
+        _default_files = plugin_files()
         _default = build_registries()
     return _default
 

@@ -105,6 +105,7 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     path = Path(path)
     data = read_toml(path)
     apply_overrides(data, overrides)
+    load_plugin_files(data, path)
     # What only the file's place can tell (local paths, the checkpoint's shape) is said together
     # with the spec's own problems, after them.
     missing = local_path_problems(data, path.parent)
@@ -192,6 +193,18 @@ def fill_model_from_checkpoint(data: dict[str, Any], spec_dir: Path) -> list[str
         lambda name, message: problems.append(f"model.{name}: {message}") if strict else None,
     )
     return problems
+
+
+def load_plugin_files(data: dict[str, Any], path: Path) -> None:
+    """Register the spec's ``plugins`` files (relative to the spec file) before the rest is
+    validated: their plugins may be named anywhere in it. A malformed list is left to
+    validation to name."""
+    files = data.get("plugins")
+    if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        return
+    from geospec.registry.files import use_plugin_files
+
+    use_plugin_files([path.parent / f for f in files], f"{path}: plugins")
 
 
 #: One segment of an override's key: a name, then any list indices (``arms[1]``).

@@ -582,6 +582,11 @@ class Spec(Section):
     name: Name
     out: str | None = None
     """Run directory (default runs/<name>), relative to the current directory."""
+    plugins: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=list, max_length=100
+    )
+    """Python files whose @geospec.hookimpl hooks register plugins, as an installed package's
+    entry point does (a quick experiment without a package); relative to the spec file."""
     model: ModelSpec
     data: DataSpec = Field(default_factory=DataSpec)
     reference: ReferenceSpec = Field(default_factory=ReferenceSpec)

@@ -1,8 +1,15 @@
 """The measure stage: every geometry x statistic profile over the probed clouds.
 
-``profiles.json`` holds ``{"profiles": {name: [one value per layer]}, "keys": {name: key}}``;
-a profile measured before on the same clouds with the same settings is kept, so adding one
-measure measures only that one. With ``probe.replicates`` R > 1 every profile is measured on each
+``profiles.json`` holds ``{"profiles": {name: [one value per layer]}, "keys": {name: key},
+"plugins": {name: {"statistic": provenance, "geometry": provenance}}}``, a provenance being
+the plugin's distribution and version (and its module's source hash when it runs from source:
+an editable install, an in-tree module, a plugin file). A profile's key holds its settings, the
+clouds' key and the provenance of its third-party plugins: a profile measured before on the same
+clouds with the same settings by the same plugins is kept, so adding one measure, or changing
+one plugin, measures only the profiles it concerns. The builtins' provenance is recorded but not
+keyed: like every stage's own code, a builtin whose results change changes its key explicitly
+(docs/architecture.md), so upgrading geospec re-measures no run for nothing.
+With ``probe.replicates`` R > 1 every profile is measured on each
 of the R token samples: ``"replicates": {name: [[one value per layer] x R]}`` keeps them and
 ``"profiles"`` holds their per-layer mean (what the solver uses).
 """
@@ -26,6 +33,26 @@ from geospec.spec.resolve import measures
 from geospec.spec.sections import MeasureSpec, Spec
 
 Profiles = dict[str, list[float]]
+#: A measure's plugins, as keys and profiles.json see them: ``{"statistic": ..., "geometry":
+#: ...}``, each :meth:`geospec.registry.entries.Entry.provenance`.
+Provenance = dict[str, dict[str, str | None]]
+
+
+def provenance(entry: MeasureSpec, builtins: bool) -> Provenance:
+    """The provenance of the statistic and geometry that measure ``entry`` (registries in
+    effect); without the builtins' when ``builtins`` is False."""
+    from geospec.registry.loading import BUILTIN_PROVIDER, get_registries
+
+    registries = get_registries()
+    found = {
+        "statistic": registries["statistic"].get(entry.statistic.kind),
+        "geometry": registries["geometry"].get(entry.geometry.kind),
+    }
+    return {
+        role: plugin.provenance()
+        for role, plugin in found.items()
+        if builtins or plugin.provider != BUILTIN_PROVIDER
+    }
 
 
 @dataclass(frozen=True)
@@ -36,14 +63,24 @@ class Measure:
     min_reliability: float = MIN_RELIABILITY
     """Profiles measured on replicates whose split-half reliability is below this are named in
     a warning (it changes no artifact, so no key)."""
+    plugins: tuple[Provenance, ...] = ()
+    """What measures each entry: its statistic's and geometry's provenance."""
+    keyed: tuple[Provenance, ...] = ()
+    """The part of each entry's provenance its key holds: its third-party plugins'."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Measure:
-        return cls(tuple(measures(spec)), spec.report.min_reliability)
+        entries = tuple(measures(spec))
+        plugins = tuple(provenance(entry, builtins=True) for entry in entries)
+        keyed = tuple(provenance(entry, builtins=False) for entry in entries)
+        return cls(entries, spec.report.min_reliability, plugins, keyed)
 
     def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
         probe_key = done["probe"].key
-        keys = {e.profile: digest("measure", section(e), probe_key) for e in self.entries}
+        keys = {  # a profile measured by builtins alone keeps the key it always had
+            e.profile: digest("measure", section(e), probe_key, *([keyed] if keyed else []))
+            for e, keyed in zip(self.entries, self.keyed, strict=True)
+        }
         path = run.run_dir / PROFILES_FILE
         return Plan(
             digest("measure", keys),
@@ -100,7 +137,8 @@ class Measure:
                 replicates.update(measured)
                 kept.update({name: _mean(values) for name, values in measured.items()})
         profiles = {e.profile: kept[e.profile] for e in self.entries}
-        record: dict[str, object] = {"profiles": profiles, "keys": keys}
+        plugins = {e.profile: p for e, p in zip(self.entries, self.plugins, strict=True)}
+        record: dict[str, object] = {"profiles": profiles, "keys": keys, "plugins": plugins}
         replicated = {
             e.profile: replicates[e.profile] for e in self.entries if e.profile in replicates
         }
