@@ -187,6 +187,7 @@ def test_wheel_ships_specs_data_and_shims(tmp_path: Path) -> None:
         check=True,
     )  # fmt: skip
     (wheel,) = tmp_path.glob("geospec-*.whl")
+    assert wheel.name.startswith(f"geospec-{geospec.__version__}-")  # pyproject agrees
     names = set(zipfile.ZipFile(wheel).namelist())
     for shipped in root.glob("specs/*.toml"):
         assert f"geospec/specs/{shipped.name}" in names
@@ -195,6 +196,9 @@ def test_wheel_ships_specs_data_and_shims(tmp_path: Path) -> None:
         "geospec/data/austen.txt.gz",
         "geospec/specfile.py",
     } <= names
+    # every subpackage of the checkout is in the wheel (pyproject lists them by hand)
+    for init in (root / "geospec").rglob("__init__.py"):
+        assert init.relative_to(root).as_posix() in names, init
 
 
 def test_every_command_taking_a_spec_accepts_a_shipped_name() -> None:
