@@ -29,6 +29,7 @@ from tokenizers import Tokenizer
 
 from geospec.atomic import atomic_write_json
 from geospec.digests import file_digest
+from geospec.disk import writing
 from geospec.engine.corpus import Corpus
 from geospec.engine.tokenizer import build_tokenizer, vocab_size
 from geospec.errors import GeospecError, UsageError
@@ -202,14 +203,15 @@ def prepare_data(
                 return TokenData.open(final)  # another process may have built it meanwhile
             except DamagedCache:
                 pass
-        work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
-        work.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
-        try:
-            _build(corpus, data, spec_dir, work, key)
-            shutil.rmtree(final, ignore_errors=True)  # a damaged or partial copy
-            os.replace(work, final)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        with writing(final):  # a full disk: one line naming the cache; the scratch copy goes
+            work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
+            work.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
+            try:
+                _build(corpus, data, spec_dir, work, key)
+                shutil.rmtree(final, ignore_errors=True)  # a damaged or partial copy
+                os.replace(work, final)
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     return TokenData.open(final)
 
 
