@@ -72,6 +72,11 @@ def test_an_atomic_write_on_a_full_disk_is_one_error_and_leaves_nothing(tmpfs: T
     from safetensors.torch import save_file
 
     tmpfs.mount("256k")
+    fill(tmpfs.path)
+    with pytest.raises(OutOfSpace, match=r"writing stages.json \(0 B free\)"):
+        atomic_write_json(tmpfs.path / "stages.json", {"a": "b" * 8192})
+    assert not (tmpfs.path / "stages.json").exists()
+    (tmpfs.path / "filler").unlink()
     tensors = {"w": torch.zeros(1 << 17)}  # 512 KiB: more than the file system holds
     writers = {
         "state.pt": lambda tmp: torch.save(tensors, tmp),  # says nothing about space
@@ -85,10 +90,6 @@ def test_an_atomic_write_on_a_full_disk_is_one_error_and_leaves_nothing(tmpfs: T
         assert f"in {tmpfs.path} writing {name} (" in message and " free)" in message
         assert "\n" not in message
         assert list(tmpfs.path.iterdir()) == []  # no partial file, no temporary one
-    fill(tmpfs.path)
-    with pytest.raises(OutOfSpace, match=r"writing stages.json \(0 B free\)"):
-        atomic_write_json(tmpfs.path / "stages.json", {"a": "b" * 8192})
-    assert not (tmpfs.path / "stages.json").exists()
 
 
 def test_recording_a_failure_on_a_full_disk_never_raises(
