@@ -89,3 +89,12 @@ class OutOfSpace(GeospecError):
             "(or point out/--out or GEOSPEC_CACHE elsewhere) and run the same command again "
             "to resume"
         )
+
+
+class OutOfMemory(GeospecError):
+    """A model that cannot be trained in the memory the device has (refused before it is built,
+    or an allocation that failed during a step): exit status 2, one line with the estimate and
+    the settings that lower it (``train.micro_batch_size``, ``train.precision``,
+    ``train.distributed``)."""
+
+    exit_code = 2
