@@ -203,6 +203,10 @@ def prepare_data(
                 return TokenData.open(final)  # another process may have built it meanwhile
             except DamagedCache:
                 pass
+        # scratch copies left by killed processes (a builder holds the lock: no one else builds)
+        for stale in cache_dir.glob(f".{key}.*"):
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
         with writing(final):  # a full disk: one line naming the cache; the scratch copy goes
             work = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
             work.chmod(0o755)  # mkdtemp makes it private; the result is an ordinary directory
