@@ -102,6 +102,33 @@ def test_recording_a_failure_on_a_full_disk_never_raises(
     assert "could not record the failure" in capsys.readouterr().err
 
 
+def test_a_full_disk_no_writer_named_is_still_one_line_from_the_cli(tmp_path: Path) -> None:
+    """An ENOSPC raised outside geospec's writers (a library's own file) reaches the CLI as one
+    line naming the file the OS error names; any other OSError keeps its traceback (a bug)."""
+    import errno
+
+    import click
+    from click.testing import CliRunner
+
+    from geospec.cli import COMMANDS, cli
+
+    @click.command()
+    @click.argument("code", type=int)
+    def write(code: int) -> None:
+        raise OSError(code, os.strerror(code), str(tmp_path / "lib" / "cache.bin"))
+
+    COMMANDS["full-disk-test"] = f"{__name__}:_command"
+    globals()["_command"] = write
+    try:
+        full = CliRunner().invoke(cli, ["full-disk-test", str(errno.ENOSPC)])
+        other = CliRunner().invoke(cli, ["full-disk-test", str(errno.EACCES)])
+    finally:
+        del COMMANDS["full-disk-test"]
+    assert full.exit_code == 2, full.output
+    assert f"out of disk space in {tmp_path / 'lib'} writing cache.bin" in full.output
+    assert isinstance(other.exception, PermissionError)
+
+
 # ---------------------------------------------------------------------------------------------
 # the quick pipeline on a full disk, then resumed with space
 
