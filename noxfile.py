@@ -58,6 +58,18 @@ def slow(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-m", "slow", *session.posargs, env=OFFLINE)
 
 
+@nox.session(python="3.11")
+def crash(session: nox.Session) -> None:
+    """Crash consistency (scripts/crash.py): the quick pipeline SIGKILLed at 20 random instants
+    per seed (half of them while an artifact is written), resumed after each, must end with the
+    uninterrupted run's results.json, widths and weights. Seeds 0-2 by default; `-- --seed 7
+    --kills 40` runs one seed. A failure keeps its seed's output in crash-failures/seed-<S>/."""
+    session.install(TORCH, "-e", ".[test]")
+    runs = [session.posargs] if session.posargs else [["--seed", str(s)] for s in range(3)]
+    for args in runs:
+        session.run("python", "scripts/crash.py", *args, env=OFFLINE)
+
+
 @nox.session(name="eval", python="3.11")
 def evaluation(session: nox.Session) -> None:
     """geospec eval with lm-evaluation-harness (the eval extra), offline: the tests marked eval

@@ -1,4 +1,5 @@
-"""Atomic writes: a crash never leaves a half-written artifact that a later run would trust."""
+"""Atomic writes: a crash never leaves a half-written artifact that a later run would trust, and
+a full disk is one line (:class:`geospec.errors.OutOfSpace`) with nothing partial left behind."""
 
 from __future__ import annotations
 
@@ -10,27 +11,35 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from geospec.disk import out_of_space, writing
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is fsynced and renamed over ``path``.
 
     Use it for writers that want a file name (``safetensors.torch.save_file``, ``torch.save``).
+    A write that fails for want of space raises :class:`geospec.errors.OutOfSpace` naming
+    ``path``; the temporary file is removed either way.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
     tmp = Path(tmp_name)
-    tmp.chmod(0o666 & ~_umask())  # mkstemp makes it private; an artifact is an ordinary file
     try:
+        tmp.chmod(0o666 & ~_umask())  # mkstemp makes it private; an artifact is an ordinary file
         yield tmp
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
+        full = out_of_space(error, path)  # asked before the partial file frees its space
         tmp.unlink(missing_ok=True)
-        raise
+        if full is None or full is error:
+            raise
+        raise full from error
 
 
 def _umask() -> int:

@@ -72,3 +72,29 @@ def last_line(error: object) -> str:
     wrong), or the error's type name when the text is empty: what one-line reports show."""
     lines = str(error).strip().splitlines()
     return lines[-1] if lines else type(error).__name__
+
+
+class OutOfSpace(GeospecError):
+    """A write failed because its file system is full (or the user's quota is spent): exit
+    status 2, one line naming the directory, the file and the free space. Every geospec write
+    is atomic or in a scratch directory, so nothing partial is left under a final name, and
+    the same command, run again once there is space, resumes where it stopped."""
+
+    exit_code = 2
+
+    def __init__(self, directory: str, file: str, free: str) -> None:
+        self.directory, self.file, self.free = directory, file, free
+        super().__init__(
+            f"out of disk space in {directory} writing {file} ({free} free); free space there "
+            "(or point out/--out or GEOSPEC_CACHE elsewhere) and run the same command again "
+            "to resume"
+        )
+
+
+class OutOfMemory(GeospecError):
+    """A model that cannot be trained in the memory the device has (refused before it is built,
+    or an allocation that failed during a step): exit status 2, one line with the estimate and
+    the settings that lower it (``train.micro_batch_size``, ``train.precision``,
+    ``train.distributed``)."""
+
+    exit_code = 2

@@ -187,6 +187,22 @@ def test_prepared_data_is_cached_and_keyed_by_content(tmp_path: Path) -> None:
     assert leftovers == []
 
 
+def test_scratch_copies_of_a_killed_build_are_removed_by_the_next(tmp_path: Path) -> None:
+    """A process SIGKILLed while it tokenizes leaves its scratch directory; the next build of
+    the same tokens (holding the lock, so the only builder) removes it: a full disk is not
+    filled by kills."""
+    source = _jsonl(tmp_path / "d.jsonl", _documents(50))
+    data = DataSpec(files=[str(source)], val_fraction=0.2, tokenizer={"kind": "gpt2"})
+    key = prepare_data(data, tmp_path / "first").key
+    killed = tmp_path / "cache" / f".{key}.k1ll3d"
+    (killed / "train.bin").parent.mkdir(parents=True)
+    (killed / "train.bin").write_bytes(b"\0" * 4096)
+    other = tmp_path / "cache" / ".0123456789abcdef.k1ll3d"  # another key's: left alone
+    other.mkdir()
+    prepare_data(data, tmp_path / "cache")
+    assert not killed.exists() and other.exists()
+
+
 def test_empty_validation_split_is_a_clear_error(tmp_path: Path) -> None:
     data = DataSpec(
         files=[str(_jsonl(tmp_path / "d.jsonl", _documents(3)))],

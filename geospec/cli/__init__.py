@@ -16,6 +16,7 @@ import click
 
 from geospec import __version__
 from geospec.cli.console import escape, stderr
+from geospec.disk import unplaced_out_of_space
 from geospec.errors import GeospecError
 
 #: Command name -> "module:function"; each module is imported only when its command runs.
@@ -74,6 +75,12 @@ class GeospecGroup(click.Group):
                 raise
             stderr().print(f"[bold red]error:[/] {escape(str(error))}", highlight=False)
             ctx.exit(error.exit_code)
+        except Exception as error:  # a full disk where no writer named its file: still one line
+            full = None if _debugging(ctx) else unplaced_out_of_space(error)
+            if full is None:
+                raise
+            stderr().print(f"[bold red]error:[/] {escape(str(full))}", highlight=False)
+            ctx.exit(full.exit_code)
         except KeyboardInterrupt:
             if _debugging(ctx):
                 raise

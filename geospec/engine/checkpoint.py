@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from geospec.atomic import atomic_path, atomic_write_json
 from geospec.digests import file_digest
+from geospec.disk import writing
 from geospec.engine.model import GPT, GPTConfig
 from geospec.engine.run_files import (
     CONFIG_FILE,
@@ -167,7 +168,8 @@ def write_checkpoint(
         try:
             os.link(model_path, previous)
         except OSError:  # file systems without hard links
-            shutil.copy2(model_path, previous)
+            with atomic_path(previous) as tmp:
+                shutil.copy2(model_path, tmp)
     save_weights(model_path, weights, config, step)
     checksums = {
         "weights": file_digest(model_path),
@@ -239,6 +241,7 @@ def truncate_metrics(out_dir: Path, step: int) -> None:
 
 
 def append_metrics(out_dir: Path, row: dict[str, Any]) -> None:
-    with open(out_dir / METRICS_FILE, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(row) + "\n")
-        handle.flush()
+    # appended, not replaced: a line cut by a full disk or a kill is dropped on resume
+    with writing(out_dir / METRICS_FILE), open(out_dir / METRICS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()

@@ -29,6 +29,7 @@ import torch
 from tokenizers import Tokenizer
 
 from geospec import __version__
+from geospec.disk import writing
 from geospec.engine.model import GPT, LAYERNORM_EPS, RMSNORM_EPS, GPTConfig
 from geospec.errors import UsageError
 
@@ -380,15 +381,16 @@ def export_training_dir(
     except DamagedCheckpoint as error:
         raise UsageError(f"{error}; refusing to export it") from None
     exported = to_transformers(model, eot)
-    to.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{to.name}.", dir=to.parent))
-    try:
-        exported.model.save_pretrained(str(work))
-        save_tokenizer(tokenizer, eot, work)
-        work.chmod(0o755)
-        if to.exists():
-            to.rmdir()  # empty (checked above)
-        work.rename(to)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with writing(to):  # a full disk: one line, and the scratch directory goes
+        to.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{to.name}.", dir=to.parent))
+        try:
+            exported.model.save_pretrained(str(work))
+            save_tokenizer(tokenizer, eot, work)
+            work.chmod(0o755)
+            if to.exists():
+                to.rmdir()  # empty (checked above)
+            work.rename(to)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
     return exported

@@ -33,6 +33,7 @@ from tokenizers import Tokenizer
 
 from geospec.atomic import atomic_write_json
 from geospec.digests import file_digest
+from geospec.disk import writing
 from geospec.engine.corpus import Corpus
 from geospec.engine.progress import DataProgress
 from geospec.engine.tokenizer import build_tokenizer, vocab_size
@@ -220,18 +221,25 @@ def prepare_data(
                 return TokenData.open(final)  # another process may have built it meanwhile
             except DamagedCache:
                 pass
-        work = partial_dir(cache_dir, key)
-        reporter = None
-        if progress and say is not None:
-            reporter = DataProgress(say, corpus.documents_hint)
-        try:
-            _build(corpus, data, spec_dir, work, key, reporter)
-        except GeospecError:  # bad input: nothing worth resuming
-            shutil.rmtree(work, ignore_errors=True)
-            raise
-        (work / STATE_FILE).unlink()
-        shutil.rmtree(final, ignore_errors=True)  # a damaged copy
-        os.replace(work, final)
+        # a full disk: one line naming the cache; the partial build stays to resume from
+        with writing(final):
+            work = partial_dir(cache_dir, key)
+            # scratch copies that killed builds of earlier geospec versions left (the builder
+            # holds the lock; the partial build, resumable, stays)
+            for stale in cache_dir.glob(f".{key}.*"):
+                if stale.is_dir() and stale != work:
+                    shutil.rmtree(stale, ignore_errors=True)
+            reporter = None
+            if progress and say is not None:
+                reporter = DataProgress(say, corpus.documents_hint)
+            try:
+                _build(corpus, data, spec_dir, work, key, reporter)
+            except GeospecError:  # bad input: nothing worth resuming
+                shutil.rmtree(work, ignore_errors=True)
+                raise
+            (work / STATE_FILE).unlink()
+            shutil.rmtree(final, ignore_errors=True)  # a damaged copy
+            os.replace(work, final)
     return TokenData.open(final)
 
 

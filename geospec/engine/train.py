@@ -59,11 +59,20 @@ from geospec.engine.checkpoint import (
 )
 from geospec.engine.compiling import compile_for_training, recompile_limit
 from geospec.engine.distributed import DistContext
+from geospec.engine.memory import (
+    advice,
+    host_available,
+    memory_refusal,
+    micro_batching,  # defined here before it moved: the old name stays
+    says_out_of_memory,
+    training_memory,
+)
 from geospec.engine.model import GPT, GPTConfig
+from geospec.engine.model_size import Shape
 from geospec.engine.progress import TrainProgress
 from geospec.engine.run_files import RESULT_FILE
 from geospec.engine.token_data import TokenData
-from geospec.errors import GeospecError, Preempted, UsageError
+from geospec.errors import GeospecError, OutOfMemory, Preempted, UsageError
 from geospec.spec.sections import TrainSpec
 
 __all__ = [
@@ -112,6 +121,18 @@ class TrainObserver(Protocol):
         """The run finished (``result.json``'s values) or stopped early (None)."""
 
 
+def device_free_memory(device: torch.device) -> int | None:
+    """Bytes a training process may still allocate on ``device``: CUDA's free memory, or the
+    host's available memory shared among this host's processes; None where unknown (mps)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        free = host_available()
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        return None if free is None else free // max(local, 1)
+    return None
+
+
 def resolve_device(device: str = "auto", local_rank: int = 0) -> torch.device:
     """'auto' is CUDA when available (this process's GPU under torchrun), else CPU."""
     if device == "auto":
@@ -142,22 +163,6 @@ def learning_rate(train: TrainSpec, step: int, total: int) -> float:
     progress = (step - train.warmup) / max(1, total - train.warmup)
     floor = train.lr * train.min_lr_ratio
     return floor + 0.5 * (train.lr - floor) * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def micro_batching(train: TrainSpec, world_size: int) -> tuple[int, int]:
-    """(sequences per micro-batch, micro-batches per step) on each process."""
-    if train.batch_size % world_size:
-        raise UsageError(
-            f"train.batch_size {train.batch_size} is not divisible by the {world_size} processes"
-        )
-    per_rank = train.batch_size // world_size
-    micro = min(train.micro_batch_size or per_rank, per_rank)
-    if per_rank % micro:
-        raise UsageError(
-            f"train.micro_batch_size {micro} does not divide the {per_rank} sequences each of the "
-            f"{world_size} processes takes per step; choose a divisor of {per_rank}"
-        )
-    return micro, per_rank // micro
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -455,6 +460,12 @@ class _Run:
             torch.backends.cudnn.allow_tf32 = True
         if self.ctx.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+        fsdp = self.ctx.enabled and self.train.distributed == "fsdp2"
+        self.memory = training_memory(
+            Shape.of(self.config), self.config.ffn_widths, self.micro, bf16=self.bf16,
+            processes=self.ctx.world_size, sharded=fsdp,
+        )  # fmt: skip
+        self._check_memory()
         torch.manual_seed(self.seed)
         raw = GPT(self.config)  # built on CPU so the initial weights do not depend on the device
         if self.initial is not None:
@@ -462,7 +473,6 @@ class _Run:
         _seed_dropout(self.seed, self.ctx.rank)
         raw.to(self.device)
         self.raw = raw
-        fsdp = self.ctx.enabled and self.train.distributed == "fsdp2"
         # each run compiles from an empty cache, with room for its shapes (engine.compiling)
         limit = compile_for_training(raw, per_block=fsdp) if self.train.compile else None
         self.model = distributed.wrap_model(
@@ -497,13 +507,43 @@ class _Run:
             with recompile_limit(limit), _stop_signals() as stop:
                 self.stop = stop
                 result = self._loop()
-        except BaseException:  # preempted, failed or interrupted: the observer closes its run
+        except BaseException as error:  # preempted, failed or interrupted: the observer closes
             if self.observer is not None:
                 self.observer.end(None)
+            if says_out_of_memory(error):
+                raise self._out_of_memory() from error
             raise
         if self.observer is not None:
             self.observer.end(result.to_dict())
         return result
+
+    def _check_memory(self) -> None:
+        """Refuse, before the model is built, one whose training needs more memory than the
+        device has free (every process learns whether any refused, so none waits for it)."""
+        skip = os.environ.get("GEOSPEC_SKIP_MEMORY_CHECK") == "1"  # the user knows better
+        free = None if skip else device_free_memory(self.device)
+        problem = None
+        if free is not None:
+            problem = memory_refusal(
+                Shape.of(self.config), self.config.ffn_widths, self.memory, free, str(self.device)
+            )
+        if self.ctx.enabled:
+            flag = torch.tensor(float(problem is not None), device=self.device)
+            if distributed.all_reduce_sum(flag, self.ctx).item() > 0 and problem is None:
+                problem = "another process of this run has too little memory for it"
+        if problem is not None:
+            raise OutOfMemory(f"training {self.out_dir}: {problem}")
+
+    def _out_of_memory(self) -> OutOfMemory:
+        """The one-line error for an allocation that failed during training."""
+        self.optimizer.zero_grad(set_to_none=True)  # what memory it can give back
+        return OutOfMemory(
+            f"training {self.out_dir}: ran out of memory at step {self.step + 1} (estimated "
+            f"{self.memory.describe()} per process); the last checkpoint ({self._kept()}) is "
+            "kept: "
+            + advice(Shape.of(self.config), self.config.ffn_widths, self.memory)
+            + ", then run again to resume"
+        )
 
     def _resume(self) -> None:
         found: tuple[Path, dict[str, Any]] | None = None
@@ -678,16 +718,19 @@ class _Run:
             write_checkpoint(self.out_dir, weights, state, self.config)
         distributed.barrier(self.ctx)
 
-    def _fail(self, what: str) -> None:
+    def _kept(self) -> str:
+        """Which step the last good checkpoint holds, for an error's text."""
         try:
             state = read_checkpoint(self.out_dir) if self.ctx.is_main else None
         except DamagedCheckpoint:
             state = None
-        kept = f"step {state[1]['step']}" if state else "none yet"
+        return f"step {state[1]['step']}" if state else "none yet"
+
+    def _fail(self, what: str) -> None:
         raise GeospecError(
-            f"training {self.out_dir}: {what}. The last good checkpoint ({kept}) is kept; lower "
-            "train.lr, lengthen train.warmup or set train.grad_clip, then run again (delete the "
-            "directory to start over)"
+            f"training {self.out_dir}: {what}. The last good checkpoint ({self._kept()}) is kept; "
+            "lower train.lr, lengthen train.warmup or set train.grad_clip, then run again (delete "
+            "the directory to start over)"
         )
 
     def _log(self, row: dict[str, Any]) -> None:

@@ -134,7 +134,8 @@ TRAINING_FILES = (*TRAINER_FILES, RUN_KEY_FILE, FAILURE_FILE, EVAL_FILE)
 
 def record_failure(out: Path, error: BaseException) -> None:
     """Record in ``out`` that its run raised ``error`` (the last line of the error, where and
-    when), sealed like geospec's other records; the next attempt removes it."""
+    when), sealed like geospec's other records; the next attempt removes it. Never raises: a
+    record that cannot be written (a full disk) is one warning, and ``error`` goes on."""
     import socket
     import time
 
@@ -145,8 +146,11 @@ def record_failure(out: Path, error: BaseException) -> None:
         "pid": os.getpid(),
         "time": time.time(),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / FAILURE_FILE, sealed(record))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / FAILURE_FILE, sealed(record))
+    except Exception as problem:  # a full disk, say: the run's own error is what goes on
+        sys.stderr.write(f"! could not record the failure in {out}: {last_line(problem)}\n")
 
 
 def read_failure(out: Path) -> dict[str, Any] | None:

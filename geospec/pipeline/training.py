@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from geospec.atomic import atomic_path
 from geospec.engine.run_files import RESULT_FILE
 from geospec.errors import Preempted
 from geospec.pipeline.run_dir import (
@@ -137,7 +138,9 @@ def _reuse(
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(source.iterdir()):
         if path.is_file() and path.name not in (RESULT_FILE, RUN_KEY_FILE):
-            shutil.copy2(path, out / path.name)
-    shutil.copy2(result, out / RESULT_FILE)  # last: marks the copy complete
+            with atomic_path(out / path.name) as tmp:  # a full disk leaves no partial copy
+                shutil.copy2(path, tmp)
+    with atomic_path(out / RESULT_FILE) as tmp:  # last: marks the copy complete
+        shutil.copy2(result, tmp)
     shown = source.relative_to(run.run_dir) if source.is_relative_to(run.run_dir) else source
     run.say(f"  identical to the reference run: reused {shown}")

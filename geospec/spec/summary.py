@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.console import Group
@@ -127,3 +128,37 @@ def plugin_call(params: dict[str, Any]) -> str:
             value = plugin_call(value)
         parts.append(f"{key}={value}")
     return f"{kind}({', '.join(parts)})" if parts else str(kind)
+
+
+def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:
+    """Each arm's estimated training memory per process (``geospec validate``), at the arm's
+    widths where they are computable without profiles and at the uniform widths otherwise (the
+    same FFN budget: only the widest layer's backward differs)."""
+    import os
+
+    from geospec.engine.memory import micro_batching, training_memory
+
+    vocab = declared_vocab_size(spec)
+    if vocab is None or spec.probe_only:
+        return []
+    train = spec.train
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    micro, _ = micro_batching(train, processes)
+    cuda = train.device.startswith("cuda")
+    bf16 = train.precision == "bf16" or (train.precision == "auto" and cuda)
+    shape = model_shape(spec, vocab)
+    uniform = [spec.model.ffn_width] * spec.model.n_layers
+    lines = []
+    for arm in spec.arms:
+        estimate = training_memory(
+            shape, widths.get(arm.name, uniform), micro, bf16=bf16, processes=processes,
+            sharded=processes > 1 and train.distributed == "fsdp2",
+        )  # fmt: skip
+        lines.append(f"memory of arm {arm.name}: {estimate.describe()}")
+    if train.precision == "auto" and train.device == "auto":
+        lines.append(
+            "memory: precision auto is counted as fp32 (its setting on CPU; on CUDA it is bf16 "
+            "autocast, with smaller activations); WORLD_SIZE=N geospec validate shows it per "
+            "process of N processes"
+        )
+    return lines

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from geospec.atomic import atomic_write_json
 from geospec.digests import seal_broken, sealed, unsealed
+from geospec.disk import writing
 from geospec.errors import UsageError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest, section
@@ -215,7 +216,12 @@ class PruneStage:
             if self.prune.export:
                 staging = unit_dir / "model.partial"
                 shutil.rmtree(staging, ignore_errors=True)
-                export_pruned(model, sites, widths, staging)
+                with writing(unit_dir / MODEL_DIR):  # a full disk: one line
+                    try:
+                        export_pruned(model, sites, widths, staging)
+                    except BaseException:
+                        shutil.rmtree(staging, ignore_errors=True)  # its space is needed
+                        raise
                 shutil.rmtree(unit_dir / MODEL_DIR, ignore_errors=True)
                 staging.rename(unit_dir / MODEL_DIR)
             if self.prune.heal.steps > 0:

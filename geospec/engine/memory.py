@@ -1,0 +1,264 @@
+"""Training memory per process, estimated from shapes alone (no torch, no model built), and the
+memory a device has free.
+
+What one training process holds, by part (the peak, :attr:`MemoryEstimate.total`, holds all
+but the checkpoint's copy, or all but the gradients and activations):
+
+- weights: fp32 master copies (bf16 autocast computes in bf16 but keeps fp32 weights);
+- gradients: fp32, one per weight;
+- AdamW state: two fp32 moments per weight;
+- activations: what the forward pass of one micro-batch keeps for the backward pass, plus the
+  backward pass's own working set (the widest layer's gradients, the logits' gradient);
+- checkpoint: writing a checkpoint serialises the weights once more in host memory.
+
+Under FSDP2 the weights, gradients and AdamW state are split across the processes (plus one
+block's weights gathered at a time); under DDP every process holds all of them, and DDP keeps
+its gradient buckets besides the gradients. The counts are an estimate of what the allocator is
+asked for: tests/test_memory.py measures real runs' peak memory against it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from geospec.disk import size
+from geospec.engine.model_size import Shape, attention_params, count_params, ffn_params, norm_params
+from geospec.errors import UsageError
+
+if TYPE_CHECKING:
+    from geospec.spec.sections import TrainSpec
+
+FP32 = 4
+BF16 = 2
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one training process needs at its peak, by part (see the module docstring)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    checkpoint: int
+    micro_batch: int
+    precision: str
+    processes: int
+    sharded: bool
+
+    @property
+    def total(self) -> int:
+        """The peak: the weights and AdamW state live throughout; the gradients and a
+        micro-batch's activations meet in the backward pass (the tied embedding's gradient, the
+        largest, is formed first), and both are gone before a checkpoint is written."""
+        transient = max(self.activations + self.gradients, self.checkpoint)
+        return self.weights + self.optimizer + transient
+
+    def describe(self) -> str:
+        """One line: the total and its parts."""
+        return (
+            f"{size(self.total)} (weights {size(self.weights)}, gradients "
+            f"{size(self.gradients)}, AdamW {size(self.optimizer)}, activations "
+            f"{size(self.activations)} at micro-batch {self.micro_batch}, checkpoint "
+            f"{size(self.checkpoint)} after the others; "
+            f"{self.precision}, {self.setting()})"
+        )
+
+    def setting(self) -> str:
+        if self.processes == 1:
+            return "1 process"
+        return f"{self.processes} processes, {'FSDP2' if self.sharded else 'DDP'}"
+
+
+def training_memory(
+    shape: Shape,
+    widths: Sequence[int],
+    micro_batch: int,
+    *,
+    bf16: bool = False,
+    processes: int = 1,
+    sharded: bool = False,
+) -> MemoryEstimate:
+    """The estimate for training a model of ``shape`` with FFN ``widths``, ``micro_batch``
+    sequences of ``shape.seq_len`` tokens per forward pass, on each of ``processes``
+    (``sharded``: FSDP2; otherwise DDP, or one process)."""
+    params = count_params(shape, widths)
+    split = processes if sharded and processes > 1 else 1
+    weights = FP32 * params // split
+    gradients = FP32 * params // split
+    if processes > 1 and not sharded:
+        gradients *= 2  # DDP's buckets hold a second copy of the gradients
+    if split > 1:  # FSDP2 gathers one block's weights (in the compute precision) at a time
+        weights += (BF16 if bf16 else FP32) * _block_params(shape, max(widths))
+    optimizer = 2 * FP32 * params // split
+    activations = _activations(shape, widths, micro_batch, BF16 if bf16 else FP32)
+    return MemoryEstimate(
+        weights=weights,
+        gradients=gradients,
+        optimizer=optimizer,
+        activations=activations,
+        checkpoint=FP32 * params // split,
+        micro_batch=micro_batch,
+        precision="bf16 autocast" if bf16 else "fp32",
+        processes=processes,
+        sharded=sharded,
+    )
+
+
+def _block_params(shape: Shape, width: int) -> int:
+    d = shape.d_model
+    return (
+        2 * norm_params(d, shape.norm, shape.bias)
+        + attention_params(d, shape.bias, shape.kv_width)
+        + ffn_params(d, width, shape.activation, shape.bias)
+    )
+
+
+def _layer_activations(shape: Shape, width: int, tokens: int, compute: int) -> int:
+    """Bytes one decoder layer keeps for the backward pass: the fp32 residual stream and norm
+    outputs, and in the compute precision the attention's q, k, v and output, and the FFN's
+    hidden layer before and after its activation (swiglu: gate, up, their activation, product)."""
+    d, kv = shape.d_model, shape.kv_width
+    residual = FP32 * 4 * d  # each norm's input and output
+    attention = compute * (d + 2 * kv + 2 * d) + FP32 * shape.n_heads  # q k v, out, proj; lse
+    hidden = compute * width * (4 if shape.activation == "swiglu" else 2)
+    return tokens * (residual + attention + hidden)
+
+
+def saved_activations(shape: Shape, widths: Sequence[int], micro_batch: int, compute: int) -> int:
+    """Bytes a forward pass of ``micro_batch`` sequences keeps for the backward pass: every
+    layer's (:func:`_layer_activations`) and the loss's fp32 log-softmax over the vocabulary."""
+    tokens = micro_batch * shape.seq_len
+    layers = sum(_layer_activations(shape, w, tokens, compute) for w in widths)
+    return layers + tokens * shape.vocab_size * FP32
+
+
+def _activations(shape: Shape, widths: Sequence[int], micro_batch: int, compute: int) -> int:
+    """The saved activations, the logits (held until the step ends; with bf16 also their fp32
+    copy) and the backward pass's working set: the fp32 gradients of the log-softmax and of the
+    logits, and the widest layer's gradients while they are formed."""
+    tokens = micro_batch * shape.seq_len
+    logits = tokens * shape.vocab_size * (compute + (FP32 if compute != FP32 else 0))
+    backward = tokens * shape.vocab_size * 2 * FP32
+    backward += _layer_activations(shape, max(widths), tokens, compute)
+    return saved_activations(shape, widths, micro_batch, compute) + logits + backward
+
+
+def micro_batching(train: TrainSpec, world_size: int) -> tuple[int, int]:
+    """(sequences per micro-batch, micro-batches per step) on each process."""
+    if train.batch_size % world_size:
+        raise UsageError(
+            f"train.batch_size {train.batch_size} is not divisible by the {world_size} processes"
+        )
+    per_rank = train.batch_size // world_size
+    micro = min(train.micro_batch_size or per_rank, per_rank)
+    if per_rank % micro:
+        raise UsageError(
+            f"train.micro_batch_size {micro} does not divide the {per_rank} sequences each of the "
+            f"{world_size} processes takes per step; choose a divisor of {per_rank}"
+        )
+    return micro, per_rank // micro
+
+
+#: What allocators say when they refuse: PyTorch's CPU allocator and CUDA's caching allocator.
+OUT_OF_MEMORY_WORDS = ("can't allocate memory", "out of memory", "cannot allocate memory")
+
+
+def says_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation refused (``MemoryError``, torch's
+    ``OutOfMemoryError``, or a ``RuntimeError`` in an allocator's words)."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(w in text for w in OUT_OF_MEMORY_WORDS)
+
+
+def advice(shape: Shape, widths: Sequence[int], estimate: MemoryEstimate) -> str:
+    """The settings that lower ``estimate``, each with what the model would need then."""
+
+    def need(micro_batch: int | None = None, bf16: bool | None = None, fsdp: int = 0) -> str:
+        changed = training_memory(
+            shape, widths, estimate.micro_batch if micro_batch is None else micro_batch,
+            bf16=estimate.precision != "fp32" if bf16 is None else bf16,
+            processes=fsdp or estimate.processes, sharded=bool(fsdp) or estimate.sharded,
+        )  # fmt: skip
+        return size(changed.total)
+
+    tips = []
+    if estimate.micro_batch > 1:
+        now = estimate.micro_batch
+        tips.append(f"lower train.micro_batch_size (now {now}; at 1: {need(micro_batch=1)})")
+    if estimate.precision == "fp32":
+        tips.append(f'set train.precision = "bf16" ({need(bf16=True)})')
+    if not estimate.sharded:
+        tips.append(
+            'train under torchrun with train.distributed = "fsdp2" (weights, gradients and AdamW '
+            f"state split across the processes; on 8: {need(fsdp=8)})"
+        )
+    tips.append("make the model smaller")
+    return "; ".join(tips)
+
+
+def memory_refusal(
+    shape: Shape, widths: Sequence[int], estimate: MemoryEstimate, free: int, device: str
+) -> str | None:
+    """Why a model cannot be trained where ``free`` bytes are left on ``device`` (one line,
+    with what helps), or None when its estimate fits."""
+    if estimate.total <= free:
+        return None
+    return (
+        f"needs about {estimate.describe()} per process, and {device} has {size(free)} free; "
+        + advice(shape, widths, estimate)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# the memory a device has free
+
+
+def host_available() -> int | None:
+    """Bytes this process can still allocate on the host: the least of the kernel's
+    MemAvailable, the cgroup's limit less its use, and the address-space limit (``ulimit -v``)
+    less what this process has mapped already; None when none of them can be read."""
+    limits = [_meminfo_available(), _cgroup_room(), _address_space_room()]
+    known = [limit for limit in limits if limit is not None]
+    return min(known) if known else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^MemAvailable:\s+(\d+) kB", text, re.MULTILINE)
+    return int(found.group(1)) * 1024 if found else None
+
+
+def _cgroup_room() -> int | None:
+    base = Path("/sys/fs/cgroup")
+    try:
+        limit = (base / "memory.max").read_text().strip()
+        used = int((base / "memory.current").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" else max(int(limit) - used, 0)
+
+
+def _address_space_room() -> int | None:
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        status = Path(f"/proc/{os.getpid()}/status").read_text()
+    except OSError:
+        return soft
+    found = re.search(r"^VmSize:\s+(\d+) kB", status, re.MULTILINE)
+    mapped = int(found.group(1)) * 1024 if found else 0
+    return max(soft - mapped, 0)

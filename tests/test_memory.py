@@ -1,0 +1,230 @@
+"""Training memory estimated before anything is built (geospec.engine.memory), checked against
+what torch really holds: the weights and AdamW state of a built model (exactly), the tensors a
+forward pass saves for backward (within a factor), the peak memory of real `geospec train`
+processes (within a factor), and a process under an address-space limit (`ulimit -v`) that is
+refused in one line instead of allocating until it fails."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from small_spec import small_spec
+
+from geospec.engine.memory import saved_activations, says_out_of_memory, training_memory
+from geospec.engine.model import GPT, GPTConfig
+from geospec.engine.model_size import Shape
+
+pytestmark = pytest.mark.torch
+
+#: How far the estimate of a whole process may be from its measured peak, either way.
+FACTOR = 1.5
+#: How far the estimate of what a forward pass keeps may be from what autograd saves (measured:
+#: within 5% on the shapes below).
+SAVED_FACTOR = 1.1
+
+
+def config(**changes: object) -> GPTConfig:
+    values: dict[str, object] = {
+        "vocab_size": 500, "n_layers": 3, "d_model": 64, "n_heads": 4, "seq_len": 64,
+        "ffn_widths": [96, 256, 160],
+    }  # fmt: skip
+    return GPTConfig(**(values | changes))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("changes", [{}, {"activation": "swiglu", "norm": "rmsnorm"}])
+def test_weights_gradients_and_adamw_state_are_what_torch_allocates(
+    changes: dict[str, object],
+) -> None:
+    cfg = config(**changes)
+    model = GPT(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    model(x, x)[1].backward()  # type: ignore[union-attr]
+    optimizer.step()
+    estimate = training_memory(Shape.of(cfg), cfg.ffn_widths, 2)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    gradients = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters())
+    moments = sum(
+        t.numel() * t.element_size()
+        for state in optimizer.state.values()
+        for name, t in state.items()
+        if name != "step"
+    )
+    assert (estimate.weights, estimate.gradients, estimate.optimizer) == (
+        weights,
+        gradients,
+        moments,
+    )
+    assert estimate.checkpoint == weights  # the weights serialised once more
+
+
+def saved_for_backward(model: GPT, x: torch.Tensor) -> int:
+    """Bytes of the distinct storages autograd keeps from a forward pass for the backward."""
+    storages: dict[int, int] = {}
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(x, x)
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},  # the logits dominate
+        {"vocab_size": 50, "d_model": 128, "ffn_widths": [512, 1024, 768]},  # the layers do
+        {"vocab_size": 50, "activation": "swiglu", "positions": "rope", "n_kv_heads": 2},
+    ],
+)
+def test_activations_saved_for_backward_match_the_estimate(changes: dict[str, object]) -> None:
+    cfg = config(**changes)
+    model = GPT(cfg)
+    micro = 4
+    x = torch.randint(0, cfg.vocab_size, (micro, cfg.seq_len))
+    saved = saved_for_backward(model, x)
+    forward = saved_activations(Shape.of(cfg), cfg.ffn_widths, micro, compute=4)
+    assert saved / SAVED_FACTOR <= forward <= saved * SAVED_FACTOR, (saved, forward)
+
+
+def test_allocator_refusals_are_recognised() -> None:
+    with pytest.raises(RuntimeError) as caught:
+        torch.empty(1 << 60, dtype=torch.uint8)  # more than any machine: the allocator refuses
+    assert says_out_of_memory(caught.value)
+    assert says_out_of_memory(MemoryError())
+    assert not says_out_of_memory(RuntimeError("shape mismatch"))
+
+
+# ---------------------------------------------------------------------------------------------
+# real processes
+
+
+def geospec_train(
+    directory: Path,
+    model: dict[str, object],
+    train: dict[str, object],
+    address_space: int | None = None,
+    **env: str,
+) -> tuple[int, str, int]:
+    """`geospec train` of ``model`` in a process of its own (under an address-space limit of
+    ``address_space`` bytes: `ulimit -v`): its exit status, stderr and peak RSS in bytes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = directory / "spec.toml"
+    data = {"tokenizer": {"kind": "gpt2"}, "max_documents": 20}
+    train = {"steps": 2, "eval_tokens": 128, "checkpoint_interval": 1, **train}
+    spec.write_text(small_spec("memory", train, arms=("uniform",), model=model, data=data))
+    command = [sys.executable, "-m", "geospec", "train", str(spec), "--arm", "uniform",
+               "--seed", "0", "--out", str(directory / "out")]  # fmt: skip
+
+    def limited() -> None:
+        if address_space is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+    with open(directory / "stderr.txt", "w+") as stderr:
+        process = subprocess.Popen(
+            command, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, preexec_fn=limited,
+            stdout=subprocess.DEVNULL, stderr=stderr,
+        )  # fmt: skip
+        _, status, usage = os.wait4(process.pid, 0)  # this child's own peak, not all children's
+        process.returncode = os.waitstatus_to_exitcode(status)
+        stderr.seek(0)
+        return process.returncode, stderr.read(), usage.ru_maxrss * 1024
+
+
+#: A model whose logits alone at micro-batch 64 x 512 tokens of GPT-2's vocabulary take 6.6 GB.
+LOGITS_HEAVY = {"n_layers": 1, "d_model": 32, "n_heads": 2, "ffn_width": 64, "seq_len": 512}
+LIMIT = 3 << 30
+
+
+def test_a_model_too_large_for_the_address_space_limit_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    status, stderr, _ = geospec_train(
+        tmp_path, LOGITS_HEAVY, {"batch_size": 64}, address_space=LIMIT
+    )
+    assert status == 2, stderr
+    assert "Traceback" not in stderr, stderr
+    (error,) = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert "needs about" in error and "at micro-batch 64" in error and "free;" in error
+    assert "lower train.micro_batch_size (now 64; at 1:" in error
+    assert not (tmp_path / "out" / "model.safetensors").exists()  # refused before training
+
+
+def test_an_allocation_refused_during_a_step_is_one_line_with_the_same_advice(
+    tmp_path: Path,
+) -> None:
+    status, stderr, _ = geospec_train(
+        tmp_path, LOGITS_HEAVY, {"batch_size": 64}, address_space=LIMIT,
+        GEOSPEC_SKIP_MEMORY_CHECK="1",
+    )  # fmt: skip
+    assert status == 2, stderr
+    assert "Traceback" not in stderr, stderr
+    (error,) = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert "ran out of memory at step 1" in error
+    assert "lower train.micro_batch_size (now 64; at 1:" in error
+
+
+@pytest.mark.slow  # three training processes: ~40 s on 2 cores
+def test_the_estimate_is_within_a_factor_of_real_runs_peak_memory(tmp_path: Path) -> None:
+    """The peak RSS of `geospec train` above a tiny model's (torch, the data, the interpreter:
+    the same in both) against the estimate above the tiny model's."""
+    tiny = {"n_layers": 1, "d_model": 8, "n_heads": 1, "ffn_width": 8, "seq_len": 8}
+    status, stderr, base = geospec_train(tmp_path / "tiny", tiny, {"batch_size": 1})
+    assert status == 0, stderr
+    base_estimate = training_memory(Shape.of(tiny | SHAPE), [8], 1).total
+    cases = [
+        # the logits dominate
+        ({"n_layers": 2, "d_model": 64, "n_heads": 2, "ffn_width": 256, "seq_len": 128}, 8),
+        # the weights and AdamW state dominate; swiglu, rope
+        ({"n_layers": 4, "d_model": 256, "n_heads": 4, "ffn_width": 2048, "seq_len": 64,
+          "activation": "swiglu", "positions": "rope"}, 4),
+    ]  # fmt: skip
+    for index, (model, batch) in enumerate(cases):
+        status, stderr, peak = geospec_train(tmp_path / str(index), model, {"batch_size": batch})
+        assert status == 0, stderr
+        shape = Shape.of(model | SHAPE)
+        widths = [int(str(model["ffn_width"]))] * int(str(model["n_layers"]))
+        estimate = training_memory(shape, widths, batch).total - base_estimate
+        measured = peak - base
+        assert measured / FACTOR <= estimate <= measured * FACTOR, (model, measured, estimate)
+
+
+#: The defaults of small_spec's model that the estimate needs, with GPT-2's vocabulary.
+SHAPE = {"vocab_size": 50257, "activation": "gelu", "norm": "layernorm", "positions": "learned"}
+
+
+def test_validate_shows_each_arms_memory_and_the_issues_huge_model(tmp_path: Path) -> None:
+    """The issue's example: 512 layers, d_model 16384, FFN 65536 (1.6 trillion parameters) is
+    inside every bound; validate now says what training it takes per process."""
+    from click.testing import CliRunner
+
+    from geospec.cli import cli
+    from geospec.disk import size
+    from geospec.engine.model_size import count_params
+
+    model = {"n_layers": 512, "d_model": 16384, "n_heads": 128, "ffn_width": 65536,
+             "seq_len": 2048, "multiple_of": 64}  # fmt: skip
+    spec = tmp_path / "spec.toml"
+    spec.write_text(small_spec("huge", {"steps": 10, "batch_size": 8}, model=model))
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 0, result.output
+    params = count_params(Shape.of(model | SHAPE | {"vocab_size": 300}), [65536] * 512)
+    lines = [line for line in result.output.splitlines() if line.startswith("memory of arm")]
+    assert [line.split(":")[0] for line in lines] == [
+        "memory of arm uniform",
+        "memory of arm cosine",
+    ]
+    for line in lines:  # fp32 weights, gradients, and AdamW's two moments
+        assert f"weights {size(4 * params)}, gradients {size(4 * params)}" in line
+        assert f"AdamW {size(8 * params)}" in line and "at micro-batch 8" in line
