@@ -494,6 +494,8 @@ def test_diagnose_a_pretrained_checkpoint(tmp_path: Path) -> None:
             probe_only=True,
         )
         spec["data"]["tokenizer"]["path"] = str(tmp_path / "model")
+        # [model] holds only the spec's own choices; the rest is read from config.json
+        spec["model"] = {"seq_len": spec["model"]["seq_len"], "multiple_of": 16}
         (tmp_path / "spec.toml").write_text(tomlkit.dumps(spec))
         output = invoke("diagnose", str(tmp_path / "spec.toml"))
         # the ffn site probes the residual stream again, a loop that reports its progress too

@@ -224,6 +224,10 @@ def read_checkpoint_shape(
 ) -> CheckpointShape | str:
     """The shape of ``reference.checkpoint``, or why it cannot be read (a sentence)."""
     if revision is not None:
+        from geospec.spec.sections import COMMIT, HUB_ID
+
+        if not (HUB_ID.match(checkpoint) and COMMIT.match(revision)):
+            return "it is no hub id at a commit (the spec's own check says why)"
         return _hub_shape(checkpoint, revision)
     path = Path(checkpoint).expanduser()
     path = path if path.is_absolute() else spec_dir / path
