@@ -122,8 +122,11 @@ def test_tensorboard_keeps_the_tracker_contract_and_its_event_files_round_trip(
 
 
 @pytest.mark.trackers
-def test_mlflow_keeps_the_tracker_contract_and_its_store_round_trips(tmp_path: Path) -> None:
+def test_mlflow_keeps_the_tracker_contract_and_its_store_round_trips(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps file stores behind this
     from mlflow.tracking import MlflowClient
 
     uri = (tmp_path / "mlruns").as_uri()
