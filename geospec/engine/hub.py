@@ -57,14 +57,20 @@ class Source:
         return self.location, keywords
 
 
+def spec_path(text: str, spec_dir: Path) -> Path:
+    """A local path a spec gives: ``~`` expanded, a relative one taken from the spec file's
+    directory (docs/pipeline.md, "Where relative paths start")."""
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else spec_dir / path
+
+
 def locate(text: str, revision: str | None, spec_dir: Path, field: str) -> Source:
     """The source a spec field names. With a revision it is a hub id (the spec checked its form);
     otherwise a local directory or ``.gguf`` file, relative to the spec file like every path in a
     spec. A missing path that reads as a hub id asks for the revision that would pin it."""
     if revision is not None:
         return Source(text, field, revision=revision)
-    path = Path(text).expanduser()
-    path = path if path.is_absolute() else spec_dir / path
+    path = spec_path(text, spec_dir)
     if path.is_dir():
         return Source(str(path), field)
     if path.is_file() and path.suffix == ".gguf":
@@ -87,15 +93,16 @@ def locate(text: str, revision: str | None, spec_dir: Path, field: str) -> Sourc
     )
 
 
-def check_hub_files(source: Source, filename: str) -> None:
+def check_hub_files(source: Source, filename: str) -> str:
     """Fetches (or finds in the cache) ``filename`` of a hub source at its commit, so a wrong id or
-    commit, or a commit missing from the cache when offline, is one line naming the field."""
+    commit, or a commit missing from the cache when offline, is one line naming the field; the
+    file's path in the cache."""
     from huggingface_hub import constants, errors, hf_hub_download
 
     assert source.revision is not None
     # LocalEntryNotFoundError (offline, not cached) is a kind of EntryNotFoundError: caught first
     try:
-        hf_hub_download(source.location, filename, revision=source.revision)
+        path: str = hf_hub_download(source.location, filename, revision=source.revision)
     except errors.LocalEntryNotFoundError:
         cached = cached_commits(source.location)
         raise UsageError(
@@ -128,6 +135,7 @@ def check_hub_files(source: Source, filename: str) -> None:
         raise UsageError(
             f"{source.field}: cannot read {filename} of {source}: {text[:300]}"
         ) from None
+    return path
 
 
 def cached_commits(repo_id: str) -> list[str]:

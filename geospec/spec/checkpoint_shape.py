@@ -229,8 +229,9 @@ def read_checkpoint_shape(
         if not (HUB_ID.match(checkpoint) and COMMIT.match(revision)):
             return "it is no hub id at a commit (the spec's own check says why)"
         return _hub_shape(checkpoint, revision)
-    path = Path(checkpoint).expanduser()
-    path = path if path.is_absolute() else spec_dir / path
+    from geospec.engine.hub import spec_path
+
+    path = spec_path(checkpoint, spec_dir)
     if path.is_file() and path.suffix == ".gguf":
         try:
             shape = shape_from_gguf(path)
@@ -249,19 +250,15 @@ class HubUnreadable(str):
 def _hub_shape(checkpoint: str, revision: str) -> CheckpointShape | str:
     """config.json of a hub id at its commit: from the Hugging Face cache, or downloaded (one
     small file; offline, a commit missing from the cache is said with the commits it holds)."""
-    from huggingface_hub import try_to_load_from_cache
-
     from geospec.engine.hub import Source, check_hub_files
     from geospec.errors import UsageError
 
-    source = Source(checkpoint, "reference.checkpoint", revision=revision)
     try:
-        check_hub_files(source, "config.json")
+        cached = check_hub_files(
+            Source(checkpoint, "reference.checkpoint", revision=revision), "config.json"
+        )
     except UsageError as error:
         return HubUnreadable(str(error))
-    cached = try_to_load_from_cache(checkpoint, "config.json", revision=revision)
-    if not isinstance(cached, str):  # pragma: no cover - downloaded just above
-        return HubUnreadable(f"reference.revision: config.json of {source} is not in the cache")
     return _config_shape(Path(cached), f"config.json of {checkpoint} at {revision[:12]}")
 
 

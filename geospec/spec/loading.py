@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from tomlkit.exceptions import KeyAlreadyPresent, ParseError
 
+from geospec.engine.hub import spec_path
 from geospec.errors import SpecError
 from geospec.plugin import PluginTable
 from geospec.spec.checks import cross_check
@@ -110,14 +111,15 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     # with the spec's own problems, after them.
     missing = local_path_problems(data, path.parent)
     no_checkpoint = any(problem.startswith("reference.checkpoint:") for problem in missing)
-    problems = missing + ([] if no_checkpoint else fill_model_from_checkpoint(data, path.parent))
+    shape_problems, unread = (
+        ([], True) if no_checkpoint else fill_model_from_checkpoint(data, path.parent)
+    )
+    problems = missing + shape_problems
     try:
         spec = validate_spec(data, source=str(path))
     except SpecError as error:
         told = error.problems
-        unread = any(p.startswith(_UNREAD) or p.endswith(_READ_FROM_IT) for p in problems)
-        if no_checkpoint or unread:
-            # "the checkpoint's shape cannot be read" says why [model]'s keys are missing
+        if unread:  # why [model]'s keys are missing is said once, by the checkpoint's line
             told = [p for p in told if not (p.startswith("model.") and p.endswith(_MISSING))]
         raise SpecError(error.source, told + problems) from None
     if problems:
@@ -125,9 +127,7 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
     return spec
 
 
-_UNREAD = "model: the checkpoint's shape cannot be read"
 _MISSING = "required key is missing"
-_READ_FROM_IT = "; [model] is read from it"
 
 
 def _table(data: Any, *keys: str) -> dict[str, Any]:
@@ -151,8 +151,7 @@ def local_path_problems(data: dict[str, Any], spec_dir: Path) -> list[str]:
             continue
         if field == "data.tokenizer.path" and table.get("kind") != "pretrained":
             continue
-        local = Path(given).expanduser()
-        local = local if local.is_absolute() else spec_dir / local
+        local = spec_path(given, spec_dir)
         if not local.exists():
             problems.append(
                 f"{field}: {local} does not exist; give a local Hugging Face model directory or "
@@ -161,16 +160,17 @@ def local_path_problems(data: dict[str, Any], spec_dir: Path) -> list[str]:
     return problems
 
 
-def fill_model_from_checkpoint(data: dict[str, Any], spec_dir: Path) -> list[str]:
+def fill_model_from_checkpoint(data: dict[str, Any], spec_dir: Path) -> tuple[list[str], bool]:
     """Fill ``[model]`` from a pretrained ``reference.checkpoint``'s own config (what the spec
-    leaves out); in a probe-only or pruning spec, return a problem for each value the spec gives
-    that contradicts it."""
+    leaves out). The problems: in a probe-only or pruning spec, each value the spec gives that
+    contradicts the checkpoint; or why the shape could not be read when ``[model]`` needed it,
+    which the flag (True) says, so that its missing keys are not listed again."""
     from geospec.spec.checkpoint_shape import HubUnreadable, fill_model, read_checkpoint_shape
 
     reference = _table(data, "reference")
     checkpoint = reference.get("checkpoint")
     if not isinstance(checkpoint, str):
-        return []
+        return [], False
     revision = reference.get("revision")
     found = read_checkpoint_shape(
         checkpoint, revision if isinstance(revision, str) else None, spec_dir
@@ -179,9 +179,10 @@ def fill_model_from_checkpoint(data: dict[str, Any], spec_dir: Path) -> list[str
     if isinstance(found, str) or not isinstance(model, dict):
         if isinstance(model, dict) and "n_layers" not in model:
             if isinstance(found, HubUnreadable):  # already a line naming reference.revision
-                return [f"{found}{_READ_FROM_IT}"]
-            return [f"{_UNREAD} ({found}); give [model] in full (docs/pretrained.md)"]
-        return []
+                return [f"{found}; [model] is read from it"], True
+            why = f"model: the checkpoint's shape cannot be read ({found})"
+            return [f"{why}; give [model] in full (docs/pretrained.md)"], True
+        return [], False
     problems: list[str] = []
     # Probing or pruning the checkpoint, [model] *is* the checkpoint: a different value is a
     # mistake. A spec that trains arms may give a target of its own (the profiles are resampled
@@ -192,7 +193,7 @@ def fill_model_from_checkpoint(data: dict[str, Any], spec_dir: Path) -> list[str
         found,
         lambda name, message: problems.append(f"model.{name}: {message}") if strict else None,
     )
-    return problems
+    return problems, False
 
 
 def load_plugin_files(data: dict[str, Any], path: Path) -> None:
