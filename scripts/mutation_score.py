@@ -3,6 +3,7 @@
     python scripts/mutation_score.py               # the score of the last `mutmut run`
     python scripts/mutation_score.py --run         # run mutmut first (timed), then the score
     python scripts/mutation_score.py --survivors   # also print every unexplained survivor's diff
+    python scripts/mutation_score.py --run --only 'geospec.measure.demand_fit.*'  # one module's
 
 The modules are pyproject.toml's ``[tool.mutmut] only_mutate``: the paired statistics and the
 report's results and fairness checks, the budget check on every schedule's output, rounding,
@@ -522,9 +523,11 @@ def _line(counts: Counter[str]) -> str:
     return f"{killed}/{total} killed ({percent:.1f}%)" + (f"; {extra}" if extra else "")
 
 
-def run_mutmut(max_children: int) -> None:
+def run_mutmut(max_children: int, only: list[str]) -> None:
     start = time.monotonic()
-    subprocess.run(["mutmut", "run", "--max-children", str(max_children)], cwd=ROOT, check=True)
+    # mutmut matches names with fnmatch: "geospec.measure.demand_fit.*" is one module
+    command = ["mutmut", "run", "--max-children", str(max_children), *only]
+    subprocess.run(command, cwd=ROOT, check=True)
     minutes = (time.monotonic() - start) / 60
     print(f"\nmutmut run took {minutes:.1f} minutes with {max_children} workers")
 
@@ -535,12 +538,19 @@ def main() -> int:
     parser.add_argument("--max-children", type=int, default=2, help="mutmut's parallel workers")
     parser.add_argument("--survivors", action="store_true", help="print unexplained survivors")
     parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="run only the mutants whose names match (repeatable; fnmatch)",
+    )
+    parser.add_argument(
         "--fail-under", type=float, default=None, help="exit 1 below this total percentage"
     )
     args = parser.parse_args()
     os.chdir(ROOT)  # mutmut reads mutants/ and pyproject.toml from the project root
     if args.run:
-        run_mutmut(args.max_children)
+        run_mutmut(args.max_children, args.only)
     killed, total = score(args.survivors)
     if args.fail_under is not None and (not total or 100 * killed / total < args.fail_under):
         print(f"mutation score below {args.fail_under:g}%")
