@@ -305,11 +305,14 @@ class RunOutcome:
     ``failed``: it raised (``detail`` is the last line of the error, also recorded in the
     training directory); ``submitted``: sent to a scheduler (``detail`` names the job);
     ``preempted``: checkpointed on SIGTERM/SIGUSR1 and stopped, to be requeued.
+    ``exit_code``: a failed run's error's exit status (2: the input or the machine must change,
+    a full disk say; 1 otherwise); the train stage exits 2 when every failure asks for it.
     """
 
     run: TrainingRun
     state: Literal["done", "held", "failed", "submitted", "preempted"]
     detail: str = ""
+    exit_code: int = 1
 
 
 class RunTrainer(Protocol):

@@ -178,7 +178,8 @@ def _work(
                 raise SystemExit(75) from None
             lines = (str(error).strip() or type(error).__name__).splitlines()
             print(f"{run.name} failed: {error!r}", flush=True)
-            outcome = RunOutcome(run, "failed", lines[-1])
+            exit_code = getattr(error, "exit_code", 1)
+            outcome = RunOutcome(run, "failed", lines[-1], exit_code)
         events.put(("end", worker, index, outcome))
 
 

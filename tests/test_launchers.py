@@ -22,7 +22,7 @@ from small_spec import small_spec
 
 from geospec import hookimpl
 from geospec.cli import cli
-from geospec.errors import UsageError
+from geospec.errors import OutOfSpace, UsageError
 from geospec.kinds import Launch, Launcher, RunOutcome
 from geospec.locks import claim_path
 from geospec.pipeline.run_dir import FAILURE_FILE, read_failure, record_failure
@@ -134,13 +134,15 @@ def test_a_failed_pool_run_is_reported_and_recorded_and_the_others_finish(
     damaged_copy(serial, out)
     spec = write(tmp_path, '[launch]\nkind = "pool"\nworkers = 2\nthreads = 1')
     result = CliRunner().invoke(cli, ["run", str(spec), "--out", str(out)])
-    assert result.exit_code == 1, result.output
+    # the one failure is the user's to fix (a UsageError in the worker), so the run exits 2 as
+    # the same error does under the local launcher, not 1 as a crash would
+    assert result.exit_code == 2, result.output
     said = " ".join(result.output.split())  # the console wraps long lines
     assert "1 run(s) failed: cosine/seed-0:" in said
     assert "different settings (seed)" in said
     failure = read_failure(out / "arms" / "cosine" / "seed-0")
     assert failure is not None and "different settings (seed)" in failure["error"]
-    assert failure["type"] == "UsageError"
+    assert failure["type"] == "UsageError" and failure["exit_code"] == 2
     assert (out / "arms" / "uniform" / "seed-1" / "result.json").exists()  # the other finished
     assert not (out / "arms" / "uniform" / "seed-1" / FAILURE_FILE).exists()
 
@@ -354,6 +356,28 @@ def test_the_report_job_submits_nothing_and_reports_unfinished_runs_as_failed(
     assert f"without a result (logs in {out / 'launch' / 'slurm'})" in said
     assert not (out / "launch").exists()  # nothing was submitted
     assert not (out / "arms" / "uniform" / "seed-1").exists()  # nor trained here
+
+
+def test_a_job_that_ran_out_of_disk_ends_the_report_job_with_exit_status_2(
+    serial: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose every failure is the machine's or the input's (a full disk: free space and
+    run again) exits 2 like the same error in one process, not 1 like a crash; its recorded
+    exit status is what says so."""
+    from geospec_plugins.slurm import FINISHING
+
+    out = tmp_path / "run"
+    shutil.copytree(serial, out)
+    target = out / "arms" / "cosine" / "seed-0"
+    (target / "result.json").unlink()
+    record_failure(target, OutOfSpace(str(target), "checkpoint.pt", "0 B"))
+    monkeypatch.setenv(FINISHING, "1")
+    spec = write(tmp_path, '[launch]\nkind = "slurm"\npartition = "nowhere"')
+    result = CliRunner().invoke(cli, ["run", str(spec), "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "out of disk space" in " ".join(result.output.split())
+    failure = read_failure(target)
+    assert failure is not None and failure["exit_code"] == 2
 
 
 @pytest.mark.parametrize(

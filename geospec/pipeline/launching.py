@@ -90,7 +90,7 @@ class Trainer:
             return RunOutcome(run, "done", f"final loss {result['final_val_loss']:.4f}")
         failure = read_failure(run.directory)
         if failure is not None:  # its error is one line (record_failure), as status shows it
-            return RunOutcome(run, "failed", failure["error"])
+            return RunOutcome(run, "failed", failure["error"], failure.get("exit_code", 1))
         return None
 
     def _context(self) -> RunContext:

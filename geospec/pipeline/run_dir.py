@@ -142,6 +142,7 @@ def record_failure(out: Path, error: BaseException) -> None:
     record = {
         "error": last_line(error),
         "type": type(error).__name__,
+        "exit_code": getattr(error, "exit_code", 1),  # 2: a full disk, a bad input
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "time": time.time(),

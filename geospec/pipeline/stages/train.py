@@ -167,12 +167,16 @@ class Train:
                 "checkpoint; run again to resume"
             )
         if by_state.get("failed"):
-            raise GeospecError(
+            error = GeospecError(
                 f"train: {len(by_state['failed'])} run(s) failed: "
                 + "; ".join(by_state["failed"])
                 + f". Each error is recorded in its training directory (geospec status "
                 f"{run.run_dir}); fix the cause and run again"
             )
+            failed = [o for o in outcomes if o.state == "failed"]
+            if all(o.exit_code == 2 for o in failed):  # a full disk, a bad input: not a crash
+                error.exit_code = 2
+            raise error
         unfinished = len(outcomes) < len(runs) or any(state != "done" for state in by_state)
         if by_state.get("submitted"):
             run.say(
