@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
-
 from geospec.registry.hookspecs import hookimpl
+from geospec.version import __version__
 
 if TYPE_CHECKING:
     from geospec.measure.work import measure_profiles, measure_work

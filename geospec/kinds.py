@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
-from geospec.plugin import Plugin
+from geospec.plugin_base import Plugin
 from geospec.solve.profiles import check_profile, resample_profile
 from geospec.solve.rounding import InfeasibleBudget, round_to_budget, units_between
 

@@ -1,111 +1,49 @@
-"""What every plugin is: a class with a pydantic ``Params`` model whose literal ``kind`` names it.
+"""The public API of plugin authors, with :mod:`geospec.kinds` (the contracts): the base classes
+and the ``Register`` callback type (from :mod:`geospec.plugin_base`), and the fields a plugin uses
+to hold another plugin's table (``SmootherRef``, ``SolverRef``, ...) with :func:`create_plugin`,
+validated and created through the registry in effect.
 
-A spec names a plugin by a table, ``geometry = { kind = "hyperbolic", radius = 0.9 }``; validation
-finds the class registered under ``kind`` and validates the table with its ``Params``. The
-instance the pipeline uses is ``cls(params)``.
-
-With :mod:`geospec.kinds` (the contracts) this is the public API of plugin authors: the base
-classes, the ``Register`` callback type, and the fields a plugin uses to hold another plugin's
-table (``SmootherRef``, ``SolverRef``, ...), validated through the registry in effect.
+The base lives below the registry and this module above it, so that neither imports the other
+from inside a function (docs/architecture.md, "Rules").
 """
 
 from __future__ import annotations
 
-import typing
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Annotated, Any, Union
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    GetCoreSchemaHandler,
-    GetJsonSchemaHandler,
-    TypeAdapter,
-)
+from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler, TypeAdapter
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
-#: The callback every ``geospec_register_*`` hook receives: call it with each plugin class.
-Register = Callable[[type[Any]], None]
+from geospec.errors import PluginError
+from geospec.plugin_base import (
+    Plugin,
+    PluginParams,
+    PluginTableError,
+    Register,
+    as_table,
+    kind_of,
+)
+from geospec.registry.loading import get_registries
 
-
-class PluginParams(BaseModel):
-    """Base of every plugin's ``Params``: strict (unknown keys are errors) and immutable.
-
-    Subclasses declare ``kind: Literal["name"] = "name"`` and their own constrained, documented
-    fields (``Field(..., description=...)`` or attribute docstrings).
-    """
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False
-    )
-
-    kind: str
-
-
-class Plugin:
-    """Base of every plugin class: ``Params`` is its parameter model, ``params`` the values."""
-
-    Params: ClassVar[type[PluginParams]]
-    #: The hook that registers plugins of this kind (set by each contract in geospec.kinds).
-    register_hook: ClassVar[str]
-
-    def __init__(self, params: PluginParams | None = None) -> None:
-        self.params = params if params is not None else self.Params.model_validate({})
-
-    @classmethod
-    def kind_name(cls) -> str:
-        """The name this class is registered under: the literal default of ``Params.kind``."""
-        return kind_of(cls)
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{k}={v!r}" for k, v in self.params.model_dump().items() if k != "kind")
-        return f"{type(self).__name__}({fields})"
-
-
-def kind_of(cls: Any) -> str:
-    """Read the kind name a plugin class declares, or raise ``TypeError`` saying what is missing."""
-    params = getattr(cls, "Params", None)
-    if not (isinstance(params, type) and issubclass(params, BaseModel)):
-        raise TypeError(f"{cls!r} has no pydantic Params model")
-    field = params.model_fields.get("kind")
-    if field is None:
-        raise TypeError(f"{cls.__name__}.Params has no 'kind' field")
-    literal_values = typing.get_args(field.annotation) if _is_literal(field.annotation) else ()
-    if len(literal_values) != 1 or field.default != literal_values[0]:
-        raise TypeError(
-            f"{cls.__name__}.Params.kind must be declared as kind: Literal['name'] = 'name'"
-        )
-    value = literal_values[0]
-    if not isinstance(value, str) or not value:
-        raise TypeError(f"{cls.__name__}.Params.kind must be a non-empty string literal")
-    return value
-
-
-def _is_literal(annotation: Any) -> bool:
-    return typing.get_origin(annotation) is typing.Literal
-
-
-class PluginTableError(ValueError):
-    """A value that does not name a plugin of a kind; the message says what is expected."""
-
-
-def as_table(kind: str, value: Any) -> dict[str, Any]:
-    """A plugin named by its kind (``"raw"``), a table (``{"kind": "gw", ...}``) or validated
-    ``Params``, as a table with a ``kind`` string; or :class:`PluginTableError` saying why not."""
-    if isinstance(value, PluginParams):
-        value = value.model_dump()
-    if isinstance(value, str):
-        value = {"kind": value}
-    if not isinstance(value, Mapping):
-        raise PluginTableError(
-            f'a {kind} is named by its kind or a table such as {{ kind = "..." }}, '
-            f"not {type(value).__name__}"
-        )
-    if not isinstance(value.get("kind"), str):
-        raise PluginTableError(f"a {kind} table needs a 'kind' key naming the {kind}")
-    return dict(value)
+__all__ = [
+    "GeometryRef",
+    "ImportanceRef",
+    "LauncherRef",
+    "Plugin",
+    "PluginParams",
+    "PluginTable",
+    "PluginTableError",
+    "Register",
+    "ScheduleRef",
+    "SmootherRef",
+    "SolverRef",
+    "StatisticRef",
+    "TrackerRef",
+    "as_table",
+    "create_plugin",
+    "kind_of",
+]
 
 
 class PluginTable:
@@ -125,9 +63,6 @@ class PluginTable:
         )
 
     def _validate(self, value: Any, info: core_schema.ValidationInfo) -> PluginParams:
-        from geospec.errors import PluginError
-        from geospec.registry.loading import get_registries
-
         try:
             return get_registries().params(self.kind, value, context=info.context)
         except PluginTableError as error:
@@ -138,8 +73,6 @@ class PluginTable:
     def __get_pydantic_json_schema__(
         self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
-        from geospec.registry.loading import get_registries
-
         classes = [entry.cls.Params for entry in get_registries()[self.kind].entries.values()]
         if not classes:
             return {"type": "object", "description": f"no {self.kind} plugins are registered"}
@@ -173,6 +106,4 @@ else:
 def create_plugin(kind: str, table: Any) -> Any:
     """The instance of the plugin of ``kind`` that ``table`` names, from the registries in effect
     (a schedule holding a smoother table creates its smoother with this)."""
-    from geospec.registry.loading import get_registries
-
     return get_registries().create(kind, table)

@@ -2,7 +2,9 @@
 
 - the core never imports the builtin plugins: they arrive through the hooks like any plugin;
 - the builtins import only the public plugin API, as a third-party plugin would;
-- no import cycle among geospec's modules (imports at module level, type-only ones included);
+- no import cycle among geospec's modules, counting every import statement: at module level,
+  inside functions and methods (a late import hides a loop, it does not remove it), and type-only;
+- the report reads the run directory below the pipeline's stages, never through them;
 - a stage never imports the executor, nor a later stage;
 - the commands that only read specs, and ``--help``, never import torch or numpy.
 """
@@ -40,43 +42,50 @@ def module_name(path: Path, root: Path, package: str) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def package_modules(root: Path, package: str) -> dict[str, Path]:
+    return {module_name(p, root, package): p for p in sorted(root.rglob("*.py"))}
+
+
 def core_modules() -> dict[str, Path]:
-    return {module_name(p, CORE, "geospec"): p for p in sorted(CORE.rglob("*.py"))}
+    return package_modules(CORE, "geospec")
 
 
-def imports(path: Path, module_level_only: bool) -> Iterator[str]:
-    """Modules imported by ``path``: ``from a.b import c`` yields ``a.b.c`` when that is a module
-    of geospec, else ``a.b``. With ``module_level_only``, imports inside functions are skipped
-    (imports under ``if TYPE_CHECKING`` count: a type-only cycle is still a tangle)."""
-    modules = core_modules()
+def imports(path: Path, root: Path = CORE, package: str = "geospec") -> Iterator[str]:
+    """Modules imported by ``path`` (a module of ``package``, whose sources are under ``root``, or
+    a file outside it), by every import statement in it: at module level, inside functions and
+    methods, and under ``if TYPE_CHECKING`` (a type-only loop is still a tangle). ``from a.b
+    import c`` yields ``a.b.c`` when that is a module of ``package``, else ``a.b``."""
+    modules = package_modules(root, package)
     tree = ast.parse(path.read_text())
-    package = module_name(path, CORE, "geospec") if path.is_relative_to(CORE) else ""
+    base_package = module_name(path, root, package) if path.is_relative_to(root) else ""
     if path.name != "__init__.py":
-        package = package.rpartition(".")[0]
-
-    def walk(node: ast.AST) -> Iterator[ast.AST]:
-        for child in ast.iter_child_nodes(node):
-            if module_level_only and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            yield child
-            yield from walk(child)
-
-    for node in walk(tree):
+        base_package = base_package.rpartition(".")[0]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                levels = base_package.split(".")
+                base = ".".join(levels[: len(levels) - node.level + 1])
                 base = f"{base}.{node.module}" if node.module else base
             for alias in node.names:
                 candidate = f"{base}.{alias.name}"
                 yield candidate if candidate in modules else base
 
 
+def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` and the modules of ``package`` it imports (itself left out)."""
+    modules = package_modules(root, package)
+    return {
+        name: {i for i in imports(path, root, package) if i in modules and i != name}
+        for name, path in modules.items()
+    }
+
+
 def test_the_core_never_imports_the_builtin_plugins() -> None:
     offenders = {
-        name: sorted(i for i in imports(path, False) if i.split(".")[0] == "geospec_plugins")
+        name: sorted(i for i in imports(path) if i.split(".")[0] == "geospec_plugins")
         for name, path in core_modules().items()
     }
     assert {name: found for name, found in offenders.items() if found} == {}
@@ -85,7 +94,7 @@ def test_the_core_never_imports_the_builtin_plugins() -> None:
 def test_the_builtins_import_only_the_public_plugin_api() -> None:
     offenders = {}
     for path in sorted(BUILTINS.glob("*.py")):
-        used = {i for i in imports(path, False) if i.split(".")[0] == "geospec"}
+        used = {i for i in imports(path) if i.split(".")[0] == "geospec"}
         if used - PUBLIC_PLUGIN_API:
             offenders[path.name] = sorted(used - PUBLIC_PLUGIN_API)
     assert offenders == {}
@@ -114,12 +123,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_cycle_in_geospec() -> None:
-    modules = core_modules()
-    graph = {
-        name: {i for i in imports(path, True) if i in modules and i != name}
-        for name, path in modules.items()
-    }
-    assert find_cycle(graph) is None
+    assert find_cycle(import_graph(CORE, "geospec")) is None
 
 
 def test_find_cycle_finds_one() -> None:
@@ -127,12 +131,46 @@ def test_find_cycle_finds_one() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
+def test_an_import_inside_a_function_closes_a_loop(tmp_path: Path) -> None:
+    """A late import (in a function, a method, a type-only block) is an edge of the graph: the
+    loop it closes is found, and the same package without it has none."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text("from .. import c\n")
+    (package / "c.py").write_text("import os\n\n\ndef f():\n    return os.sep\n")
+    assert find_cycle(import_graph(package, "pkg")) is None
+    late = {
+        "in a function": "def f():\n    from pkg import a\n",
+        "in a method": "class C:\n    def m(self):\n        import pkg.a\n",
+        "type-only": "import typing\nif typing.TYPE_CHECKING:\n    from pkg.a import x\n",
+    }
+    for where, source in late.items():
+        (package / "c.py").write_text(source)
+        cycle = find_cycle(import_graph(package, "pkg"))
+        assert cycle == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"], where
+
+
+def test_the_report_reads_the_run_directory_below_the_stages() -> None:
+    """``report/`` reads artifacts through ``pipeline.run_dir`` (below both), never through a
+    stage module: the report stage imports ``report/``, so the other way would be a loop of
+    packages even where no two modules import each other."""
+    offenders = {
+        name: sorted(i for i in imports(path) if i.startswith("geospec.pipeline.stages"))
+        for name, path in core_modules().items()
+        if name.startswith("geospec.report.")
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
 def test_a_stage_imports_neither_the_executor_nor_a_later_stage() -> None:
     assert sorted(p.stem for p in (CORE / "pipeline" / "stages").glob("[!_]*.py")) == sorted(
         STAGE_ORDER
     )
     for index, stage in enumerate(STAGE_ORDER):
-        used = set(imports(CORE / "pipeline" / "stages" / f"{stage}.py", False))
+        used = set(imports(CORE / "pipeline" / "stages" / f"{stage}.py"))
         assert "geospec.pipeline.executor" not in used, stage
         later = {f"geospec.pipeline.stages.{s}" for s in STAGE_ORDER[index + 1 :]}
         assert not used & later, (stage, sorted(used & later))

@@ -273,6 +273,48 @@ def test_the_tokenizer_of_a_hub_id_is_read_from_the_cache(offline_cache: Path) -
         build_tokenizer(missing, [], offline_cache)
 
 
+def test_validate_notes_a_hub_commit_the_cache_does_not_hold(tmp_path: Path) -> None:
+    """With [model] given in full nothing needs the hub model before the run: a commit missing
+    from the Hugging Face cache is a note (once, though the tokenizer reads the same commit), not
+    an error. `geospec validate` in a fresh process, as a user runs it, with an empty
+    HF_HUB_CACHE and HF_HUB_OFFLINE=1: exit 0, the note, no torch or numpy; once the commit is in
+    the cache, no note."""
+    spec = minimal_spec(reference={"checkpoint": REPO, "revision": COMMIT})
+    spec["data"]["tokenizer"] = {"kind": "pretrained", "path": REPO, "revision": COMMIT}
+    path = tmp_path / "spec.toml"
+    path.write_text(tomlkit.dumps(spec))
+    cache = tmp_path / "cache"
+    script = (
+        "import sys\n"
+        "from geospec.cli import main\n"
+        f"sys.argv = ['geospec', 'validate', {str(path)!r}]\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n    assert not exit.code, exit.code\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'numpy'})\n"
+        "assert not heavy, heavy\n"
+    )
+    environment = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+
+    def notes() -> list[str]:
+        command = [sys.executable, "-c", script]
+        done = subprocess.run(command, env=environment, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"{path} is valid" in done.stdout
+        return [line for line in done.stdout.splitlines() if line.startswith("note: ")]
+
+    assert notes() == [
+        f"note: reference.revision: commit {COMMIT} of {REPO} is not in the Hugging Face cache "
+        f"({cache}); the run downloads it when it reads it; HF_HUB_OFFLINE=1 is set, so "
+        f"download it first: hf download {REPO} --revision {COMMIT}"
+    ]
+    files = tmp_path / "files"
+    files.mkdir()
+    config = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 32}
+    config |= {"num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 512}
+    (files / "config.json").write_text(json.dumps(config))
+    cache_as_hub_model(files, cache, REPO, COMMIT)
+    assert notes() == []
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_checkpoint_loads_straight_into_its_dtype(hub_cache: Path, dtype: str) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
-from geospec import __version__
 from geospec.cli.console import escape, stderr
 from geospec.disk import unplaced_out_of_space
 from geospec.errors import GeospecError
+from geospec.version import __version__
 
 #: Command name -> "module:function"; each module is imported only when its command runs.
 COMMANDS: dict[str, str] = {

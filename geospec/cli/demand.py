@@ -29,8 +29,7 @@ def demand(
     directory and prints the fits and which profiles track the demand. No arm is trained.
     """
     from geospec.errors import GeospecError
-    from geospec.pipeline.run_dir import DEMAND_FILE
-    from geospec.pipeline.stages.demand import read_demand
+    from geospec.pipeline.run_dir import DEMAND_FILE, read_demand
     from geospec.report.terminal import print_demand
 
     done = run_until("demand", spec_path, overrides, from_stage, out, adapt=_enabled)

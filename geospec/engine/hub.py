@@ -138,6 +138,27 @@ def check_hub_files(source: Source, filename: str) -> str:
     return path
 
 
+def uncached_note(source: Source) -> str | None:
+    """What ``geospec validate`` says (a note, not an error) of a hub source whose commit the
+    Hugging Face cache does not hold: the run downloads it when it reads it, which offline fails.
+    None for a local source or a cached commit."""
+    from huggingface_hub import constants
+
+    if not source.on_hub or source.revision in cached_commits(source.location):
+        return None
+    offline = (
+        f"; HF_HUB_OFFLINE=1 is set, so download it first: hf download {source.location} "
+        f"--revision {source.revision}"
+        if constants.HF_HUB_OFFLINE
+        else ""
+    )
+    return (
+        f"{source.revision_field}: commit {source.revision} of {source.location} is not in the "
+        f"Hugging Face cache ({constants.HF_HUB_CACHE}); the run downloads it when it reads it"
+        + offline
+    )
+
+
 def cached_commits(repo_id: str) -> list[str]:
     """The commits of a hub model that the Hugging Face cache holds."""
     from huggingface_hub import CacheNotFound, constants, scan_cache_dir

@@ -36,7 +36,7 @@ from rich.progress import (
 
 from geospec.errors import GeospecError, UsageError
 from geospec.kinds import Geometry, Statistic
-from geospec.plugin import PluginParams, PluginTableError, as_table
+from geospec.plugin_base import PluginParams, PluginTableError, as_table
 
 #: Fewer tokens than this make every statistic degenerate (and topology meaningless).
 MIN_TOKENS = 4

@@ -1,5 +1,7 @@
 """The run directory: artifact names, the stage-key record, who owns a training directory, the
-run's metadata, and one reader for JSON artifacts.
+run's metadata, one reader for JSON artifacts, and the readers of the optional stages' records
+(diagnostics.json, demand.json, prune.json: read by their stages, their commands and the report,
+which is why they live here, below both the stages and ``geospec.report``).
 
 Layout (docs/pipeline.md): ``spec.resolved.toml``, ``plugins.json``, ``env.json``, ``run.json``,
 ``stages.json``, ``reference/``, ``clouds/``, ``profiles.json``, ``diagnostics.json``,
@@ -23,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec import __version__
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import file_digest, seal_broken, sealed
 from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
 from geospec.errors import GeospecError, UsageError, last_line
+from geospec.version import __version__
 
 if TYPE_CHECKING:
     from geospec.pipeline.context import RunContext
@@ -91,6 +93,49 @@ def json_problem(path: Path, *keys: str) -> str | None:
     if seal_broken(data):
         return f"{shown} was changed after geospec wrote it"
     return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the optional stages' records
+
+#: What the demand measurement (keyed by the demand stage's compute key) consists of.
+MEASURED_KEYS = (
+    "loss",
+    "importance",
+    "keep",
+    "multiple",
+    "layers",
+    "additivity",
+    "orders",
+    "fallback",
+)
+#: What each optional stage's record holds at the top level: one without these keys, unreadable
+#: or changed after geospec sealed it is written again, and left out of the report until then.
+DIAGNOSTICS_KEYS = ("profiles", "loss", "layers", "additivity", "correlations", "keys")
+DEMAND_KEYS = ("profiles", *MEASURED_KEYS, "correlations", "keys")
+PRUNE_KEYS = ("keep", "baseline", "corpora", "reference", "budgets", "key")
+
+
+def _sound_record(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    if json_problem(path, *keys) is not None:
+        return None
+    data: dict[str, Any] = read_json(path)
+    return data
+
+
+def read_diagnostics(run_dir: Path) -> dict[str, Any] | None:
+    """The run's diagnostics.json, or None when the diagnose stage has not written a sound one."""
+    return _sound_record(Path(run_dir) / DIAGNOSTICS_FILE, DIAGNOSTICS_KEYS)
+
+
+def read_demand(run_dir: Path) -> dict[str, Any] | None:
+    """The run's demand.json, or None when the demand stage has not written a sound one."""
+    return _sound_record(Path(run_dir) / DEMAND_FILE, DEMAND_KEYS)
+
+
+def read_prune(run_dir: Path) -> dict[str, Any] | None:
+    """The run's prune.json, or None when the prune stage has not written a sound one."""
+    return _sound_record(Path(run_dir) / PRUNE_FILE, PRUNE_KEYS)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from geospec.errors import last_line
 from geospec.kinds import TrackedRun, Tracker
 from geospec.pipeline.keys import digest
-from geospec.plugin import PluginParams
+from geospec.plugin_base import PluginParams
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from geospec import __version__
 from geospec.errors import UsageError
 from geospec.kinds import Importance
 from geospec.measure.cut import (
@@ -35,6 +34,7 @@ from geospec.measure.cut import (
 )
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, mean_loss
+from geospec.version import __version__
 
 
 def calibration_windows(tokens: np.ndarray, seq_len: int, windows: int, seed: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from geospec.errors import PluginError
-from geospec.plugin import Plugin, kind_of
+from geospec.plugin_base import Plugin, kind_of
 
 
 def _first_words(text: str, limit: int = 120) -> str:

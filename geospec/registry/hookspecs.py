@@ -17,7 +17,7 @@ from __future__ import annotations
 import pluggy
 
 from geospec.kinds import KINDS
-from geospec.plugin import Register
+from geospec.plugin_base import Register
 
 hookspec = pluggy.HookspecMarker("geospec")
 hookimpl = pluggy.HookimplMarker("geospec")

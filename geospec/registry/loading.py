@@ -30,14 +30,14 @@ from typing import Any
 
 import pluggy
 
-from geospec import __version__
 from geospec.errors import PluginError
 from geospec.kinds import KINDS
-from geospec.plugin import Plugin, PluginParams, as_table
+from geospec.plugin_base import Plugin, PluginParams, as_table
 from geospec.registry import hookspecs
 from geospec.registry.entries import BrokenPlugin, Provider, Registry
 from geospec.registry.files import load_plugin_module, plugin_files, sha256
 from geospec.registry.hookspecs import REGISTER_HOOKS
+from geospec.version import __version__
 
 ENTRY_POINT_GROUP = "geospec"
 

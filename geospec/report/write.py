@@ -7,7 +7,13 @@ from typing import Any
 
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import sealed
-from geospec.pipeline.run_dir import REPORT_FILE, RESULTS_FILE
+from geospec.pipeline.run_dir import (
+    REPORT_FILE,
+    RESULTS_FILE,
+    read_demand,
+    read_diagnostics,
+    read_prune,
+)
 from geospec.report.results import build_results
 
 #: Figures the diagnose stage draws; the report shows those that exist.
@@ -18,9 +24,6 @@ DEMAND_PLOT = "plots/demand.png"
 
 def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
     """Write results.json, report.md and plots/ from the run directory's artifacts."""
-    from geospec.pipeline.stages.demand import read_demand
-    from geospec.pipeline.stages.diagnose import read_diagnostics
-    from geospec.pipeline.stages.prune import read_prune
     from geospec.report.markdown import markdown
 
     results = build_results(run_dir)

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from geospec.engine.model_size import count_params, total_ffn_params
 from geospec.spec.resolve import declared_vocab_size, measures, model_shape
-from geospec.spec.sections import Spec
+from geospec.spec.sections import PretrainedTokenizer, Spec
 
 
 def spec_summary(spec: Spec) -> Group:
@@ -114,6 +114,32 @@ def spec_summary(spec: Spec) -> Group:
     for arm in spec.prune.arms:
         pruning.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
     return Group(head, arms, pruning)
+
+
+def uncached_hub_notes(spec: Spec) -> list[str]:
+    """A note for each hub model the spec reads (``reference.checkpoint``, a pretrained
+    ``data.tokenizer.path``; once for both when they name the same commit) at a commit the
+    Hugging Face cache does not hold. Where ``[model]`` was filled from the checkpoint, its
+    config.json is cached by now (or validation failed), so the note is for a spec that gives
+    ``[model]`` in full."""
+    from geospec.engine.hub import Source, uncached_note
+
+    sources = []
+    if spec.reference.checkpoint is not None and spec.reference.revision is not None:
+        sources.append(
+            Source(spec.reference.checkpoint, "reference.checkpoint", spec.reference.revision)
+        )
+    tokenizer = spec.data.tokenizer
+    if isinstance(tokenizer, PretrainedTokenizer) and tokenizer.revision is not None:
+        sources.append(Source(tokenizer.path, "data.tokenizer.path", tokenizer.revision))
+    notes: list[str] = []
+    seen: set[tuple[str, str | None]] = set()
+    for source in sources:
+        if (source.location, source.revision) not in seen:
+            seen.add((source.location, source.revision))
+            if (note := uncached_note(source)) is not None:
+                notes.append(note)
+    return notes
 
 
 def plugin_call(params: dict[str, Any]) -> str:

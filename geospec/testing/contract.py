@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from geospec.plugin import Plugin
+from geospec.plugin_base import Plugin
 
 P = TypeVar("P", bound=Plugin)
 
@@ -16,7 +16,7 @@ class ContractError(AssertionError):
 def plugin_instance(cls: type[Any], kind: type[P], params: dict[str, Any] | None) -> P:
     """``cls(params)`` once ``cls`` is a subclass of its kind's contract with a valid ``Params``
     (docs/plugins.md: "every plugin"); :class:`ContractError` otherwise."""
-    from geospec.plugin import kind_of
+    from geospec.plugin_base import kind_of
 
     if not (isinstance(cls, type) and issubclass(cls, kind)):
         raise ContractError(f"{cls!r} is not a geospec.kinds.{kind.__name__} subclass")

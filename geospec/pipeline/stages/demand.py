@@ -27,7 +27,14 @@ from geospec.digests import sealed
 from geospec.errors import GeospecError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.run_dir import DEMAND_FILE, json_problem, read_json
+from geospec.pipeline.run_dir import (
+    DEMAND_FILE,
+    DEMAND_KEYS,
+    MEASURED_KEYS,
+    json_problem,
+    read_demand,
+    read_json,
+)
 from geospec.pipeline.stages.probe import Probe
 from geospec.report.stats import finite
 from geospec.spec.sections import DEMAND_PROFILES, DemandSpec, Spec
@@ -308,21 +315,6 @@ def correlations(
     return result
 
 
-#: What the measurement (keyed by the compute key) consists of.
-MEASURED_KEYS = (
-    "loss",
-    "importance",
-    "keep",
-    "multiple",
-    "layers",
-    "additivity",
-    "orders",
-    "fallback",
-)
-#: What demand.json holds at the top level (an unreadable or partial one is recomputed).
-DEMAND_KEYS = ("profiles", *MEASURED_KEYS, "correlations", "keys")
-
-
 def demand_problem(path: Path) -> str | None:
     """Why a demand.json that exists is written again: damaged, or fitted by an earlier geospec
     (its measurement is reused and fitted again)."""
@@ -336,15 +328,6 @@ def demand_problem(path: Path) -> str | None:
     ):
         return f"{path.name} holds fits of an earlier geospec; fitting its measurement again"
     return None
-
-
-def read_demand(run_dir: Path) -> dict[str, Any] | None:
-    """The run's demand.json, or None when the demand stage has not written a sound one."""
-    path = Path(run_dir) / DEMAND_FILE
-    if json_problem(path, *DEMAND_KEYS) is not None:
-        return None
-    data: dict[str, Any] = read_json(path)
-    return data
 
 
 def demand_profiles(run_dir: Path) -> dict[str, list[float]]:

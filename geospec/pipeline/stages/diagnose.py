@@ -27,7 +27,13 @@ from geospec.digests import sealed
 from geospec.errors import GeospecError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.run_dir import CLOUDS_DIR, DIAGNOSTICS_FILE, json_problem, read_json
+from geospec.pipeline.run_dir import (
+    CLOUDS_DIR,
+    DIAGNOSTICS_FILE,
+    DIAGNOSTICS_KEYS,
+    json_problem,
+    read_diagnostics,
+)
 from geospec.pipeline.stages.probe import Probe
 from geospec.report.stats import finite
 from geospec.spec.resolve import measures
@@ -221,19 +227,6 @@ def _pair(effect: Any) -> dict[str, Any]:
         "sum_of_singles": effect.singles,
         "interaction": effect.interaction,
     }
-
-
-#: What diagnostics.json holds at the top level (an unreadable or partial one is recomputed).
-DIAGNOSTICS_KEYS = ("profiles", "loss", "layers", "additivity", "correlations", "keys")
-
-
-def read_diagnostics(run_dir: Path) -> dict[str, Any] | None:
-    """The run's diagnostics.json, or None when the diagnose stage has not written a sound one."""
-    path = Path(run_dir) / DIAGNOSTICS_FILE
-    if json_problem(path, *DIAGNOSTICS_KEYS) is not None:
-        return None
-    data: dict[str, Any] = read_json(path)
-    return data
 
 
 def diagnostic_profiles(run_dir: Path) -> dict[str, list[float]]:

@@ -27,7 +27,7 @@ from geospec.disk import writing
 from geospec.errors import UsageError
 from geospec.pipeline.context import Done, Plan, RunContext
 from geospec.pipeline.keys import data_key, digest, section
-from geospec.pipeline.run_dir import PRUNE_DIR, PRUNE_FILE, json_problem, read_json
+from geospec.pipeline.run_dir import PRUNE_DIR, PRUNE_FILE, PRUNE_KEYS, json_problem, read_json
 from geospec.spec.sections import DataSpec, ModelSpec, PruneSpec, ReferenceSpec, Spec
 
 if TYPE_CHECKING:
@@ -320,8 +320,6 @@ def eval_data(data: DataSpec, corpus: str) -> DataSpec:
 UNIT_FILE = "result.json"
 MODEL_DIR = "model"
 HEAL_DIR = "heal"
-#: What prune.json holds at the top level.
-PRUNE_KEYS = ("keep", "baseline", "corpora", "reference", "budgets", "key")
 
 
 def unit_directory(run_dir: Path, keep: float, arm: str, seed: int) -> Path:
@@ -391,12 +389,3 @@ def gather(
         "reference": dict(reference),
         "budgets": budgets,
     }
-
-
-def read_prune(run_dir: Path) -> dict[str, Any] | None:
-    """The run's prune.json, or None when the prune stage has not written a sound one."""
-    path = Path(run_dir) / PRUNE_FILE
-    if json_problem(path, *PRUNE_KEYS) is not None:
-        return None
-    data: dict[str, Any] = read_json(path)
-    return data

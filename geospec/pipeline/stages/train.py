@@ -31,7 +31,7 @@ from geospec.pipeline.run_dir import (
     is_trained,
     record_submissions,
 )
-from geospec.plugin import PluginParams
+from geospec.plugin_base import PluginParams
 from geospec.spec.sections import DataSpec, ModelSpec, Spec, TrainSpec
 
 
