@@ -184,11 +184,11 @@ def test_finished_run_is_not_retrained(
 
 
 def _kill_after_first_checkpoint(
-    command: list[str], out: Path, env: dict[str, str], kill: str = "everything"
+    command: list[str], out: Path, env: dict[str, str]
 ) -> tuple[int, str]:
-    """Start ``command``; once a checkpoint exists, SIGKILL every process it started
-    (``"everything"``, as a machine that fails) or only the first (``"launcher"``); wait until
-    none runs. The step saved then and the processes' stderr."""
+    """Start ``command`` (one process, 400 steps); once a checkpoint exists, SIGKILL every
+    process it started, as a machine that fails; wait until none runs. The step saved then and
+    the processes' stderr."""
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
@@ -202,7 +202,7 @@ def _kill_after_first_checkpoint(
         time.sleep(0.005)
     time.sleep(0.05)  # let it run on: the kill may land anywhere, even inside a checkpoint write
     tree = process_tree(process.pid)
-    for pid in tree if kill == "everything" else tree[:1]:
+    for pid in tree:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     process.wait()
@@ -414,24 +414,102 @@ def test_two_processes_match_one(mode: str, tmp_path: Path) -> None:
         torch.testing.assert_close(a[key], b[key], atol=atol, rtol=1e-4)
 
 
+#: A tracker (a plugin file the torchrun test's spec names) that holds rank 0 in its log at step
+#: 50, after the checkpoint of step 25, until the test says go: the kill then lands at a known
+#: step however loaded the machine is. Polling for the first checkpoint instead lost the race
+#: under load (the 100 steps ran out before the poller woke: a flake seen once in 38 runs, then
+#: 3 times in 3 under scripts/repeat_test.py beside other work).
+PAUSE = """
+import os, time
+from pathlib import Path
+from typing import Literal
+from geospec import hookimpl
+from geospec.kinds import Tracker
+from geospec.plugin import PluginParams
+
+
+class Pause(Tracker):
+    class Params(PluginParams):
+        kind: Literal["pause"] = "pause"
+        directory: str
+
+    def start(self, run):
+        pass
+
+    def log(self, step, metrics):
+        if step == 50 and "loss" in metrics:
+            here = Path(self.params.directory)
+            (here / "paused").write_text(str(os.getpid()))
+            deadline = time.monotonic() + 120
+            while not (here / "go").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+    def end(self, result):
+        pass
+
+
+@hookimpl
+def geospec_register_trackers(register):
+    register(Pause)
+"""
+
+
+def _held_at_step_50(command: list[str], pause: Path, kill: str) -> str:
+    """Start ``command``; when its rank 0 is held at step 50, SIGKILL every process it started
+    (``"everything"``, as a machine that fails) or only the first (``"launcher"``), then let the
+    survivors go on; wait until none runs. The processes' stderr."""
+    process = subprocess.Popen(
+        command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not (pause / "paused").exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            _, stderr = process.communicate()
+            raise AssertionError(f"never held at step 50 (exit {process.returncode}):\n{stderr}")
+        time.sleep(0.01)
+    tree = process_tree(process.pid)
+    for pid in tree if kill == "everything" else tree[:1]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait()  # torchrun is gone: its workers are orphans now
+    (pause / "go").touch()
+    while any(alive(pid) for pid in tree):
+        assert time.monotonic() < deadline, f"still running after the kill: {tree}"
+        time.sleep(0.05)
+    return process.stderr.read().decode() if process.stderr else ""  # the workers wrote it too
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", ["everything", "launcher"])
 def test_a_killed_torchrun_run_resumes_under_torchrun_to_the_same_result(
     kill: str, workspace: tuple[Path, Spec, TokenData], tmp_path: Path
 ) -> None:
-    """torchrun and its 2 workers killed with SIGKILL after a checkpoint (or torchrun alone: its
-    workers checkpoint and stop by themselves at the next log interval), resumed by a new
-    torchrun: the same model as one uninterrupted process."""
-    spec_path, spec, data = workspace
+    """torchrun and its 2 workers killed with SIGKILL at step 50, after the checkpoint of step 25
+    (or torchrun alone: its workers see it gone at the next log step, 75, checkpoint and stop),
+    resumed by a new torchrun: the same model as one uninterrupted process."""
+    _, spec, data = workspace
+    pause = tmp_path / "pause"
+    pause.mkdir()
+    (tmp_path / "pause.py").write_text(PAUSE)
+    train = TRAIN | {"steps": 400, "trackers": [{"kind": "pause", "directory": str(pause)}]}
+    spec_path = write_small_spec(
+        tmp_path, "t", train, out=str(tmp_path / "run"), data=DATA, plugins=["pause.py"]
+    )
     out = tmp_path / "two"
-    command = _torchrun_command(spec_path, out, 100)
-    step, killed = _kill_after_first_checkpoint(command, out, _env(), kill)
-    # a failure says everything both torchruns wrote (a flake seen once in 38 runs left no output)
-    said = f"killed at step {step}; its stderr:\n{killed[-4000:]}"
-    assert 0 < step < 100 and not (out / "result.json").exists(), said
-    if kill == "launcher":  # log_interval 25: they noticed at the first log step after the kill
-        assert step in (50, 75), said
-        assert f"stopped by the exit of its launcher at step {step} of 100" in killed, said
+    killed = _held_at_step_50(_torchrun_command(spec_path, out, 100), pause, kill)
+    said = f"its stderr:\n{killed[-4000:]}"  # a failure says what both torchruns wrote
+    found = read_checkpoint(out)
+    assert found is not None and not (out / "result.json").exists(), said
+    step = int(found[1]["step"])
+    if kill == "everything":
+        assert step == 25, said  # killed while held at step 50, before its checkpoint
+    else:  # held at 50 past its stop check; they noticed at step 75, the next log step
+        assert step == 75, said
+        assert "stopped by the exit of its launcher at step 75 of 100" in killed, said
+    # "go" stays: the resumed run passes step 50 without being held
     status, resumed = _torchrun(spec_path, out, steps=100)
     said += f"\nthe resumed torchrun's stderr:\n{resumed[-4000:]}"
     assert status == 0, said
