@@ -183,33 +183,50 @@ def test_finished_run_is_not_retrained(
         train_model(spec.train, config, data, tmp_path, seed=1, steps=10)
 
 
-def _kill_after_first_checkpoint(
-    command: list[str], out: Path, env: dict[str, str]
-) -> tuple[int, str]:
-    """Start ``command`` (one process, 400 steps); once a checkpoint exists, SIGKILL every
-    process it started, as a machine that fails; wait until none runs. The step saved then and
-    the processes' stderr."""
+def _started_until(command: list[str], ready: Path, what: str) -> subprocess.Popen[bytes]:
+    """``command`` started in a session of its own, once ``ready`` exists (within 240 s; if it
+    ends or times out first, the failure says ``what`` and the processes' stderr)."""
     process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    deadline = time.monotonic() + 120
-    while not (out / STATE_FILE).exists():
+        command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not ready.exists():
         if process.poll() is not None or time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             _, stderr = process.communicate()
-            raise AssertionError(f"no checkpoint (exit {process.returncode}):\n{stderr.decode()}")
+            raise AssertionError(f"{what} (exit {process.returncode}):\n{stderr.decode()}")
         time.sleep(0.005)
-    time.sleep(0.05)  # let it run on: the kill may land anywhere, even inside a checkpoint write
+    return process
+
+
+def _killed(
+    process: subprocess.Popen[bytes], kill: str = "everything", then: Path | None = None
+) -> str:
+    """SIGKILL every process ``process`` started (``"everything"``, as a machine that fails) or
+    only the first (``"launcher"``); touch ``then`` (the survivors may go on); wait until none
+    runs. The processes' stderr (the workers wrote it too)."""
     tree = process_tree(process.pid)
-    for pid in tree:
+    for pid in tree if kill == "everything" else tree[:1]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    process.wait()
+    process.wait()  # the launcher is gone: its workers, if alive, are orphans now
+    if then is not None:
+        then.touch()
+    deadline = time.monotonic() + 120
     while any(alive(pid) for pid in tree):
         assert time.monotonic() < deadline, f"still running after the kill: {tree}"
         time.sleep(0.05)
-    stderr = process.stderr.read().decode() if process.stderr else ""  # the workers wrote it too
+    return process.stderr.read().decode() if process.stderr else ""
+
+
+def _kill_after_first_checkpoint(command: list[str], out: Path) -> tuple[int, str]:
+    """Start ``command`` (one process, 400 steps); once a checkpoint exists, SIGKILL it. The
+    step saved then and its stderr."""
+    process = _started_until(command, out / STATE_FILE, "no checkpoint")
+    time.sleep(0.05)  # let it run on: the kill may land anywhere, even inside a checkpoint write
+    stderr = _killed(process)
     found = read_checkpoint(out)
     assert found is not None, f"no readable checkpoint after the kill:\n{stderr[-4000:]}"
     return int(found[1]["step"]), stderr
@@ -226,7 +243,7 @@ def killed_run(
     """A real `geospec train` process killed with SIGKILL mid-training (400 steps planned)."""
     spec_path, _, _ = workspace
     out = tmp_path_factory.mktemp("killed") / "run"
-    step, _ = _kill_after_first_checkpoint(cli_command(spec_path, out), out, _env())
+    step, _ = _kill_after_first_checkpoint(cli_command(spec_path, out), out)
     assert not (out / "result.json").exists() and 0 < step < 400
     return out, step
 
@@ -454,34 +471,6 @@ def geospec_register_trackers(register):
 """
 
 
-def _held_at_step_50(command: list[str], pause: Path, kill: str) -> str:
-    """Start ``command``; when its rank 0 is held at step 50, SIGKILL every process it started
-    (``"everything"``, as a machine that fails) or only the first (``"launcher"``), then let the
-    survivors go on; wait until none runs. The processes' stderr."""
-    process = subprocess.Popen(
-        command, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 240
-    while not (pause / "paused").exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            _, stderr = process.communicate()
-            raise AssertionError(f"never held at step 50 (exit {process.returncode}):\n{stderr}")
-        time.sleep(0.01)
-    tree = process_tree(process.pid)
-    for pid in tree if kill == "everything" else tree[:1]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    process.wait()  # torchrun is gone: its workers are orphans now
-    (pause / "go").touch()
-    while any(alive(pid) for pid in tree):
-        assert time.monotonic() < deadline, f"still running after the kill: {tree}"
-        time.sleep(0.05)
-    return process.stderr.read().decode() if process.stderr else ""  # the workers wrote it too
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", ["everything", "launcher"])
 def test_a_killed_torchrun_run_resumes_under_torchrun_to_the_same_result(
@@ -499,7 +488,9 @@ def test_a_killed_torchrun_run_resumes_under_torchrun_to_the_same_result(
         tmp_path, "t", train, out=str(tmp_path / "run"), data=DATA, plugins=["pause.py"]
     )
     out = tmp_path / "two"
-    killed = _held_at_step_50(_torchrun_command(spec_path, out, 100), pause, kill)
+    command = _torchrun_command(spec_path, out, 100)
+    process = _started_until(command, pause / "paused", "never held at step 50")
+    killed = _killed(process, kill, then=pause / "go")
     said = f"its stderr:\n{killed[-4000:]}"  # a failure says what both torchruns wrote
     found = read_checkpoint(out)
     assert found is not None and not (out / "result.json").exists(), said
