@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
+import hf_models
 import numpy as np
 import pytest
+import tomlkit
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import transformers as hf
 
 from geospec.engine.distributed import DistContext, share_jobs, spread_over_ranks
 from geospec.engine.model import GPT, GPTConfig
@@ -25,6 +30,7 @@ from geospec.errors import GeospecError
 from geospec.measure.probe import find_ffn_sites, probe_clouds, sample_tokens
 from geospec.measure.sensitivity import additivity, layer_sensitivity, logits_of
 from geospec.measure.suffix import perturb_layers
+from geospec.testing import minimal_spec
 
 pytestmark = pytest.mark.torch
 
@@ -145,3 +151,64 @@ def test_jobs_are_shared_by_cost_and_every_job_has_one_rank() -> None:
 
 def test_one_process_computes_every_job_in_order() -> None:
     assert spread_over_ranks(4, lambda mine: [job * 10 for job in mine], None) == [0, 10, 20, 30]
+
+
+def pretrained_spec(tmp_path: Path, out: Path) -> Path:
+    """A tiny Llama checkpoint on disk with a word-level tokenizer, probed at the ffn site (so
+    diagnose probes the residual stream again): the same reference for one process and two."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model = tmp_path / "model"
+    vocab = {"[UNK]": 0, "</s>": 1} | {f"w{i}": i + 2 for i in range(95)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]"
+    ).save_pretrained(model)
+    hf_models.llama(intermediate_size=48).save_pretrained(model)
+    rng = np.random.default_rng(0)
+    lines = [json.dumps({"text": " ".join(f"w{j}" for j in rng.integers(0, 95, 60))})]
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines * 200))
+    spec = minimal_spec(
+        out=str(out),
+        data={"files": ["docs.jsonl"], "tokenizer": {"kind": "pretrained", "path": str(model)}},
+        reference={"checkpoint": str(model)},
+        probe={"tokens": 64, "site": "ffn", "batch_size": 2},
+        measure=[{"geometry": "raw", "statistic": "shift"}],
+        diagnose={"windows": 4, "batch_size": 1, "pairs": 2},
+        probe_only=True,
+    )
+    spec["model"] = {"seq_len": spec["model"]["seq_len"], "multiple_of": 16}
+    path = tmp_path / f"{out.name}.toml"
+    path.write_text(tomlkit.dumps(spec))
+    return path
+
+
+@pytest.mark.slow
+def test_torchrun_diagnose_writes_what_one_process_writes(tmp_path: Path) -> None:
+    """`geospec diagnose` under torchrun with 2 gloo processes: the probed clouds (their content
+    hashes in meta.json) and every number of diagnostics.json equal one process's."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    one, two = (
+        pretrained_spec(tmp_path, tmp_path / "one"),
+        pretrained_spec(tmp_path, tmp_path / "two"),
+    )
+    geospec = ["-m", "geospec", "diagnose"]
+    done = subprocess.run(
+        [sys.executable, *geospec, str(one)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    done = subprocess.run(
+        [*torchrun, "2", *geospec, str(two)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    meta = [
+        json.loads((tmp_path / run / "clouds" / "meta.json").read_text()) for run in ("one", "two")
+    ]
+    assert meta[0]["digests"] == meta[1]["digests"] and len(meta[0]["digests"]) == 3
+    found = [
+        json.loads((tmp_path / run / "diagnostics.json").read_text()) for run in ("one", "two")
+    ]
+    for part in ("profiles", "loss", "layers", "additivity", "correlations"):
+        assert found[0][part] == found[1][part], part

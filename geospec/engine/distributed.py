@@ -79,9 +79,9 @@ def end_with_launcher(interval: float = 1.0) -> None:
     """Under torchrun: end this process when its launcher (the elastic agent, its parent) exits.
 
     torchrun starts its workers in sessions of their own, so a launcher killed outright (SIGKILL,
-    the out-of-memory killer) leaves them running: rank 0 would probe or measure on alone for
-    hours, for nobody, while the other ranks wait for it in a barrier that outlasts any stage
-    (:data:`STAGE_TIMEOUT`), each holding its GPU. A daemon thread polls the parent every
+    the out-of-memory killer) leaves them running: they would probe or measure on for hours, for
+    nobody, then wait for each other in a barrier that outlasts any stage (:data:`STAGE_TIMEOUT`),
+    each holding its GPU. A daemon thread polls the parent every
     ``interval`` seconds; once it has changed, it sends this process SIGTERM, whose default action
     ends it at once, even inside a collective (every artifact is written atomically: the next run
     redoes only the stage that was cut short). While a model trains, the trainer's own SIGTERM
@@ -131,8 +131,9 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
-#: How long the other ranks wait for a stage that runs on rank 0 alone (probe, measure: a
-#: 24-layer measurement can take hours). ``GEOSPEC_STAGE_TIMEOUT_HOURS`` changes it.
+#: How long the other ranks wait for a stage that runs on rank 0 alone (demand, prune: a
+#: 24-layer model's cuts can take hours), and for each other's shares of probe, measure and
+#: diagnose, which can end hours apart. ``GEOSPEC_STAGE_TIMEOUT_HOURS`` changes it.
 STAGE_TIMEOUT = timedelta(hours=float(os.environ.get("GEOSPEC_STAGE_TIMEOUT_HOURS", "48")))
 _waiting: tuple[Any, Any] | None = None  # (the default group it belongs to, the gloo group)
 
