@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
-import transformers as hf
+from diagnose import smollm2_like  # benchmarks/diagnose.py (this folder is on sys.path)
 
 from geospec.engine.distributed import DistContext
 from geospec.measure.probe import find_ffn_sites, probe_clouds, sample_tokens
@@ -47,6 +47,8 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--ffn", type=int, default=688)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--windows", type=int, default=4, help="diagnose's loss windows")
@@ -54,27 +56,14 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pairs", type=int, default=16)
     parser.add_argument("--probe-windows", type=int, default=48)
     parser.add_argument("--probe-tokens", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="(set for the ranks)")
     return parser.parse_args(argv)
 
 
-def model(args: argparse.Namespace) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = hf.LlamaConfig(
-        vocab_size=args.vocab,
-        hidden_size=args.d_model,
-        intermediate_size=args.ffn,
-        num_hidden_layers=args.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max(2048, args.seq_len),
-    )
-    return hf.LlamaForCausalLM(config).eval()
-
-
 def stages(args: argparse.Namespace, ctx: DistContext | None) -> dict[str, Any]:
     """The probe and the perturbations, each timed: ``{stage: (seconds, values)}``."""
-    net = model(args)
+    net = smollm2_like(args)  # diagnose.py's model, at this benchmark's smaller shape
     tokens = np.random.default_rng(1).integers(0, args.vocab, 2 * args.probe_windows * args.seq_len)
     sample = sample_tokens(tokens, args.seq_len, args.probe_tokens, 2, args.probe_windows)
     started = time.perf_counter()

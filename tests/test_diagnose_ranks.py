@@ -22,7 +22,6 @@ import tomlkit
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import transformers as hf
 
 from geospec.engine.distributed import DistContext, share_jobs, spread_over_ranks
 from geospec.engine.model import GPT, GPTConfig
@@ -156,16 +155,8 @@ def test_one_process_computes_every_job_in_order() -> None:
 def pretrained_spec(tmp_path: Path, out: Path) -> Path:
     """A tiny Llama checkpoint on disk with a word-level tokenizer, probed at the ffn site (so
     diagnose probes the residual stream again): the same reference for one process and two."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     model = tmp_path / "model"
-    vocab = {"[UNK]": 0, "</s>": 1} | {f"w{i}": i + 2 for i in range(95)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    hf.PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]"
-    ).save_pretrained(model)
-    hf_models.llama(intermediate_size=48).save_pretrained(model)
+    hf_models.save_with_words(hf_models.llama(intermediate_size=48), model)
     rng = np.random.default_rng(0)
     lines = [json.dumps({"text": " ".join(f"w{j}" for j in rng.integers(0, 95, 60))})]
     (tmp_path / "docs.jsonl").write_text("\n".join(lines * 200))
