@@ -279,6 +279,8 @@ def _from_the_layer_on(
     def compute(mine: list[int]) -> list[tuple[float, float, list[float]]]:
         """Per job of ``mine``: the loss summed over the batches, the unperturbed loss so
         summed, and (a scaled layer) the summed losses of its pairs."""
+        if not mine:  # more ranks than jobs: nothing to walk for
+            return []
         totals = {job: 0.0 for job in mine}
         joint = {job: [0.0] * len(partners.get(job // 2, [])) * (job % 2 == 0) for job in mine}
         base = 0.0

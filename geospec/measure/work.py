@@ -139,9 +139,9 @@ def measure_profiles(
     every rank returns all the values, gathered: the values of one process, since each task is
     measured alone. A :class:`GeospecError` on any rank is raised on every rank.
 
-    ``device`` (a GPU: the run's): the distance matrices of the geometries that compute on any
-    device (``pairwise_on_device``, the builtins) are computed there in float32
-    (:func:`pairwise_distances`); None or the CPU: in float64 on the CPU.
+    ``device`` (a CUDA GPU: the run's): the distance matrices of the geometries that compute on
+    any device (``pairwise_on_device``, the builtins) are computed there in float32
+    (:func:`pairwise_distances`); None or any other device: in float64 on the CPU.
     """
     measurements = resolve_pairs(pairs)
     on = _distance_device(device)
@@ -446,11 +446,12 @@ def pairwise_distances(
 
 
 def _distance_device(device: str | torch.device | None) -> torch.device | None:
-    """Where distance matrices go: a GPU, or None (float64 on the CPU, also for device 'cpu')."""
+    """Where distance matrices go: a CUDA GPU, or None (float64 on the CPU, also for 'cpu' and
+    the devices no test has seen them computed on, such as 'mps')."""
     if device is None:
         return None
     resolved = torch.device(device)
-    return None if resolved.type == "cpu" else resolved
+    return resolved if resolved.type == "cuda" else None
 
 
 def _available_cpus() -> int:

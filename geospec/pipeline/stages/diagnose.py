@@ -229,8 +229,15 @@ class Diagnose:
         with stage_progress(
             run.console, run.say, "probing the residual stream", len(sample.windows), run.is_main
         ) as advance:
+            world = run.dist.world_size  # rank 0's bar counts its share for every rank's
             residual = self.probe.clouds(
-                model, width, data, sample, site="residual", progress=advance, dist=run.dist
+                model,
+                width,
+                data,
+                sample,
+                site="residual",
+                progress=lambda k: advance(k * world),
+                dist=run.dist,
             )
         norms: list[tuple[float, float]] = gather_stage_objects(
             residual_norms(residual) if run.is_main else None, run.dist
