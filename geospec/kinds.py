@@ -39,6 +39,12 @@ class Geometry(Plugin):
     """The hook that registers plugins of this kind."""
     #: Whether a global rescaling of both clouds changes the distances (True for ``raw``).
     scale_sensitive: ClassVar[bool] = False
+    #: Whether ``pairwise`` computes on the device of the points it is given (plain torch, no
+    #: numpy). On a run whose device is a GPU the measurement then hands it the prepared points
+    #: in float32 on that GPU and the statistics receive the matrix back in float64 on the CPU,
+    #: as always (True for the builtins; docs/engine.md bounds the difference). False: it gets
+    #: the float64 CPU points ``prepare`` gave, on any run.
+    pairwise_on_device: ClassVar[bool] = False
 
     def prepare(self, cloud: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -3,6 +3,9 @@
 Every geometry works in float64 on CPU tensors: ``prepare`` maps a cloud to its points,
 ``pairwise`` gives the n x n distance matrix of prepared points (exactly symmetric, zero
 diagonal) and ``paired`` the n distances between corresponding rows of two prepared clouds.
+``pairwise`` computes on the device of the points it is given (``pairwise_on_device``): on a GPU
+run the measurement hands it float32 points on the GPU, whose distances it computes from the
+differences of the points directly (:func:`euclidean_pairwise`).
 
 torch is imported inside the functions so that importing this module (``geospec validate``,
 ``geospec plugins``) stays light.
@@ -28,6 +31,7 @@ class Raw(Geometry):
     """Euclidean distance between the states as they are (scale-sensitive; a control)."""
 
     scale_sensitive: ClassVar[bool] = True
+    pairwise_on_device: ClassVar[bool] = True
 
     class Params(PluginParams):
         kind: Literal["raw"] = "raw"
@@ -48,6 +52,8 @@ class Spherical(Geometry):
     Angles are computed from chord lengths (2 asin(|u - v| / 2)), which keeps small angles
     accurate where arccos of a dot product near 1 would lose half the digits.
     """
+
+    pairwise_on_device: ClassVar[bool] = True
 
     class Params(PluginParams):
         kind: Literal["spherical"] = "spherical"
@@ -73,6 +79,8 @@ class Hyperbolic(Geometry):
     equal to geoopt's ``PoincareBall(c).dist``. With every state at the same radius it is a
     non-linear, increasing re-weighting of the angle between states.
     """
+
+    pairwise_on_device: ClassVar[bool] = True
 
     class Params(PluginParams):
         kind: Literal["hyperbolic"] = "hyperbolic"
@@ -143,11 +151,17 @@ CHUNK = 8192
 def euclidean_pairwise(points: torch.Tensor) -> torch.Tensor:
     """Euclidean distances between all rows, exactly symmetric with a zero diagonal.
 
-    Computed from the Gram matrix of the centred rows, |x|^2 + |y|^2 - 2<x, y>, which is fast
-    (one matrix product) but loses digits to cancellation when x and y are close: centring
-    (distances do not change) helps for clouds far from the origin, and the few close pairs
-    are recomputed directly as |x - y|^2, so every distance has full relative precision.
+    In float64 (the CPU path) computed from the Gram matrix of the centred rows,
+    |x|^2 + |y|^2 - 2<x, y>, which is fast (one matrix product) but loses digits to cancellation
+    when x and y are close: centring (distances do not change) helps for clouds far from the
+    origin, and the few close pairs are recomputed directly as |x - y|^2, so every distance has
+    full relative precision. In float32 (points on a GPU) the cancellation would cost too many of
+    float32's digits: every distance is computed from the differences directly.
     """
+    import torch
+
+    if points.dtype != torch.float64:
+        return direct_pairwise(points)
     centred = points - points.mean(dim=0)
     norms = centred.square().sum(dim=1)
     squared = norms[:, None] + norms[None, :] - 2 * (centred @ centred.T)
@@ -161,6 +175,17 @@ def euclidean_pairwise(points: torch.Tensor) -> torch.Tensor:
         squared[b, a] = exact
     squared.fill_diagonal_(0.0)
     return squared.sqrt_()
+
+
+def direct_pairwise(points: torch.Tensor) -> torch.Tensor:
+    """|x - y| for all rows from the differences themselves (no Gram matrix, no cancellation),
+    exactly symmetric with a zero diagonal: each distance is within (d/2 + 5) 2^-24 (|x| + |y|)
+    of the exact one in float32 (docs/engine.md)."""
+    import torch
+
+    distances = torch.cdist(points, points, compute_mode="donot_use_mm_for_euclid_dist")
+    distances = (distances + distances.T).mul_(0.5)
+    return distances.fill_diagonal_(0.0)
 
 
 @hookimpl

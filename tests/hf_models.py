@@ -80,3 +80,17 @@ def qwen2(seed: int = 0) -> torch.nn.Module:
         **SPECIAL_IDS,
     )
     return hf.Qwen2ForCausalLM(config).eval()
+
+
+def save_with_words(model: torch.nn.Module, directory: object) -> None:
+    """``model`` and a word-level tokenizer (words w0..w94, "[UNK]" 0, "</s>" 1: the VOCAB ids)
+    saved in one directory, as a pretrained checkpoint on disk is."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "</s>": 1} | {f"w{i}": i + 2 for i in range(VOCAB - 2)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]"
+    ).save_pretrained(directory)
+    model.save_pretrained(directory)

@@ -188,6 +188,8 @@ class Euclid(Geometry):
     def pairwise(self, points: Any) -> Any:
         import torch
 
+        if self.flaw == "float64_only" and points.dtype != torch.float64:
+            raise TypeError("expected float64 points")
         distances = torch.cdist(points, points)
         distances.fill_diagonal_(0.0)
         if self.flaw == "square":
@@ -231,6 +233,15 @@ def test_a_broken_geometry_fails_the_rule_it_breaks(flaw: str, rule: str) -> Non
 def test_a_geometry_that_misdeclares_its_scale_sensitivity_fails() -> None:
     rule = "scale_sensitive must say whether rescaling both clouds changes the distances"
     fails(testing.check_geometry, flawed(Euclid, "", scale_sensitive=False), rule)
+
+
+@pytest.mark.torch
+def test_a_geometry_on_any_device_must_compute_on_float32_points() -> None:
+    rule = "pairwise_on_device is True, but pairwise fails on float32 points"
+    fails(testing.check_geometry, flawed(Euclid, "float64_only", pairwise_on_device=True), rule)
+    # without the claim, the same geometry is sound: it gets float64 CPU points on any run
+    testing.check_geometry(flawed(Euclid, "float64_only"))
+    testing.check_geometry(flawed(Euclid, "", pairwise_on_device=True))
 
 
 class MeanShift(Statistic):

@@ -119,16 +119,7 @@ def test_keys_record_the_commit_and_the_dtype(tmp_path: Path) -> None:
 
 def save_model(directory: Path) -> None:
     """A tiny random Llama and a word-level tokenizer (words w0..w94) in one directory."""
-    import transformers as hf
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[UNK]": 0, "</s>": 1} | {f"w{i}": i + 2 for i in range(95)}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    hf.PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]"
-    ).save_pretrained(directory)
-    hf_models.llama().save_pretrained(directory)
+    hf_models.save_with_words(hf_models.llama(), directory)
 
 
 def cache_as_hub_model(files: Path, cache: Path, repo_id: str, commit: str) -> None:

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -79,9 +79,9 @@ def end_with_launcher(interval: float = 1.0) -> None:
     """Under torchrun: end this process when its launcher (the elastic agent, its parent) exits.
 
     torchrun starts its workers in sessions of their own, so a launcher killed outright (SIGKILL,
-    the out-of-memory killer) leaves them running: rank 0 would probe or measure on alone for
-    hours, for nobody, while the other ranks wait for it in a barrier that outlasts any stage
-    (:data:`STAGE_TIMEOUT`), each holding its GPU. A daemon thread polls the parent every
+    the out-of-memory killer) leaves them running: they would probe or measure on for hours, for
+    nobody, then wait for each other in a barrier that outlasts any stage (:data:`STAGE_TIMEOUT`),
+    each holding its GPU. A daemon thread polls the parent every
     ``interval`` seconds; once it has changed, it sends this process SIGTERM, whose default action
     ends it at once, even inside a collective (every artifact is written atomically: the next run
     redoes only the stage that was cut short). While a model trains, the trainer's own SIGTERM
@@ -131,8 +131,9 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
-#: How long the other ranks wait for a stage that runs on rank 0 alone (probe, measure: a
-#: 24-layer measurement can take hours). ``GEOSPEC_STAGE_TIMEOUT_HOURS`` changes it.
+#: How long the other ranks wait for a stage that runs on rank 0 alone (demand, prune: a
+#: 24-layer model's cuts can take hours), and for each other's shares of probe, measure and
+#: diagnose, which can end hours apart. ``GEOSPEC_STAGE_TIMEOUT_HOURS`` changes it.
 STAGE_TIMEOUT = timedelta(hours=float(os.environ.get("GEOSPEC_STAGE_TIMEOUT_HOURS", "48")))
 _waiting: tuple[Any, Any] | None = None  # (the default group it belongs to, the gloo group)
 
@@ -158,6 +159,67 @@ def gather_stage_objects(value: Any, ctx: DistContext) -> list[Any]:
     out: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(out, value, group=_stage_group())
     return out
+
+
+def share_jobs(count: int, world_size: int, costs: Sequence[float] | None = None) -> list[int]:
+    """The rank that does each of ``count`` jobs: round robin, or (with ``costs``, one per job)
+    the costliest first, each to the rank with the least work so far (the lowest rank on a tie):
+    the same answer on every rank."""
+    if costs is None:
+        return [job % world_size for job in range(count)]
+    owners = [0] * count
+    load = [0.0] * world_size
+    for job in sorted(range(count), key=lambda job: -costs[job]):  # stable: ties in job order
+        rank = min(range(world_size), key=lambda rank: load[rank])
+        owners[job] = rank
+        load[rank] += costs[job]
+    return owners
+
+
+def spread_over_ranks(
+    count: int,
+    compute: Callable[[list[int]], list[T]],
+    ctx: DistContext | None,
+    costs: Sequence[float] | None = None,
+    to_main: bool = False,
+) -> list[T]:
+    """Jobs ``0 .. count - 1`` shared among torchrun's ranks (:func:`share_jobs`): each rank calls
+    ``compute(mine)`` once, which returns the results of its jobs in that order, and gets back
+    every job's result in job order (with ``to_main``, rank 0 alone does and the other ranks get
+    an empty list: for results too large to hold on every rank, such as probed clouds).
+
+    Outside torchrun, ``compute`` gets every job. A job computed alone gives the same value on
+    any rank, so the results are the values of one process. A :class:`GeospecError` on any rank
+    is raised on every rank (none is left waiting for one that failed). The results travel
+    through the gloo group of :func:`gather_stage_objects`, which outlasts shares that end hours
+    apart.
+    """
+    if ctx is None or not ctx.enabled:
+        return compute(list(range(count)))
+    owners = share_jobs(count, ctx.world_size, costs)
+    mine = [job for job in range(count) if owners[job] == ctx.rank]
+    results: list[T] = []
+    failure: GeospecError | None = None
+    try:
+        results = compute(mine)
+    except GeospecError as error:
+        failure = error  # said on every rank below
+    failures = [error for error in gather_stage_objects(failure, ctx) if error is not None]
+    if failures:
+        raise failures[0]
+    if to_main:
+        shares: list[Any] = [None] * ctx.world_size if ctx.is_main else []
+        dist.gather_object(results, shares or None, dst=0, group=_stage_group())
+        if not ctx.is_main:
+            return []
+    else:
+        shares = gather_stage_objects(results, ctx)
+    ordered: list[T] = [None] * count  # type: ignore[list-item]  # every job is filled below
+    for rank, share in enumerate(shares):
+        jobs = [job for job in range(count) if owners[job] == rank]
+        for job, result in zip(jobs, share, strict=True):
+            ordered[job] = result
+    return ordered
 
 
 def _stage_group() -> Any:

@@ -124,13 +124,15 @@ class LogProgress:
 
 @contextmanager
 def stage_progress(
-    console: Console, say: Callable[[str], None], what: str, total: int
+    console: Console, say: Callable[[str], None], what: str, total: int, shown: bool = True
 ) -> Iterator[Callable[[int], None]]:
     """Progress of one long loop of a stage, advanced by the function it yields: a transient bar
-    on a terminal, a :class:`LogProgress` line every few seconds otherwise (logs, batch jobs)."""
-    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+    on a terminal, a :class:`LogProgress` line every few seconds otherwise (logs, batch jobs);
+    nothing when not ``shown`` (the ranks other than 0 under torchrun)."""
+    terminal = console.is_terminal
+    with Progress(console=console, transient=True, disable=not (shown and terminal)) as bar:
         task = bar.add_task(what, total=total)
-        log = LogProgress(say, what, total, enabled=not console.is_terminal)
+        log = LogProgress(say, what, total, enabled=shown and not terminal)
 
         def advance(done: int = 1) -> None:
             bar.advance(task, done)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from geospec.engine.distributed import DistContext, spread_over_ranks
 from geospec.errors import GeospecError
 
 
@@ -195,6 +196,10 @@ def sample_tokens(
     )
 
 
+#: One batch's capture: per layer, the states the hooks kept of its tokens, before and after.
+Captured = tuple[list[list[torch.Tensor]], list[list[torch.Tensor]]]
+
+
 @contextmanager
 def _capture(
     sites: Sequence[FFNSite], site: str, select: Callable[[torch.Tensor], torch.Tensor]
@@ -244,12 +249,19 @@ def probe_clouds(
     batch_size: int = 8,
     forward: Callable[[nn.Module, torch.Tensor], Any] | None = None,
     progress: Callable[[int], None] | None = None,
+    dist: DistContext | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run the model over the sampled windows and return one (x, y) cloud pair per layer.
 
     ``forward(model, ids)`` runs the model on a batch of token ids (default: ``model(ids)``;
     Hugging Face models are called with ``use_cache=False``). ``progress(k)`` is told how many
     windows each batch processed.
+
+    ``dist`` (under torchrun, every rank calling this with the same model and sample): each rank
+    runs its share of the batches of windows (round robin) and rank 0 returns the clouds, their
+    tokens in the order of one process; the other ranks return an empty list (the clouds of a
+    large model are large: only the rank that writes them holds them all). A batch is the same
+    windows on any rank, so the clouds are those of one process.
     """
     if site not in ("residual", "ffn"):
         raise ProbeError(f"unknown probe site {site!r} (residual or ffn)")
@@ -262,31 +274,43 @@ def probe_clouds(
     model.eval()
     window_index = torch.as_tensor(sample.window_index)
     positions = torch.as_tensor(sample.positions)
-    with torch.no_grad():
-        batches = []
-        for start in range(0, len(windows), batch_size):
-            stop = min(start + batch_size, len(windows))
-            mask = (window_index >= start) & (window_index < stop)
-            rows, cols = window_index[mask] - start, positions[mask]
-            batches.append((start, stop, rows, cols))
-        xs_all: list[list[torch.Tensor]] = [[] for _ in sites]
-        ys_all: list[list[torch.Tensor]] = [[] for _ in sites]
-        for start, stop, rows, cols in batches:
-            if len(rows) == 0:
-                continue
-            index = (rows.to(device), cols.to(device))
+    batches = []
+    for start in range(0, len(windows), batch_size):
+        stop = min(start + batch_size, len(windows))
+        mask = (window_index >= start) & (window_index < stop)
+        batches.append((start, stop, window_index[mask] - start, positions[mask]))
 
-            def select(t: torch.Tensor, index: tuple[torch.Tensor, ...] = index) -> torch.Tensor:
-                return t[index]
+    def capture(mine: list[int]) -> list[Captured]:
+        """Per batch of ``mine``: what each layer's hooks kept of its tokens, before and after."""
+        captured: list[Captured] = []
+        with torch.no_grad():
+            for batch in mine:
+                start, stop, rows, cols = batches[batch]
+                if len(rows) == 0:
+                    captured.append(([[] for _ in sites], [[] for _ in sites]))
+                    continue
+                index = (rows.to(device), cols.to(device))
 
-            with _capture(sites, site, select) as (xs, ys):
-                run(model, windows[start:stop])
-            for i in range(len(sites)):
-                xs_all[i] += xs[i]
-                ys_all[i] += ys[i]
-            if progress is not None:
-                progress(stop - start)
-    return [(torch.cat(x), torch.cat(y)) for x, y in zip(xs_all, ys_all, strict=True)]
+                def select(t: torch.Tensor, index: tuple[torch.Tensor, ...] = index) -> Any:
+                    return t[index]
+
+                with _capture(sites, site, select) as (xs, ys):
+                    run(model, windows[start:stop])
+                captured.append((xs, ys))
+                if progress is not None:
+                    progress(stop - start)
+        return captured
+
+    captured = spread_over_ranks(len(batches), capture, dist, to_main=True)
+    if dist is not None and not dist.is_main:
+        return []
+    return [
+        (
+            torch.cat([t for xs, _ in captured for t in xs[layer]]),
+            torch.cat([t for _, ys in captured for t in ys[layer]]),
+        )
+        for layer in range(len(sites))
+    ]
 
 
 def _default_forward(model: nn.Module, ids: torch.Tensor) -> Any:

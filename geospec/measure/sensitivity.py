@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from geospec.engine.distributed import DistContext, spread_over_ranks
 from geospec.measure.probe import FFNSite
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -151,17 +152,27 @@ def layer_sensitivity(
     eps: float,
     loss: LossFn = next_token_loss,
     progress: Callable[[int], None] | None = None,
+    dist: DistContext | None = None,
 ) -> Sensitivity:
-    """Loss increase when each layer's FFN sub-layer output is scaled by (1 - eps) and by 0."""
+    """Loss increase when each layer's FFN sub-layer output is scaled by (1 - eps) and by 0.
+
+    ``dist`` (under torchrun, every rank calling this with the same model and batches): each
+    rank runs its share of the perturbations and every rank returns all of them, the values of
+    one process (each perturbation's loss is computed alone, over the same batches in order)."""
     base = mean_loss(model, batches, loss=loss)
-    scaled: list[float] = []
-    removed: list[float] = []
-    for layer in range(len(sites)):
-        for factor, store in ((1.0 - eps, scaled), (0.0, removed)):
-            store.append(mean_loss(model, batches, sites, {layer: factor}, loss) - base)
+    jobs = [(layer, factor) for layer in range(len(sites)) for factor in (1.0 - eps, 0.0)]
+
+    def compute(mine: list[int]) -> list[float]:
+        changes = []
+        for job in mine:
+            layer, factor = jobs[job]
+            changes.append(mean_loss(model, batches, sites, {layer: factor}, loss) - base)
             if progress is not None:
                 progress(1)
-    return Sensitivity(base, eps, scaled, removed)
+        return changes
+
+    changes = spread_over_ranks(len(jobs), compute, dist)
+    return Sensitivity(base, eps, changes[0::2], changes[1::2])
 
 
 @dataclass(frozen=True)
@@ -219,15 +230,26 @@ def additivity(
     pairs: Sequence[tuple[int, int]],
     loss: LossFn = next_token_loss,
     progress: Callable[[int], None] | None = None,
+    dist: DistContext | None = None,
 ) -> Additivity:
-    """Perturb both layers of each pair by (1 - eps) and compare with the sum of the singles."""
+    """Perturb both layers of each pair by (1 - eps) and compare with the sum of the singles
+    (``dist``: the pairs shared among torchrun's ranks, as in :func:`layer_sensitivity`)."""
     scale = 1.0 - sensitivity.eps
-    effects = []
-    for i, j in pairs:
-        joint = mean_loss(model, batches, sites, {i: scale, j: scale}, loss) - sensitivity.base
-        singles = sensitivity.scale[i] + sensitivity.scale[j]
-        effects.append(PairEffect((i, j), joint, singles))
-        if progress is not None:
-            progress(1)
+
+    def compute(mine: list[int]) -> list[float]:
+        joints = []
+        for index in mine:
+            i, j = pairs[index]
+            scales = {i: scale, j: scale}
+            joints.append(mean_loss(model, batches, sites, scales, loss) - sensitivity.base)
+            if progress is not None:
+                progress(1)
+        return joints
+
+    joints = spread_over_ranks(len(pairs), compute, dist)
+    effects = [
+        PairEffect((i, j), joint, sensitivity.scale[i] + sensitivity.scale[j])
+        for (i, j), joint in zip(pairs, joints, strict=True)
+    ]
     fit = r_squared([e.joint for e in effects], [e.singles for e in effects])
     return Additivity(scale, effects, fit)

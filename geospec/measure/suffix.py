@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from geospec.engine.distributed import DistContext, spread_over_ranks
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import (
     Additivity,
@@ -207,12 +208,20 @@ def perturb_layers(
     pairs: Sequence[tuple[int, int]],
     loss: LossFn = next_token_loss,
     progress: Callable[[int], None] | None = None,
+    dist: DistContext | None = None,
 ) -> Perturbations:
     """:func:`~geospec.measure.sensitivity.layer_sensitivity` and
     :func:`~geospec.measure.sensitivity.additivity` of ``pairs``, computed from each perturbed
     layer on (full forward passes where the model fails :func:`suffix_problem`). ``progress``
     counts one perturbation of one batch as 1: ``len(batches) * (2 * layers + len(pairs))`` in
-    all."""
+    all.
+
+    ``dist`` (under torchrun, every rank calling this with the same model and batches): each rank
+    runs its share of the perturbations (a layer scaled with the pairs that start from it, or a
+    layer removed; shared by their cost, the layers they run) and every rank returns all of them.
+    Each perturbation's losses are computed alone, batch by batch in order, so the values are
+    those of one process; every rank walks the unperturbed stack itself (one forward pass per
+    batch), which the perturbations start from."""
     runner = SuffixRunner(model, sites, loss)
     was_training = model.training
     model.eval()
@@ -222,12 +231,12 @@ def perturb_layers(
                 inputs, targets = batches[0]
                 problem = suffix_problem(runner, (inputs[:1], targets[:1]))
                 if problem is None:
-                    return _from_the_layer_on(runner, batches, eps, pairs, progress)
+                    return _from_the_layer_on(runner, batches, eps, pairs, progress, dist)
             else:
                 problem = "no batches"
         per_pass = None if progress is None else (lambda k: progress(k * len(batches)))
-        single = layer_sensitivity(model, sites, batches, eps, loss, per_pass)
-        pair_effects = additivity(model, sites, batches, single, pairs, loss, per_pass)
+        single = layer_sensitivity(model, sites, batches, eps, loss, per_pass, dist)
+        pair_effects = additivity(model, sites, batches, single, pairs, loss, per_pass, dist)
         return Perturbations(single, pair_effects, problem)
     finally:
         model.train(was_training)
@@ -239,14 +248,20 @@ def _from_the_layer_on(
     eps: float,
     pairs: Sequence[tuple[int, int]],
     progress: Callable[[int], None] | None,
+    dist: DistContext | None = None,
 ) -> Perturbations:
     layers = len(runner.sites)
     scale = 1.0 - eps
     partners: dict[int, list[tuple[int, int]]] = {}  # i -> (index in pairs, j) of each pair (i, j)
     for index, (i, j) in enumerate(pairs):
         partners.setdefault(i, []).append((index, j))
-    base, count = 0.0, 0
-    scaled, removed, joint = [0.0] * layers, [0.0] * layers, [0.0] * len(pairs)
+    # Job 2 l: layer l scaled by 1 - eps, with the pairs (l, j) that run on from it; job 2 l + 1:
+    # layer l removed. A run from layer l on costs the layers after it and the output head.
+    costs = []
+    for layer in range(layers):
+        after = layers - layer
+        costs += [after + sum(layers - j for _, j in partners.get(layer, [])), after]
+    count = sum(batch[1].numel() for batch in batches)
 
     def advance() -> None:
         if progress is not None:
@@ -261,28 +276,47 @@ def _from_the_layer_on(
         advance()
         return value, kept
 
-    for batch in batches:
-        count += batch[1].numel()
-        state = None
-        for layer in range(layers):
-            last = layer == layers - 1
-            value, walked = runner.run(
-                batch, layer - 1, state, keep=(layer,), stop=None if last else layer
-            )
-            if last:
-                assert value is not None
-                base += value
-            own = partners.get(layer, [])
-            value, kept = loss_from(batch, layer, walked[layer], scale, [j for _, j in own])
-            scaled[layer] += value
-            removed[layer] += loss_from(batch, layer, walked[layer], 0.0)[0]
-            for index, j in own:
-                joint[index] += loss_from(batch, j, kept[j], scale)[0]
-            state = walked[layer][1]
+    def compute(mine: list[int]) -> list[tuple[float, float, list[float]]]:
+        """Per job of ``mine``: the loss summed over the batches, the unperturbed loss so
+        summed, and (a scaled layer) the summed losses of its pairs."""
+        if not mine:  # more ranks than jobs: nothing to walk for
+            return []
+        totals = {job: 0.0 for job in mine}
+        joint = {job: [0.0] * len(partners.get(job // 2, [])) * (job % 2 == 0) for job in mine}
+        base = 0.0
+        for batch in batches:
+            state = None
+            for layer in range(layers):
+                last = layer == layers - 1
+                value, walked = runner.run(
+                    batch, layer - 1, state, keep=(layer,), stop=None if last else layer
+                )
+                if last:
+                    assert value is not None
+                    base += value
+                own = partners.get(layer, [])
+                if 2 * layer in totals:
+                    value, kept = loss_from(batch, layer, walked[layer], scale, [j for _, j in own])
+                    totals[2 * layer] += value
+                    for slot, (_, j) in enumerate(own):
+                        joint[2 * layer][slot] += loss_from(batch, j, kept[j], scale)[0]
+                if 2 * layer + 1 in totals:
+                    totals[2 * layer + 1] += loss_from(batch, layer, walked[layer], 0.0)[0]
+                state = walked[layer][1]
+        return [(totals[job], base, joint[job]) for job in mine]
+
+    results = spread_over_ranks(2 * layers, compute, dist, costs)
+    base = results[0][1] if results else 0.0
     mean = base / count
+    scaled = [results[2 * layer][0] for layer in range(layers)]
+    removed = [results[2 * layer + 1][0] for layer in range(layers)]
     single = Sensitivity(
         mean, eps, [t / count - mean for t in scaled], [t / count - mean for t in removed]
     )
+    joint = [0.0] * len(pairs)
+    for layer, own in partners.items():
+        for (index, _), total in zip(own, results[2 * layer][2], strict=True):
+            joint[index] = total
     effects = [
         PairEffect((i, j), total / count - mean, single.scale[i] + single.scale[j])
         for (i, j), total in zip(pairs, joint, strict=True)

@@ -114,6 +114,7 @@ def measure_profiles(
     workers: int | None = None,
     progress: bool | None = None,
     dist: DistContext | None = None,
+    device: str | torch.device | None = None,
 ) -> dict[str, list[float]]:
     """Measure every profile on every layer: ``{profile: [one float per layer]}``.
 
@@ -137,8 +138,13 @@ def measure_profiles(
     its share of the (layer, geometry) tasks, round robin, with its share of the CPU cores, and
     every rank returns all the values, gathered: the values of one process, since each task is
     measured alone. A :class:`GeospecError` on any rank is raised on every rank.
+
+    ``device`` (a CUDA GPU: the run's): the distance matrices of the geometries that compute on
+    any device (``pairwise_on_device``, the builtins) are computed there in float32
+    (:func:`pairwise_distances`); None or any other device: in float64 on the CPU.
     """
     measurements = resolve_pairs(pairs)
+    on = _distance_device(device)
     checked = [check_clouds(x, y, _where(layer)) for layer, (x, y) in enumerate(clouds)]
     groups = _group_by_geometry(measurements)
     for layer, (x, y) in enumerate(checked):
@@ -152,6 +158,7 @@ def measure_profiles(
             geometry,
             tuple(m.statistic for m in group),
             tuple(m.profile for m in group),
+            on,
         )
         for layer, (x, y) in enumerate(checked)
         for geometry, group in groups
@@ -195,6 +202,7 @@ def measure_replicates(
     workers: int | None = None,
     progress: bool | None = None,
     dist: DistContext | None = None,
+    device: str | torch.device | None = None,
 ) -> dict[str, list[list[float]]]:
     """Every profile on each of ``replicates`` token samples: ``{profile: [[one float per layer]
     per replicate]}``.
@@ -212,7 +220,9 @@ def measure_replicates(
         for r in range(replicates)
         for x, y in clouds
     ]
-    flat = measure_profiles(split, pairs, workers=workers, progress=progress, dist=dist)
+    flat = measure_profiles(
+        split, pairs, workers=workers, progress=progress, dist=dist, device=device
+    )
     n = len(clouds)
     return {name: [v[r * n : (r + 1) * n] for r in range(replicates)] for name, v in flat.items()}
 
@@ -369,11 +379,13 @@ class _Task:
     geometry: Geometry
     statistics: tuple[Statistic, ...]
     profiles: tuple[str, ...]
+    device: torch.device | None = None
+    """Where the distance matrices are computed in float32 (None: float64 on the CPU)."""
 
 
 def _run_task(task: _Task) -> list[float]:
     where = _where(task.layer)
-    geometry = _remembering(task.geometry)
+    geometry = _remembering(task.geometry, task.device)
     return [_measure(s, geometry, task.x, task.y, where) for s in task.statistics]
 
 
@@ -387,12 +399,20 @@ class _Remembering(Geometry):
     """
 
     _memo: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]
+    _device: torch.device | None
 
     def prepare(self, cloud: torch.Tensor) -> torch.Tensor:
         return self._remember("prepare", cloud, super().prepare)
 
     def pairwise(self, points: torch.Tensor) -> torch.Tensor:
-        return self._remember("pairwise", points, super().pairwise)
+        return self._remember("pairwise", points, self._distances)
+
+    def _distances(self, points: torch.Tensor) -> torch.Tensor:
+        if self._device is None or not self.pairwise_on_device:
+            return super().pairwise(points)
+        # float32 on the device; the statistics get float64 on the CPU, as from the CPU path
+        on_device = points.to(device=self._device, dtype=torch.float32)
+        return super().pairwise(on_device).to(device="cpu", dtype=torch.float64)
 
     def _remember(
         self, what: str, tensor: torch.Tensor, compute: Callable[[torch.Tensor], torch.Tensor]
@@ -403,13 +423,35 @@ class _Remembering(Geometry):
         return self._memo[key][1]
 
 
-def _remembering(geometry: Geometry) -> Geometry:
-    """The same geometry (same class as far as isinstance can tell, same params), remembering."""
+def _remembering(geometry: Geometry, device: torch.device | None = None) -> Geometry:
+    """The same geometry (same class as far as isinstance can tell, same params), remembering,
+    its distance matrices computed on ``device`` (:func:`pairwise_distances`)."""
     cls = type(geometry)
     remembering = type(cls.__name__, (_Remembering, cls), {"__module__": cls.__module__})
     instance: _Remembering = remembering(geometry.params)
     instance._memo = {}
+    instance._device = device
     return instance
+
+
+def pairwise_distances(
+    geometry: Geometry, points: torch.Tensor, device: torch.device | None
+) -> torch.Tensor:
+    """The distance matrix of prepared ``points`` as the measurement computes it: on ``device``
+    in float32 when it is given and the geometry computes on any device
+    (``pairwise_on_device``), returned in float64 on the CPU as the statistics expect; else
+    ``geometry.pairwise(points)`` itself. (The measurement gives only a GPU as ``device``; the
+    tests give the CPU, to check the float32 path against the float64 one.)"""
+    return _remembering(geometry, device).pairwise(points)
+
+
+def _distance_device(device: str | torch.device | None) -> torch.device | None:
+    """Where distance matrices go: a CUDA GPU, or None (float64 on the CPU, also for 'cpu' and
+    the devices no test has seen them computed on, such as 'mps')."""
+    if device is None:
+        return None
+    resolved = torch.device(device)
+    return resolved if resolved.type == "cuda" else None
 
 
 def _available_cpus() -> int:

@@ -10,7 +10,8 @@ does nothing, changing one arm retrains only that arm, and a run killed at any m
 again ends with the same results (training resumes from its last checkpoint).
 
 Under ``torchrun`` every arm-seed run is trained with DDP across all processes (one run at a time,
-all GPUs on it); stages marked ``main_only`` run on rank 0 while the others wait (for hours if need
+all GPUs on it); probe, measure and diagnose spread their work over the processes; stages marked
+``main_only`` run on rank 0 while the others wait (for hours if need
 be: :func:`geospec.engine.distributed.wait_for_main`), then read the outputs back.
 """
 
@@ -133,7 +134,7 @@ def run_pipeline(
                     else f"[dim]✓ {stage.name}: up to date (skipped)[/]"
                 )
             output = (plan.load if current else plan.run)() if works_here else None
-            wait_for_main(run.dist)  # rank 0 may work alone for hours (probe, measure)
+            wait_for_main(run.dist)  # rank 0 may work alone for hours (demand, prune)
             if not works_here:
                 output = plan.load()  # rank 0 has written the stage's artifacts
             partial = partial or output is INCOMPLETE

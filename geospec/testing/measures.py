@@ -20,8 +20,10 @@ def check_geometry(cls: type[Any], params: dict[str, Any] | None = None) -> None
     float64 clouds of 40 tokens: ``prepare`` gives one float64 CPU row per token and leaves
     its cloud alone; ``pairwise`` an n x n float64 matrix, finite, non-negative, symmetric,
     with a zero diagonal; ``paired`` n such distances, equal to the matching entries of
-    ``pairwise`` over both clouds, zero between a cloud and itself; and ``scale_sensitive``
-    says truly whether rescaling both clouds changes the distances. Raises
+    ``pairwise`` over both clouds, zero between a cloud and itself; ``scale_sensitive``
+    says truly whether rescaling both clouds changes the distances; and with
+    ``pairwise_on_device`` ``pairwise`` of float32 points gives finite distances on their device
+    close to the float64 ones. Raises
     :class:`~geospec.testing.ContractError` naming the broken rule. Imports torch."""
     import torch
 
@@ -62,6 +64,8 @@ def check_geometry(cls: type[Any], params: dict[str, Any] | None = None) -> None
         float(itself.abs().max()) > 1e-9 * max(1.0, largest),
         "paired distances between a cloud and itself must be zero",
     )
+    if cls.pairwise_on_device:
+        _check_float32(plugin, px, distances)
     scaled = plugin.pairwise(_prepared(plugin, 3.0 * x))
     changed = not torch.allclose(scaled, distances, rtol=1e-6, atol=1e-9)
     says = "True" if cls.scale_sensitive else "False"
@@ -70,6 +74,32 @@ def check_geometry(cls: type[Any], params: dict[str, Any] | None = None) -> None
         changed != cls.scale_sensitive,
         f"scale_sensitive must say whether rescaling both clouds changes the distances: it is "
         f"{says}, but scaling the cloud by 3 {'changed' if changed else 'did not change'} them",
+    )
+
+
+def _check_float32(plugin: Any, points: torch.Tensor, distances: torch.Tensor) -> None:
+    """``pairwise_on_device``: the float32 points a GPU run hands ``pairwise`` (here on the
+    CPU) give finite distances close to the float64 ones."""
+    import torch
+
+    single = points.float()
+    try:
+        on32 = plugin.pairwise(single)
+    except Exception as error:  # numpy, or float64 assumed: the GPU path would fail the same way
+        rule(
+            plugin,
+            True,
+            f"pairwise_on_device is True, but pairwise fails on float32 points "
+            f"({type(error).__name__}: {error}); set it False or compute with torch alone",
+        )
+    rule(
+        plugin,
+        not isinstance(on32, torch.Tensor)
+        or on32.device != single.device
+        or not bool(torch.isfinite(on32).all())
+        or not torch.allclose(on32.double(), distances, rtol=1e-3, atol=1e-5),
+        "pairwise_on_device is True, but pairwise of float32 points does not give finite "
+        "distances on their device within 1e-3 of the float64 ones",
     )
 
 

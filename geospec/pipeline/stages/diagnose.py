@@ -79,6 +79,7 @@ class Diagnose:
             load=lambda: diagnostic_profiles(run.run_dir),
             artifacts=(path,),
             problem=json_problem(path, *DIAGNOSTICS_KEYS) if path.exists() else None,
+            main_only=False,  # every rank runs its share of the layers and perturbations
         )
 
     def write(
@@ -110,14 +111,15 @@ class Diagnose:
             "settings": self.diagnose.model_dump(mode="json", exclude={"enabled"}),
             "keys": keys,
         }
-        atomic_write_json(path, sealed(diagnostics))
-        diagnostic_plots(run.run_dir, diagnostics)
+        if run.is_main:  # every rank measured its share; rank 0 writes
+            atomic_write_json(path, sealed(diagnostics))
+            diagnostic_plots(run.run_dir, diagnostics)
         return dict(diagnostics["profiles"])
 
     def measure_reference(self, run: RunContext) -> dict[str, Any]:
         """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity."""
+        from geospec.engine.distributed import spread_over_ranks
         from geospec.engine.progress import stage_progress
-        from geospec.measure.diagnostics import residual_norms
         from geospec.measure.intrinsic_dimension import two_nn
         from geospec.measure.sensitivity import sample_pairs
         from geospec.measure.suffix import perturb_layers
@@ -125,6 +127,7 @@ class Diagnose:
 
         settings = self.diagnose
         seq_len = self.probe.seq_len
+        world = run.dist.world_size
         setup = self.probe.loss_setup(run, settings.windows, settings.batch_size)
         model, width, data, batches, sites = (
             setup.model,
@@ -145,20 +148,32 @@ class Diagnose:
                 f"diagnose: {len(clouds)} probed clouds but the reference has {len(sites)} layers; "
                 "rerun with --from probe"
             )
-        dimensions = []
-        with stage_progress(run.console, run.say, "TwoNN", len(clouds)) as advance:
-            for layer, (x, _) in enumerate(clouds):
-                try:
-                    dimensions.append(two_nn(x, settings.twonn_discard))
-                except GeospecError as error:
-                    raise GeospecError(f"diagnose: layer {layer}: {error}") from None
-                advance(1)
-        norms = residual_norms(self._residual_clouds(run, model, width, data, clouds))
-        # one unit: one perturbation (a layer's FFN scaled or removed, or a pair) on one batch
+        with stage_progress(run.console, run.say, "TwoNN", len(clouds), run.is_main) as advance:
+
+            def dimension(mine: list[int]) -> list[Any]:  # this rank's share of the layers
+                found = []
+                for layer in mine:
+                    try:
+                        found.append(two_nn(clouds[layer][0], settings.twonn_discard))
+                    except GeospecError as error:
+                        raise GeospecError(f"diagnose: layer {layer}: {error}") from None
+                    advance(world)
+                return found
+
+            dimensions = spread_over_ranks(len(clouds), dimension, run.dist)
+        norms = self._residual_norms(run, model, width, data, clouds)
+        # one unit: one perturbation (a layer's FFN scaled or removed, or a pair) on one batch;
+        # under torchrun rank 0 counts its share for every rank's (the bar is approximate)
         total = len(batches) * (2 * len(sites) + len(pairs))
-        with stage_progress(run.console, run.say, "perturbing", total) as advance:
+        with stage_progress(run.console, run.say, "perturbing", total, run.is_main) as advance:
             perturbations = perturb_layers(
-                model, sites, batches, settings.eps, pairs, progress=advance
+                model,
+                sites,
+                batches,
+                settings.eps,
+                pairs,
+                progress=lambda k: advance(k * world),
+                dist=run.dist,
             )
         if perturbations.fallback is not None:
             run.say(
@@ -198,26 +213,42 @@ class Diagnose:
             },
         }
 
-    def _residual_clouds(
+    def _residual_norms(
         self,
         run: RunContext,
         model: nn.Module,
         width: int,
         data: Any,
         clouds: list[tuple[torch.Tensor, torch.Tensor]],
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The residual stream at the probed tokens: the stored clouds, or (with ``probe.site =
-        "ffn"``, whose clouds are normalised FFN inputs and outputs) the same tokens probed
-        again at the residual site."""
+    ) -> list[tuple[float, float]]:
+        """The mean residual-stream norms at the probed tokens, on every rank: from the stored
+        clouds, or (with ``probe.site = "ffn"``, whose clouds are normalised FFN inputs and
+        outputs) from the same tokens probed again at the residual site, every rank probing its
+        share of the windows and rank 0 measuring the norms."""
+        from geospec.engine.distributed import gather_stage_objects
         from geospec.engine.progress import stage_progress
+        from geospec.measure.diagnostics import residual_norms
 
         if self.probe.probe.site == "residual":
-            return clouds
+            return residual_norms(clouds)
         sample = self.probe.sample(data)
         with stage_progress(
-            run.console, run.say, "probing the residual stream", len(sample.windows)
+            run.console, run.say, "probing the residual stream", len(sample.windows), run.is_main
         ) as advance:
-            return self.probe.clouds(model, width, data, sample, site="residual", progress=advance)
+            world = run.dist.world_size  # rank 0's bar counts its share for every rank's
+            residual = self.probe.clouds(
+                model,
+                width,
+                data,
+                sample,
+                site="residual",
+                progress=lambda k: advance(k * world),
+                dist=run.dist,
+            )
+        norms: list[tuple[float, float]] = gather_stage_objects(
+            residual_norms(residual) if run.is_main else None, run.dist
+        )[0]
+        return norms
 
 
 def _pair(effect: Any) -> dict[str, Any]:

@@ -121,18 +121,25 @@ class Measure:
             replicates = {name: stored[name] for name in kept if name in stored}
         todo = [e for e in self.entries if e.profile not in kept]
         if todo:
+            from geospec.engine.train import resolve_device
             from geospec.measure.work import measure_profiles, measure_replicates
             from geospec.pipeline.stages.probe import cloud_replicates, load_clouds
 
             clouds = load_clouds(run.run_dir / CLOUDS_DIR)
+            # distance matrices on this rank's GPU, when the run has one (float32 there)
+            device = resolve_device(run.device, run.dist.local_rank)
             samples = cloud_replicates(run.run_dir / CLOUDS_DIR)
             times = f" x {samples} token samples" if samples > 1 else ""
             run.say(f"[bold]measure[/]: {len(todo)} profiles x {len(clouds)} layers{times}")
             if samples == 1:
-                kept.update(measure_profiles(clouds, todo, progress=run.is_main, dist=run.dist))
+                kept.update(
+                    measure_profiles(
+                        clouds, todo, progress=run.is_main, dist=run.dist, device=device
+                    )
+                )
             else:  # the solver takes the mean; profiles.json keeps every replicate
                 measured = measure_replicates(
-                    clouds, samples, todo, progress=run.is_main, dist=run.dist
+                    clouds, samples, todo, progress=run.is_main, dist=run.dist, device=device
                 )
                 replicates.update(measured)
                 kept.update({name: _mean(values) for name, values in measured.items()})

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from geospec.engine.distributed import DistContext
     from geospec.engine.token_data import TokenData
     from geospec.measure.probe import FFNSite, TokenSample
 
@@ -72,6 +73,7 @@ class Probe:
             run=lambda: self.write_clouds(run, clouds_dir),
             artifacts=(clouds_dir / META_FILE,),
             problem=clouds_problem(clouds_dir) if (clouds_dir / META_FILE).exists() else None,
+            main_only=False,  # every rank probes its share of the windows (torchrun)
         )
 
     def write_clouds(self, run: RunContext, clouds_dir: Path) -> None:
@@ -89,8 +91,17 @@ class Probe:
             f"[bold]probe[/]: {samples}{probe.tokens} tokens from {len(sample.windows)} "
             f"validation windows, site {probe.site}"
         )
-        with stage_progress(run.console, run.say, "probing", len(sample.windows)) as advance:
-            clouds = self.clouds(model, width, data, sample, progress=advance)
+        with stage_progress(
+            run.console, run.say, "probing", len(sample.windows), run.is_main
+        ) as advance:
+            # every rank probes its share of the windows; rank 0 gets the clouds and writes them
+            # (its bar counts its share for every rank's)
+            world = run.dist.world_size
+            clouds = self.clouds(
+                model, width, data, sample, progress=lambda k: advance(k * world), dist=run.dist
+            )
+        if not run.is_main:
+            return
         # only geospec's own files go: a folder named clouds/ may hold the user's too
         (clouds_dir / META_FILE).unlink(missing_ok=True)
         for old in clouds_dir.glob("layer-*.safetensors"):
@@ -156,9 +167,11 @@ class Probe:
         sample: TokenSample,
         site: str | None = None,
         progress: Callable[[int], None] | None = None,
+        dist: DistContext | None = None,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's (x, y) clouds at the sampled positions, at ``site`` (default: the
-        probe's own)."""
+        probe's own); with ``dist``, on rank 0 only (see
+        :func:`geospec.measure.probe.probe_clouds`)."""
         from geospec.measure.probe import probe_clouds
 
         return probe_clouds(
@@ -170,6 +183,7 @@ class Probe:
             site=site or self.probe.site,
             batch_size=self.probe.batch_size,
             progress=progress,
+            dist=dist,
         )
 
 

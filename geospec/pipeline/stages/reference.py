@@ -115,7 +115,7 @@ def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module
     """The reference model on the run's device, and its residual width."""
     from geospec.engine.train import resolve_device
 
-    device = resolve_device(run.device)
+    device = resolve_device(run.device, run.dist.local_rank)  # under torchrun: this rank's GPU
     if reference.checkpoint is not None:
         from geospec.engine.pretrained import hidden_width, load_pretrained
 
