@@ -195,6 +195,7 @@ GPU_IMAGE_PACKAGES = [
     "click",
     "setuptools",
     "wheel",
+    "pytest",  # the distance bounds' tests (gpu_check.sh)
 ]
 
 

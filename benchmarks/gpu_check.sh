@@ -9,7 +9,8 @@
 # It installs the carried wheels (benchmarks/gpu_wheels.txt; from $GEOSPEC_WHEELS, default .whl/)
 # and geospec, without dependencies, into a fresh folder on PYTHONPATH, goes offline, and runs
 # benchmarks/gpu_check.py within 8 minutes; the figures also go to $OUT/gpu_check.json when the
-# device tool's $OUT is set. Further arguments go to gpu_check.py.
+# device tool's $OUT is set. Further arguments go to gpu_check.py. Then the float32 distance
+# bounds are checked on the GPU (a minute at most; pytest is in the image).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -56,4 +57,11 @@ if [ ${#mode[@]} -eq 0 ]; then
 fi
 json=()
 if [ -n "${OUT:-}" ]; then json=(--json "$OUT/gpu_check.json"); fi
-exec timeout "$LIMIT" "$PYTHON" benchmarks/gpu_check.py "${mode[@]}" "${json[@]}" "$@"
+status=0
+timeout "$LIMIT" "$PYTHON" benchmarks/gpu_check.py "${mode[@]}" "${json[@]}" "$@" || status=$?
+# the measure stage's float32 distances on this machine's GPU (the CPU alone under --cpu-smoke)
+# within the rounding bounds docs/engine.md derives: the tests run as they do here
+echo "distances: float32 on the device against the float64 bounds (tests/test_distances_on_device.py)"
+timeout 60 "$PYTHON" -m pytest -q -p no:cacheprovider -k within_the_bound \
+    tests/test_distances_on_device.py || status=$?
+exit "$status"

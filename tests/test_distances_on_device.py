@@ -24,6 +24,10 @@ pytestmark = pytest.mark.torch
 
 U = 2.0**-24  # float32's unit roundoff
 CPU = torch.device("cpu")
+#: Where the float32 path is checked: the CPU here; also the GPU where there is one (what
+#: benchmarks/gpu_check.sh runs on a GPU machine: the bounds must hold for CUDA's kernels too).
+DEVICES = [CPU] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+ON_DEVICES = pytest.mark.parametrize("device", DEVICES, ids=str)
 
 
 def cloud(n: int = 120, d: int = 256, seed: int = 0) -> torch.Tensor:
@@ -47,11 +51,12 @@ def euclidean_bound(points: torch.Tensor) -> torch.Tensor:
     return (d / 2 + 5) * U * (norms[:, None] + norms[None, :])
 
 
-def test_raw_float32_distances_within_the_bound() -> None:
+@ON_DEVICES
+def test_raw_float32_distances_within_the_bound(device: torch.device) -> None:
     geometry = Raw()
     points = geometry.prepare(cloud())
     exact = geometry.pairwise(points)
-    got = pairwise_distances(geometry, points, CPU)
+    got = pairwise_distances(geometry, points, device)
     assert got.dtype == torch.float64 and got.device.type == "cpu"  # what statistics expect
     assert torch.equal(got, got.T) and bool((got.diagonal() == 0).all())
     error = (got - exact).abs()
@@ -61,22 +66,26 @@ def test_raw_float32_distances_within_the_bound() -> None:
     assert float(got[0, 1]) == pytest.approx(float(exact[0, 1]), rel=1e-3)
 
 
-def test_spherical_float32_angles_within_the_bound() -> None:
+@ON_DEVICES
+def test_spherical_float32_angles_within_the_bound(device: torch.device) -> None:
     """theta = 2 asin(e / 2) of unit rows: the chord's bound times d theta / d e = 1 / cos(theta
     / 2), plus a few roundings of asin and the symmetrisation (4u theta)."""
     geometry = Spherical()
     points = geometry.prepare(cloud())
     exact = geometry.pairwise(points)
-    got = pairwise_distances(geometry, points, CPU)
+    got = pairwise_distances(geometry, points, device)
     bound = 1.01 * euclidean_bound(points) / torch.cos(exact / 2) + 4 * U * exact
     assert bool(((got - exact).abs() <= bound).all())
     assert torch.equal(got, got.T) and bool((got.diagonal() == 0).all())
 
 
+@ON_DEVICES
 @pytest.mark.parametrize(
     "params", [Hyperbolic.Params(), Hyperbolic.Params(radius=0.5, curvature=2)]
 )
-def test_hyperbolic_float32_distances_within_the_bound(params: Hyperbolic.Params) -> None:
+def test_hyperbolic_float32_distances_within_the_bound(
+    params: Hyperbolic.Params, device: torch.device
+) -> None:
     """f = arccosh(1 + z) / sqrt(c), z = 2c e^2 / rho, rho = (1 - c r^2)^2 for rows of norm r:
     z moves by 2 |de| / e (the Euclidean bound), the float32 sum of d squares in each factor of
     rho by (d + 2)u c r^2 / (1 - c r^2), and 4u of arithmetic; df = sqrt(z / (z + 2)) / sqrt(c)
@@ -85,7 +94,7 @@ def test_hyperbolic_float32_distances_within_the_bound(params: Hyperbolic.Params
     c, r = params.curvature, params.radius
     points = geometry.prepare(cloud())
     exact = geometry.pairwise(points)
-    got = pairwise_distances(geometry, points, CPU)
+    got = pairwise_distances(geometry, points, device)
     d = points.shape[1]
     euclid = Raw().pairwise(points).fill_diagonal_(1.0)  # the diagonal is checked apart
     z = 2 * c * euclid.square() / (1 - c * r * r) ** 2
