@@ -22,14 +22,17 @@ PAIRS = ["shift/raw", "shift/spherical", "topology/raw"]
 SCRIPT = """
 import json, sys
 import torch
-from geospec.engine.distributed import init_distributed
+from geospec.engine.distributed import context, process_group
 from geospec.measure.work import measure_profiles
 
-ctx = init_distributed()
-clouds = torch.load(sys.argv[1])
-values = measure_profiles(clouds, {pairs!r}, workers=1, progress=False, dist=ctx)
-with open(f"{{sys.argv[2]}}/rank-{{ctx.rank}}.json", "w") as handle:
-    json.dump(values, handle)
+# Joined and left as geospec's commands do (process_group): a rank that exits with the group still
+# up can abort while its peer still talks to it ("terminate called without an active exception").
+with process_group():
+    ctx = context()
+    clouds = torch.load(sys.argv[1])
+    values = measure_profiles(clouds, {pairs!r}, workers=1, progress=False, dist=ctx)
+    with open(f"{{sys.argv[2]}}/rank-{{ctx.rank}}.json", "w") as handle:
+        json.dump(values, handle)
 """
 
 
