@@ -187,6 +187,16 @@ def test_a_vanishing_lambda_gets_the_lower_bound() -> None:
     assert widths[0] == 0.25 * dims.ffn_width
 
 
+def test_a_lambda_that_vanishes_only_once_resampled_is_named_as_resampled() -> None:
+    """lambda > 0 only at the 3-layer reference's middle layer: a 2-layer target samples its ends,
+    where it is 0. The profile is fine as given; the error names it as resampled."""
+    with pytest.raises(UsageError) as raised:
+        calibrated().widths(ModelDims(2, 64, 512, 64), profiles([0.0, 1.0, 0.0], [1.0] * 3))
+    assert "profile 'demand/lambda resampled to 2 layers': all 2 values are zero" in str(
+        raised.value
+    )
+
+
 def test_profiles_of_another_depth_are_resampled() -> None:
     """A 3-layer reference's fits for a 5-layer target: linear over normalised depth, which for
     these profiles gives the midpoints exactly."""
@@ -227,13 +237,25 @@ GOOD_LAMBDA, GOOD_EXPONENT = [1.0, 0.5, 0.2, 0.1], [1.0, 1.0, 1.0, 1.0]
     [
         ({EXPONENT: GOOD_EXPONENT}, "'demand/lambda' is not available"),
         ({LAMBDA: GOOD_LAMBDA}, "'demand/exponent' is not available"),
-        (profiles([1.0, -0.5, 0.2, 0.1], GOOD_EXPONENT), "layer 1 is -0.5; values must be non-neg"),
-        (profiles([0.0] * 4, GOOD_EXPONENT), "all 4 values are zero"),
-        (profiles([1.0, math.nan, 0.2, 0.1], GOOD_EXPONENT), "layer 1 is nan (not finite)"),
-        (profiles(GOOD_LAMBDA, [1.0, 1.0, 0.0, 1.0]), "layer 2 is 0.0; values must be positive"),
-        (profiles(GOOD_LAMBDA, [1.0, -1.0, 1.0, 1.0]), "layer 1 is -1.0; values must be positive"),
+        (
+            profiles([1.0, -0.5, 0.2, 0.1], GOOD_EXPONENT),
+            "'demand/lambda': layer 1 is -0.5; values must be non-neg",
+        ),
+        (profiles([0.0] * 4, GOOD_EXPONENT), "'demand/lambda': all 4 values are zero"),
+        (
+            profiles([1.0, math.nan, 0.2, 0.1], GOOD_EXPONENT),
+            "'demand/lambda': layer 1 is nan (not finite)",
+        ),
+        (
+            profiles(GOOD_LAMBDA, [1.0, 1.0, 0.0, 1.0]),
+            "'demand/exponent': layer 2 is 0.0; values must be positive",
+        ),
+        (
+            profiles(GOOD_LAMBDA, [1.0, -1.0, 1.0, 1.0]),
+            "'demand/exponent': layer 1 is -1.0; values must be positive",
+        ),
         (profiles(GOOD_LAMBDA, [1.0, 1.0, 1.0]), "has 4 values but 'demand/exponent' has 3"),
-        (profiles([], GOOD_EXPONENT), "is empty"),
+        (profiles([], GOOD_EXPONENT), "'demand/lambda' is empty"),
     ],
 )
 def test_bad_profiles_raise_usage_errors_naming_them(

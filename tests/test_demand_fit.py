@@ -200,3 +200,49 @@ def test_bad_inputs_raise(
 def test_predict_rejects_fractions_that_are_not_positive(keep: list[float]) -> None:
     with pytest.raises(ValueError, match="finite and positive"):
         DemandFit(1.0, 1.0, 1.0).predict(keep)
+
+
+@pytest.mark.parametrize("a", [0.0101, 9.9])
+def test_exponents_at_either_end_of_the_range_are_refined_too(a: float) -> None:
+    """The search refines between the grid's neighbours of its best point; at the first and the
+    last grid point there is one neighbour only, and the exponent must still come out exact."""
+    fit = fit_demand(KEEP.tolist(), law(KEEP, 0.3, a).tolist())
+    assert fit.exponent == pytest.approx(a, rel=1e-6)
+    assert fit.sensitivity == pytest.approx(0.3, rel=1e-6)
+
+
+def test_the_fit_warns_of_nothing_even_where_f_to_the_minus_a_overflows() -> None:
+    """keep 1e-80 at a = 10 is 1e800 (beyond the largest double): the curve's scale overflows on
+    purpose and the fit says nothing about it; nor does the refinement (an option scipy does not
+    know would warn)."""
+    keep, increase = [1e-80, 0.25, 0.5, 0.75], law(np.array([1e-80, 0.25, 0.5, 0.75]), 1e-6, 0.2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit = fit_demand(keep, increase.tolist())
+    assert fit.exponent == pytest.approx(0.2, rel=1e-6)
+    assert fit.sensitivity == pytest.approx(1e-6, rel=1e-6)
+
+
+def test_single_precision_inputs_are_fitted_in_double_precision() -> None:
+    """Loss increases straight from a float32 tensor (and float32 fractions) are converted to
+    float64 first: the fit equals the fit of the same values given as Python floats."""
+    keep32 = KEEP.astype(np.float32)
+    increase32 = np.array([15.17, 6.43, 0.976, 0.394, 19.37, 21.74, 14.45], dtype=np.float32)
+    assert increase32.mean() != increase32.astype(np.float64).mean()  # float32 sums round
+    fit32 = fit_demand(keep32, increase32)  # type: ignore[arg-type]
+    fit64 = fit_demand([float(v) for v in keep32], [float(v) for v in increase32])
+    assert fit32 == fit64
+    assert fit64.predict(keep32) == fit64.predict([float(v) for v in keep32])  # type: ignore[arg-type]
+
+
+def test_predict_of_a_unit_sensitivity() -> None:
+    assert DemandFit(1.0, 1.0, 1.0).predict([0.5, 0.25]) == [1.0, 3.0]  # 1/f - 1
+
+
+@pytest.mark.parametrize(
+    ("keep", "increase"), [([[0.2, 0.5]], [0.1, 0.2]), ([0.2, 0.5], [[0.1, 0.2]])]
+)
+def test_either_input_nested_is_refused(keep: object, increase: object) -> None:
+    with pytest.raises(ValueError) as raised:
+        fit_demand(keep, increase)  # type: ignore[arg-type]
+    assert str(raised.value) == "keep and increase must be flat sequences of numbers"

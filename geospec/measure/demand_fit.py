@@ -142,9 +142,11 @@ def _scaled_basis(log_f: Array, exponent: float) -> tuple[Array, float]:
     log_g[large] = x[large] + np.log1p(-np.exp(-x[large]))  # log(e^x - 1) without overflow
     log_g[~large] = np.log(np.expm1(x[~large]))
     top = float(log_g.max())
-    # Beyond exp(709) the scale overflows and lambda = slope / scale underflows to 0: such a
-    # curve (f^-a above 1e308) is far outside any measured demand.
-    return np.exp(log_g - top), math.exp(top) if top < 709.0 else math.inf
+    # Beyond the largest double (f^-a above 1.8e308) the scale is inf and lambda = slope / scale
+    # is 0: such a curve is far outside any measured demand, and numpy's overflow is expected.
+    with np.errstate(over="ignore"):
+        scale = float(np.exp(top))
+    return np.exp(log_g - top), scale
 
 
 def _checked(keep: Sequence[float], increase: Sequence[float]) -> tuple[Array, Array]:
