@@ -61,8 +61,8 @@ def slow(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def peak_rss(session: nox.Session) -> None:
     """The memory estimate against real training processes' peak RSS (by hand, not in CI: the
-    measured peak varied from 1.04x to 2.1x the estimate between runs on the development
-    machine; see docs/pipeline.md, "When resources run out")."""
+    measured peak has ranged from 0.71x to 2.1x the estimate, steady on one machine but not
+    between machines; see docs/pipeline.md, "When resources run out")."""
     session.install(TORCH, "-e", ".[test]")
     session.run("python", "-m", "pytest", "-m", "peak_rss", *session.posargs, env=OFFLINE)
 

@@ -7,6 +7,7 @@ refused in one line instead of allocating until it fails."""
 from __future__ import annotations
 
 import os
+import platform
 import resource
 import subprocess
 import sys
@@ -176,7 +177,8 @@ def test_an_allocation_refused_during_a_step_is_one_line_with_the_same_advice(
 
 
 # three training processes: ~40 s on 2 cores; by hand (nox -s peak_rss): the peak RSS of the
-# same run varied (the swiglu case measured 1.15x and, in 2 of 5 runs, 2.1x its estimate)
+# same run has varied between machines (the swiglu case measured 1.15x and, in 2 of 5 runs, 2.1x
+# its estimate on one; 0.71-0.74x in 3 runs, and the test 6 of 6 times, on another)
 @pytest.mark.peak_rss
 def test_the_estimate_is_within_a_factor_of_real_runs_peak_memory(tmp_path: Path) -> None:
     """The peak RSS of `geospec train` above a tiny model's (torch, the data, the interpreter:
@@ -199,7 +201,17 @@ def test_the_estimate_is_within_a_factor_of_real_runs_peak_memory(tmp_path: Path
         widths = [int(str(model["ffn_width"]))] * int(str(model["n_layers"]))
         estimate = training_memory(shape, widths, batch).total - base_estimate
         measured = peak - base
-        assert measured / FACTOR <= estimate <= measured * FACTOR, (model, measured, estimate)
+        # where it ran: the ratio has differed between machines (docs/pipeline.md)
+        machine = (
+            platform.processor() or platform.machine(),
+            torch.backends.cpu.get_cpu_capability(),
+        )
+        assert measured / FACTOR <= estimate <= measured * FACTOR, (
+            model,
+            measured,
+            estimate,
+            machine,
+        )
 
 
 #: The defaults of small_spec's model that the estimate needs, with GPT-2's vocabulary.
