@@ -129,13 +129,18 @@ def copy(finished: Path, tmp_path: Path) -> Path:
 
 
 def results_of(run_dir: Path) -> dict[str, Any]:
-    """What a report claims: per arm its widths, parameters and losses, and the checks."""
+    """What a report claims: per arm its widths, parameters and losses, the checks and notes."""
     results = json.loads((run_dir / "results.json").read_text())
     arms = {
         name: (arm["widths"], arm["bounds"], arm["params"], arm["val_loss"]["seeds"])
         for name, arm in results["arms"].items()
     }
-    return {"arms": arms, "checks": results["checks"], "profiles": results["profiles"]}
+    return {
+        "arms": arms,
+        "checks": results["checks"],
+        "profiles": results["profiles"],
+        "notes": results["notes"],
+    }
 
 
 # -- how to damage a file ------------------------------------------------------------------------
@@ -202,6 +207,10 @@ def _change_diagnostics(data: Any) -> None:
 
 def _change_demand(data: Any) -> None:
     data["orders"][0].reverse()  # another neuron ordering, every profile left as it was
+
+
+def _garble_execution(data: Any) -> None:
+    data["execution"] = [["cpu"], 7]  # how the run computed: informational, never trusted
 
 
 def _change_loss(data: Any) -> None:
@@ -295,6 +304,11 @@ RECOMPUTED = {
     "result.json of an arm truncated": (f"{ARM}/result.json", truncate, "arm cosine, seed 0"),
     "result.json of an arm a list": (f"{ARM}/result.json", wrong_type, "arm cosine, seed 0"),
     "metrics.jsonl garbage": (f"{ARM}/metrics.jsonl", garbage, "nothing to do"),
+    "result.json of an arm: execution garbled": (
+        f"{ARM}/result.json",
+        edit_json(_garble_execution),
+        "nothing to do",
+    ),
 }
 
 

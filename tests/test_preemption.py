@@ -17,11 +17,12 @@ import torch
 from small_spec import small_spec
 
 from geospec.engine.checkpoint import read_checkpoint
-from geospec.engine.model import config_from_spec
-from geospec.engine.token_data import prepare_data
+from geospec.engine.model import GPTConfig, config_from_spec
+from geospec.engine.token_data import TokenData, prepare_data
 from geospec.engine.train import train_model
 from geospec.errors import REQUEUE_EXIT_CODE, Preempted
 from geospec.spec.loading import load_spec
+from geospec.spec.sections import TrainSpec
 
 pytestmark = pytest.mark.torch
 
@@ -98,26 +99,37 @@ def test_a_signalled_run_checkpoints_exits_for_requeue_and_resumes_to_the_same_l
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, STEPS + 1))
 
 
-def test_a_signal_to_this_process_stops_training_at_its_step_and_the_resume_matches(
-    tmp_path: Path,
-) -> None:
-    """The same in one process (fast): SIGUSR1 sent to this process while it trains."""
+def in_process_run(tmp_path: Path) -> tuple[TrainSpec, TokenData, GPTConfig, Path]:
+    """The small spec's training, data and a 2-layer model, and the run directory to train in."""
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(SPEC)
     spec = load_spec(spec_path)
-    train = spec.train.model_copy(update={"steps": 40})
     data = prepare_data(spec.data, tmp_path / "data", spec_dir=tmp_path)
     config = config_from_spec(spec.model, [64, 64], data.vocab_size)
-    out = tmp_path / "run"
+    return spec.train, data, config, tmp_path / "run"
+
+
+def signal_after_two_steps(out: Path) -> threading.Thread:
+    """A thread that sends SIGUSR1 to this process once the run in ``out`` has logged 2 steps."""
 
     def signal_when_started() -> None:
         while logged_steps(out) < 2:
             time.sleep(0.002)
         os.kill(os.getpid(), signal.SIGUSR1)
 
-    threads = torch.get_num_threads()
     sender = threading.Thread(target=signal_when_started, daemon=True)
     sender.start()
+    return sender
+
+
+def test_a_signal_to_this_process_stops_training_at_its_step_and_the_resume_matches(
+    tmp_path: Path,
+) -> None:
+    """The same in one process (fast): SIGUSR1 sent to this process while it trains."""
+    train, data, config, out = in_process_run(tmp_path)
+    train = train.model_copy(update={"steps": 40})
+    threads = torch.get_num_threads()
+    sender = signal_after_two_steps(out)
     try:
         with pytest.raises(Preempted, match="stopped by SIGUSR1") as stopped:
             train_model(train, config, data, out, 0, progress=False)
@@ -131,3 +143,35 @@ def test_a_signal_to_this_process_stops_training_at_its_step_and_the_resume_matc
     finally:
         torch.set_num_threads(threads)
     assert resumed.final_val_loss == straight.final_val_loss
+
+
+def test_result_json_records_each_setting_a_run_computed_under(tmp_path: Path) -> None:
+    """A run stopped under 1 CPU thread and resumed under 2 lists both settings, in order, apart
+    from its fingerprint; rewriting result.json from the final checkpoint computes nothing and
+    adds no setting."""
+    train, data, config, out = in_process_run(tmp_path)
+
+    def setting(threads: int) -> dict[str, object]:
+        return {
+            "device": "cpu", "threads": threads, "processes": 1, "precision": "fp32",
+            "compiled": False, "torch": torch.__version__,
+        }  # fmt: skip
+
+    before = torch.get_num_threads()
+    sender = signal_after_two_steps(out)
+    try:
+        one = train.model_copy(update={"steps": 40, "threads": 1})
+        with pytest.raises(Preempted):
+            train_model(one, config, data, out, 0, progress=False)
+        sender.join()
+        two = one.model_copy(update={"threads": 2})
+        train_model(two, config, data, out, 0, progress=False)
+        result = json.loads((out / "result.json").read_text())
+        assert result["execution"] == [setting(1), setting(2)]
+        assert "execution" not in result["fingerprint"]  # the same experiment either way
+
+        (out / "result.json").unlink()  # finished again from its final checkpoint
+        train_model(one, config, data, out, 0, progress=False)
+        assert json.loads((out / "result.json").read_text())["execution"] == result["execution"]
+    finally:
+        torch.set_num_threads(before)

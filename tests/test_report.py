@@ -581,3 +581,42 @@ def test_replicated_profiles_get_a_reliability_section(
     assert notes and notes[0].endswith("arms reading it: taper.")
     _rewrite(run_dir / "profiles.json", replicates={})
     assert "reliability" not in build_results(run_dir)
+
+
+def _with_execution(run_dir: Path, arm: str, seed: int, threads: list[int]) -> None:
+    path = run_dir / "arms" / arm / f"seed-{seed}" / "result.json"
+    result = json.loads(path.read_text())
+    result["execution"] = [
+        {"device": "cpu", "threads": t, "processes": 1, "precision": "fp32", "compiled": False,
+         "torch": "2.13.0+cpu"}
+        for t in threads
+    ]  # fmt: skip
+    path.write_text(json.dumps(result))
+
+
+def test_runs_computed_under_different_settings_get_a_note_naming_them(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    make_run(run_dir)
+    for arm, losses in LOSSES.items():
+        for seed in losses:
+            _with_execution(run_dir, arm, seed, [1])
+    same = write_report(run_dir, plots=False)
+    assert not [n for n in same["notes"] if "settings" in n]  # one setting: nothing to say
+
+    _with_execution(run_dir, "uniform", 0, [2])  # the reference, trained on 2 threads
+    _with_execution(run_dir, "taper", 2, [1, 2])  # resumed on 2 threads
+    notes = [n for n in write_report(run_dir, plots=False)["notes"] if "settings" in n]
+    assert len(notes) == 1
+    note = notes[0]
+    assert "under 3 settings" in note
+    assert "cpu, 1 thread, fp32, torch 2.13.0+cpu: 4 runs" in note  # the most common first
+    assert "cpu, 2 threads, fp32, torch 2.13.0+cpu: 1 run (uniform seed 0)" in note
+    assert "1 thread, fp32, torch 2.13.0+cpu then cpu, 2 threads" in note
+    assert "(taper seed 2)" in note
+    assert note in (run_dir / "report.md").read_text()
+    # runs written before geospec recorded a setting say nothing about it
+    (run_dir / "arms" / "uniform" / "seed-0" / "result.json").write_text(
+        json.dumps({"final_val_loss": LOSSES["uniform"][0]})
+    )
+    notes = [n for n in write_report(run_dir, plots=False)["notes"] if "settings" in n]
+    assert len(notes) == 1 and "under 2 settings" in notes[0] and "uniform seed 0" not in notes[0]

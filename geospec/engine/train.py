@@ -213,6 +213,20 @@ def fingerprint(
     }
 
 
+def execution(device: torch.device, bf16: bool, processes: int, compiled: bool) -> dict[str, Any]:
+    """How this session of a run computes: not part of the experiment (its fingerprint), but what
+    decides the order of floating-point sums, so the same run under another setting (CPU threads
+    above all) ends at a loss that differs in the third or fourth decimal."""
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "processes": processes,
+        "precision": "bf16" if bf16 else "fp32",
+        "compiled": compiled,
+        "torch": torch.__version__,
+    }
+
+
 def weights_digest(state: dict[str, torch.Tensor]) -> str:
     """A content hash of a state dict (names, shapes, dtypes and bytes)."""
     import hashlib
@@ -498,7 +512,9 @@ class _Run:
         )
         self.step, self.train_seconds, self.wall_seconds = 0, 0.0, 0.0
         self.last_val: tuple[int, float] | None = None
+        self.executions: list[dict[str, Any]] = []  # one per distinct setting it trained under
         self._resume()
+        self.setting = execution(self.device, self.bf16, self.ctx.world_size, limit is not None)
         if self.ctx.is_main:
             write_config(self.out_dir, self.config)
         if self.observer is not None:
@@ -561,7 +577,9 @@ class _Run:
                 return None
             state = found[1]
             _check_same_run(self.out_dir, json.loads(state["fingerprint"]), self.fingerprint)
-            return {k: state[k] for k in ("step", "train_seconds", "wall_seconds", "last_val")}
+            kept = {k: state[k] for k in ("step", "train_seconds", "wall_seconds", "last_val")}
+            # absent from checkpoints written before geospec recorded it
+            return {**kept, "executions": json.loads(state.get("executions", "[]"))}
 
         stored = distributed.on_main(header, self.ctx)
         if stored is None:
@@ -580,6 +598,7 @@ class _Run:
         self.step = int(stored["step"])
         self.train_seconds = float(stored["train_seconds"])
         self.wall_seconds = float(stored["wall_seconds"])
+        self.executions = list(stored["executions"])
         last = stored["last_val"]
         self.last_val = (int(last[0]), float(last[1])) if last else None
 
@@ -592,6 +611,8 @@ class _Run:
         interval_steps = 0
         session_start = time.perf_counter()
         tick = time.perf_counter()
+        if self.step < self.total:
+            self._computing()
         with reporter:
             while self.step < self.total:
                 lr = learning_rate(train, self.step, self.total)
@@ -714,6 +735,7 @@ class _Run:
                 "wall_seconds": self.wall_seconds,
                 "last_val": list(self.last_val) if self.last_val else None,
                 "world_size": self.ctx.world_size,
+                "executions": json.dumps(self.executions),  # plain values: weights_only loads
             }
             write_checkpoint(self.out_dir, weights, state, self.config)
         distributed.barrier(self.ctx)
@@ -739,8 +761,15 @@ class _Run:
         if self.observer is not None:
             self.observer.log(row)
 
+    def _computing(self) -> None:
+        """Record this session's setting: it trains or evaluates (a session that only rewrites
+        result.json from the last checkpoint computed nothing, so adds none)."""
+        if self.setting not in self.executions:
+            self.executions.append(self.setting)
+
     def _finish(self) -> TrainResult:
         if self.last_val is None or self.last_val[0] != self.total:
+            self._computing()
             self.last_val = (self.total, self._evaluate())
         tokens = self.total * self.tokens_per_step
         result = TrainResult(
@@ -760,6 +789,7 @@ class _Run:
                     **result.to_dict(),
                     "widths": self.config.ffn_widths,
                     "fingerprint": self.fingerprint,
+                    "execution": self.executions,
                     "checksums": weights_checksum(self.out_dir),
                 },
             )

@@ -83,6 +83,9 @@ class SeedRun:
     config: dict[str, Any] | None
     fingerprint: dict[str, Any] | None
     """What the run was trained on (:func:`geospec.engine.train.fingerprint`)."""
+    execution: list[dict[str, Any]] | None = None
+    """How it computed, one entry per setting it trained under
+    (:func:`geospec.engine.train.execution`); None for runs that did not record it."""
 
 
 def read_seed_run(directory: Path, seed: int) -> SeedRun:
@@ -100,7 +103,8 @@ def read_seed_run(directory: Path, seed: int) -> SeedRun:
                 curve.append((int(row["step"]), float(row["val_loss"])))
     loss = float(result["final_val_loss"]) if result else None
     fingerprint = result.get("fingerprint") if result else None
-    return SeedRun(seed, directory, loss, curve, config, fingerprint)
+    execution = result.get("execution") if result else None
+    return SeedRun(seed, directory, loss, curve, config, fingerprint, execution)
 
 
 def _params(config: dict[str, Any]) -> tuple[int, int]:
@@ -214,7 +218,8 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         "notes": unfinished_notes(arms, resolved["seeds"])
         + exact_test_notes(arms, 1 - confidence)
         + holm_floor_notes(families, 1 - confidence)
-        + reliability_notes(reliability, {name: r[1] for name, r in reads.items()}),
+        + reliability_notes(reliability, {name: r[1] for name, r in reads.items()})
+        + execution_notes(runs),
         "curves": {
             name: {str(r.seed): r.curve for r in seed_runs} for name, seed_runs in runs.items()
         },
@@ -347,6 +352,48 @@ def holm_floor_notes(families: dict[str, list[Compared]], alpha: float) -> list[
                 f"at {alpha:.3g}; that takes at least {seeds_to_reach(alpha / m)} paired seeds."
             )
     return notes
+
+
+def execution_notes(runs: dict[str, list[SeedRun]]) -> list[str]:
+    """A note when the finished runs computed under different settings (CPU threads, device,
+    precision, torch): the comparisons stay fair (every run is the same experiment), but a run
+    repeated under another setting sums in another order and ends a little elsewhere, so whoever
+    reproduces a figure needs the setting each run had (its result.json's ``execution``)."""
+    settings: dict[str, list[str]] = {}
+    for name, seed_runs in runs.items():
+        for run in seed_runs:
+            recorded = run.execution
+            if run.final_val_loss is None or not recorded or not isinstance(recorded, list):
+                continue  # unfinished, or written before geospec recorded it
+            if not all(isinstance(entry, dict) for entry in recorded):
+                continue  # not what geospec writes: it says nothing about the setting
+            shown = " then ".join(_setting(entry) for entry in recorded)
+            settings.setdefault(shown, []).append(f"{name} seed {run.seed}")
+    if len(settings) <= 1:
+        return []
+    listed = "; ".join(
+        f"{shown}: {len(who)} run{'s' if len(who) > 1 else ''}"
+        + (f" ({', '.join(who)})" if len(who) <= 3 else "")
+        for shown, who in sorted(settings.items(), key=lambda item: -len(item[1]))
+    )
+    return [
+        f"The runs computed under {len(settings)} settings ({listed}). Each is the same "
+        "experiment, so the comparisons stand, but floating-point sums ran in different orders: "
+        "a run repeated under another setting ends at a slightly different loss. To reproduce a "
+        "figure exactly, use the run's own setting (execution in its result.json)."
+    ]
+
+
+def _setting(entry: dict[str, Any]) -> str:
+    parts = [str(entry.get("device", "?"))]
+    if entry.get("threads") is not None:
+        parts.append(f"{entry['threads']} thread{'s' if entry['threads'] != 1 else ''}")
+    if (entry.get("processes") or 1) > 1:
+        parts.append(f"{entry['processes']} processes")
+    parts += [str(entry.get("precision", "?")), f"torch {entry.get('torch', '?')}"]
+    if entry.get("compiled"):
+        parts.append("compiled")
+    return ", ".join(parts)
 
 
 def profile_reliability(
