@@ -75,11 +75,13 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise SpecError(source, ["contains NUL bytes: this is not a TOML text file"])
     try:
         document = tomlkit.parse(text)
-    except ParseError as error:
-        message = str(error).split(" at line ")[0]
-        raise SpecError(f"{source}:{error.line}:{error.col}", [message]) from None
     except KeyAlreadyPresent as error:
         raise SpecError(*_duplicate_key(source, text, str(error))) from None
+    except ParseError as error:
+        message = str(error).split(" at line ")[0]
+        if "already exists" in message:  # tomlkit >= 0.15 reports a duplicate key as a ParseError
+            raise SpecError(*_duplicate_key(source, text, message)) from None
+        raise SpecError(f"{source}:{error.line}:{error.col}", [message]) from None
     except Exception as error:  # tomlkit raises a few non-ParseError exceptions on odd input
         raise SpecError(source, [f"TOML syntax error: {error}"]) from None
     unwrapped: dict[str, Any] = document.unwrap()
