@@ -220,12 +220,12 @@ def test_intervals_are_at_the_run_confidence(tmp_path: Path, confidence: float) 
     run = json.loads((run_dir / "run.json").read_text())
     run.update(confidence=confidence, seeds=list(seeds), bootstrap=4000)
     (run_dir / "run.json").write_text(json.dumps(run))
-    for arm, losses in (("uniform", base), ("taper", taper)):
+    for name, losses in (("uniform", base), ("taper", taper)):
         for seed, loss in losses.items():
-            out = run_dir / "arms" / arm / f"seed-{seed}"
+            out = run_dir / "arms" / name / f"seed-{seed}"
             out.mkdir(parents=True, exist_ok=True)
             (out / "result.json").write_text(json.dumps({"final_val_loss": loss}))
-            (out / "config.json").write_text(json.dumps({**CONFIG, "ffn_widths": WIDTHS[arm]}))
+            (out / "config.json").write_text(json.dumps({**CONFIG, "ffn_widths": WIDTHS[name]}))
     results = write_report(run_dir, plots=False)
     vs = results["arms"]["taper"]["vs_uniform"]
     arm, baseline = np.array(list(taper.values())), np.array(list(base.values()))
