@@ -17,7 +17,7 @@ from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.errors import SpecError
 from geospec.evaluate.harness import scores_of
-from geospec.pipeline.run_dir import EVAL_FILE, RUN_KEY_FILE, arm_seed_dir
+from geospec.layout import EVAL_FILE, RUN_KEY_FILE, arm_seed_dir
 from geospec.report.evaluation import eval_results
 from geospec.report.markdown import eval_rows
 from geospec.spec.loading import validate_spec

@@ -614,7 +614,8 @@ def _drop_a_measure(data: Any) -> None:
 def test_a_damaged_measures_json_is_said_and_measure_all_resolved_again(
     tmp_path: Path, damage: Callable[[Path], None], said: str
 ) -> None:
-    from geospec.pipeline.run_dir import MEASURES_FILE, pin_measures
+    from geospec.layout import MEASURES_FILE
+    from geospec.pipeline.run_dir import pin_measures
     from geospec.spec.loading import validate_spec
     from geospec.testing import minimal_spec
 

@@ -24,8 +24,9 @@ from geospec import hookimpl
 from geospec.cli import cli
 from geospec.errors import OutOfSpace, UsageError
 from geospec.kinds import Launch, Launcher, RunOutcome
+from geospec.layout import FAILURE_FILE
 from geospec.locks import claim_path
-from geospec.pipeline.run_dir import FAILURE_FILE, read_failure, record_failure
+from geospec.pipeline.run_dir import read_failure, record_failure
 from geospec.plugin import PluginParams, Register
 from geospec.testing import registered
 

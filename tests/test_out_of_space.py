@@ -17,7 +17,8 @@ from small_spec import small_spec
 
 from geospec.atomic import atomic_path, atomic_write_json
 from geospec.errors import OutOfSpace
-from geospec.pipeline.run_dir import FAILURE_FILE, record_failure
+from geospec.layout import FAILURE_FILE
+from geospec.pipeline.run_dir import record_failure
 
 
 class Tmpfs:

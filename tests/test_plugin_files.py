@@ -18,7 +18,8 @@ import tomlkit
 from click.testing import CliRunner, Result
 
 from geospec.cli import cli
-from geospec.pipeline.run_dir import MEASURES_FILE, pin_measures
+from geospec.layout import MEASURES_FILE
+from geospec.pipeline.run_dir import pin_measures
 from geospec.pipeline.status import status
 from geospec.registry.files import PLUGIN_FILES_ENV
 from geospec.registry.loading import reset_default_registries

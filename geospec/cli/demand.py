@@ -29,7 +29,8 @@ def demand(
     directory and prints the fits and which profiles track the demand. No arm is trained.
     """
     from geospec.errors import GeospecError
-    from geospec.pipeline.run_dir import DEMAND_FILE, read_demand
+    from geospec.layout import DEMAND_FILE
+    from geospec.pipeline.run_dir import read_demand
     from geospec.report.terminal import print_demand
 
     done = run_until("demand", spec_path, overrides, from_stage, out, adapt=_enabled)

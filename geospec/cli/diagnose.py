@@ -28,7 +28,8 @@ def diagnose(
     of the work profiles and the least additive layer pairs. No arm is trained.
     """
     from geospec.errors import GeospecError
-    from geospec.pipeline.run_dir import DIAGNOSTICS_FILE, read_diagnostics
+    from geospec.layout import DIAGNOSTICS_FILE
+    from geospec.pipeline.run_dir import read_diagnostics
     from geospec.report.terminal import print_diagnostics
 
     done = run_until("diagnose", spec_path, overrides, from_stage, out, adapt=_enabled)

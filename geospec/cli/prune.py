@@ -31,7 +31,8 @@ def prune(
     """
     from geospec.atomic import atomic_write_text
     from geospec.errors import UsageError
-    from geospec.pipeline.run_dir import PRUNE_DIR, PRUNE_FILE, REPORT_FILE, read_prune
+    from geospec.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
+    from geospec.pipeline.run_dir import read_prune
     from geospec.report.prune import prune_markdown
 
     done = run_until("prune", spec_path, overrides, from_stage, out, adapt=_has_prune(spec_path))

@@ -30,7 +30,8 @@ def _parse_widths(text: str) -> list[int]:
 
 def arm_widths(spec: Spec, arm: str, given: str | None) -> list[int]:
     """The FFN widths to train ``arm`` with, checked against the model's depth and budget."""
-    from geospec.pipeline.run_dir import WIDTHS_FILE, json_problem, read_json
+    from geospec.artifacts import json_problem, read_json
+    from geospec.layout import WIDTHS_FILE
     from geospec.solve.widths import compute_widths, width_problems
 
     names = [a.name for a in spec.arms]
@@ -103,9 +104,9 @@ def train(
 
     from geospec.engine.distributed import context, process_group
     from geospec.engine.model import config_from_spec
+    from geospec.layout import arm_seed_dir
     from geospec.pipeline.context import RunContext
     from geospec.pipeline.keys import arm_run_key
-    from geospec.pipeline.run_dir import arm_seed_dir
     from geospec.pipeline.tracking import TrackAs
     from geospec.pipeline.training import train_into
     from geospec.spec.loading import load_spec

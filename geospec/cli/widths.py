@@ -16,7 +16,7 @@ from rich.table import Table
 from geospec.cli.console import plugin_option, set_option, spec_argument
 from geospec.engine.model_size import ffn_params
 from geospec.errors import UsageError
-from geospec.pipeline.run_dir import RUN_FILE, WIDTHS_FILE
+from geospec.layout import RUN_FILE, WIDTHS_FILE
 from geospec.solve.profiles import read_profiles
 from geospec.solve.widths import WidthsResult, compute_widths, write_widths
 from geospec.spec.sections import Spec

@@ -2,10 +2,11 @@
 and the plan a stage hands the executor.
 
 A stage is a small frozen dataclass built by ``from_spec(spec)`` from the spec sections it
-depends on; ``plan(run, done, forced)`` returns a :class:`Plan`: its key, the artifacts that
-prove it finished, and the work to do (``run``) or the outputs to read back (``load``). The
-executor (:mod:`geospec.pipeline.executor`) decides, for every stage alike, whether to skip it or
-run it and record its key.
+depends on. It declares in ``reads`` the earlier stages whose keys or outputs it uses, and
+``plan(run, upstream, forced)`` sees only those, through an :class:`Upstream` view; it returns a
+:class:`Plan`: its key, the artifacts that prove it finished, and the work to do (``run``) or
+the outputs to read back (``load``). The executor (:mod:`geospec.pipeline.executor`) decides,
+for every stage alike, whether to skip it or run it and record its key.
 """
 
 from __future__ import annotations
@@ -105,10 +106,69 @@ class Done:
     ran: bool = False
 
 
+#: The stages whose outputs are profiles (name -> per-layer values), merged in this order by
+#: :meth:`Upstream.profiles`: a later stage's profile of the same name would win (none share one).
+PROFILE_STAGES = ("measure", "diagnose", "demand")
+
+
+class UndeclaredRead(RuntimeError):
+    """A stage read an upstream stage it does not declare in ``reads`` (a bug in the stage)."""
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What one stage may see of the stages before it: those it declares in ``reads``.
+
+    Reading any other stage raises :class:`UndeclaredRead`, so a stage's ``reads`` is the whole
+    truth about what its key and its work depend on (tests/test_architecture.py draws the stage
+    graph from it and checks docs/architecture.md's against it).
+    """
+
+    stage: str
+    reads: tuple[str, ...]
+    done: Mapping[str, Done]
+
+    def _done(self, name: str) -> Done:
+        if name not in self.reads:
+            raise UndeclaredRead(
+                f"the {self.stage} stage read the {name} stage, which its `reads` "
+                f"({', '.join(self.reads) or 'nothing'}) does not declare"
+            )
+        return self.done[name]
+
+    def key(self, name: str) -> str | None:
+        """The key of upstream stage ``name`` (None: it does not apply to this spec)."""
+        return self._done(name).key
+
+    def output(self, name: str) -> Any:
+        """What upstream stage ``name`` returned (or read back when it was skipped)."""
+        return self._done(name).output
+
+    def profiles(self) -> dict[str, list[float]]:
+        """Every profile of the profile stages this stage reads (measured, diagnostic, demand),
+        by name; a stage that did not apply adds none."""
+        merged: dict[str, list[float]] = {}
+        for name in PROFILE_STAGES:
+            if name in self.reads:
+                merged.update(self.output(name) or {})
+        return merged
+
+    def widths(self) -> dict[str, list[int]]:
+        """Every arm's widths, from the solve stage."""
+        widths: dict[str, list[int]] = self.output("solve")
+        return widths
+
+    def any_ran(self) -> bool:
+        """Whether any stage this one reads did work in this run."""
+        return any(self._done(name).ran for name in self.reads)
+
+
 class Stage(Protocol):
     name: ClassVar[str]
+    reads: ClassVar[tuple[str, ...]]
+    """The earlier stages whose keys or outputs this stage uses (its edges in the stage graph)."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Stage: ...
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan: ...
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan: ...

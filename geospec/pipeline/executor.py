@@ -23,14 +23,9 @@ from pathlib import Path
 from rich.console import Console
 
 from geospec.errors import UsageError
-from geospec.pipeline.context import INCOMPLETE, Done, RunContext, Stage
-from geospec.pipeline.run_dir import (
-    STAGES_FILE,
-    StageLog,
-    pin_measures,
-    prepare_run_dir,
-    write_run_metadata,
-)
+from geospec.layout import STAGES_FILE
+from geospec.pipeline.context import INCOMPLETE, Done, RunContext, Stage, Upstream
+from geospec.pipeline.run_dir import StageLog, pin_measures, prepare_run_dir, write_run_metadata
 from geospec.pipeline.stages.demand import DemandStage
 from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.eval import Eval
@@ -56,6 +51,17 @@ STAGE_TYPES: tuple[type[Stage], ...] = (
     Report,
 )
 STAGES = tuple(stage.name for stage in STAGE_TYPES)
+
+
+def stage_graph() -> dict[str, tuple[str, ...]]:
+    """Each stage and the earlier stages it reads (its ``reads``), in pipeline order."""
+    graph: dict[str, tuple[str, ...]] = {}
+    for stage in STAGE_TYPES:
+        later = [name for name in stage.reads if name not in graph]
+        if later:  # a stage reads only what ran before it
+            raise RuntimeError(f"the {stage.name} stage reads {later}, not earlier stages")
+        graph[stage.name] = stage.reads
+    return graph
 
 
 def run_pipeline(
@@ -112,7 +118,8 @@ def run_pipeline(
         partial = False  # a stage did part of its work: the later ones ran on part of it too
         for index, stage_type in enumerate(STAGE_TYPES[: last + 1]):
             stage = stage_type.from_spec(spec)
-            plan = stage.plan(run, done, forced=index >= first)
+            upstream = Upstream(stage.name, stage.reads, done)
+            plan = stage.plan(run, upstream, forced=index >= first)
             works_here = run.is_main or not plan.main_only
             if plan.key is None:  # the stage does not apply to this spec
                 done[stage.name] = Done(None)

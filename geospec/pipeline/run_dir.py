@@ -25,75 +25,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from geospec.artifacts import json_problem, read_json
 from geospec.atomic import atomic_write_json, atomic_write_text
-from geospec.digests import file_digest, seal_broken, sealed
+from geospec.digests import file_digest, sealed
 from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
 from geospec.errors import GeospecError, UsageError, last_line
+from geospec.layout import (
+    DEMAND_FILE,
+    DIAGNOSTICS_FILE,
+    EVAL_FILE,
+    FAILURE_FILE,
+    MEASURES_FILE,
+    PRUNE_FILE,
+    RUN_FILE,
+    RUN_KEY_FILE,
+    SUBMITTED_FILE,
+)
 from geospec.version import __version__
 
 if TYPE_CHECKING:
     from geospec.pipeline.context import RunContext
     from geospec.spec.sections import Spec
-
-STAGES_FILE = "stages.json"
-RUN_FILE = "run.json"
-REFERENCE_DIR = "reference"
-CLOUDS_DIR = "clouds"
-PROFILES_FILE = "profiles.json"
-MEASURES_FILE = "measures.json"
-DIAGNOSTICS_FILE = "diagnostics.json"
-DEMAND_FILE = "demand.json"
-PRUNE_FILE = "prune.json"
-PRUNE_DIR = "prune"
-WIDTHS_FILE = "widths.json"
-RESULTS_FILE = "results.json"
-REPORT_FILE = "report.md"
-RUN_KEY_FILE = "run_key.json"
-FAILURE_FILE = "failure.json"
-EVAL_FILE = "eval.json"
-SUBMITTED_FILE = "launch/submitted.json"
-
-
-def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:
-    """The training directory of one arm and seed."""
-    return run_dir / "arms" / arm / f"seed-{seed}"
-
-
-def read_json(path: Path) -> Any:
-    """A JSON artifact's content, None when it does not exist; a damaged one is a UsageError
-    naming the file and what to do."""
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise UsageError(f"{path}: not valid JSON ({error}); delete it and rerun") from None
-
-
-def read_json_or_none(path: Path) -> Any:
-    """A recomputable JSON artifact's content, or None when it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def json_problem(path: Path, *keys: str) -> str | None:
-    """What keeps a recomputable JSON artifact from being trusted (missing, unreadable, not an
-    object, without ``keys``, or its content changed after geospec sealed it), or None."""
-    shown = path.name
-    if not path.is_file():
-        return f"{shown} is missing"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return f"{shown} is unreadable"
-    if not isinstance(data, dict) or any(key not in data for key in keys):
-        return f"{shown} does not hold what geospec wrote"
-    if seal_broken(data):
-        return f"{shown} was changed after geospec wrote it"
-    return None
-
 
 # ---------------------------------------------------------------------------------------------
 # the optional stages' records

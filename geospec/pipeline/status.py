@@ -16,23 +16,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from geospec.artifacts import json_problem
 from geospec.engine.run_files import METRICS_FILE, RESULT_FILE
 from geospec.errors import UsageError
-from geospec.locks import claim_holder, holder_alive
-from geospec.pipeline.run_dir import (
+from geospec.layout import (
     EVAL_FILE,
     MEASURES_FILE,
     REPORT_FILE,
     RUN_FILE,
     RUN_KEY_FILE,
     STAGES_FILE,
-    StageLog,
     arm_seed_dir,
-    json_problem,
-    measure_all_note,
-    read_failure,
-    read_submissions,
 )
+from geospec.locks import claim_holder, holder_alive
+from geospec.pipeline.run_dir import StageLog, measure_all_note, read_failure, read_submissions
 
 #: The pipeline's stages in order (as geospec.pipeline.executor.STAGES, without importing it).
 STAGE_NAMES = (

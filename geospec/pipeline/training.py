@@ -16,13 +16,8 @@ from typing import TYPE_CHECKING
 from geospec.atomic import atomic_path
 from geospec.engine.run_files import RESULT_FILE
 from geospec.errors import Preempted
-from geospec.pipeline.run_dir import (
-    FAILURE_FILE,
-    RUN_KEY_FILE,
-    is_trained,
-    own_training_dir,
-    record_failure,
-)
+from geospec.layout import FAILURE_FILE, RUN_KEY_FILE
+from geospec.pipeline.run_dir import is_trained, own_training_dir, record_failure
 
 if TYPE_CHECKING:
     from geospec.engine.model import GPTConfig

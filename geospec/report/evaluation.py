@@ -21,7 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from geospec.pipeline.run_dir import EVAL_FILE, arm_seed_dir, json_problem, stored_run_key
+from geospec.artifacts import json_problem
+from geospec.layout import EVAL_FILE, arm_seed_dir
+from geospec.pipeline.run_dir import stored_run_key
 from geospec.report.stats import comparison, finite, holm, summarize
 
 

@@ -43,18 +43,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from geospec.artifacts import json_problem, read_json, read_json_or_none
 from geospec.engine.model_size import Shape, count_params, total_ffn_params
 from geospec.engine.run_files import CONFIG_FILE, METRICS_FILE, RESULT_FILE
 from geospec.errors import GeospecError, UsageError
-from geospec.pipeline.run_dir import (
-    PROFILES_FILE,
-    RUN_FILE,
-    WIDTHS_FILE,
-    arm_seed_dir,
-    json_problem,
-    read_json,
-    read_json_or_none,
-)
+from geospec.layout import PROFILES_FILE, RUN_FILE, WIDTHS_FILE, arm_seed_dir
 from geospec.report.evaluation import eval_results
 from geospec.report.stats import (
     MIN_RELIABILITY,

@@ -7,13 +7,8 @@ from typing import Any
 
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import sealed
-from geospec.pipeline.run_dir import (
-    REPORT_FILE,
-    RESULTS_FILE,
-    read_demand,
-    read_diagnostics,
-    read_prune,
-)
+from geospec.layout import REPORT_FILE, RESULTS_FILE
+from geospec.pipeline.run_dir import read_demand, read_diagnostics, read_prune
 from geospec.report.results import build_results
 
 #: Figures the diagnose stage draws; the report shows those that exist.

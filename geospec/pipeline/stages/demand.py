@@ -22,19 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from geospec.artifacts import json_problem, read_json
 from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.errors import GeospecError
-from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.layout import DEMAND_FILE
+from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.run_dir import (
-    DEMAND_FILE,
-    DEMAND_KEYS,
-    MEASURED_KEYS,
-    json_problem,
-    read_demand,
-    read_json,
-)
+from geospec.pipeline.run_dir import DEMAND_KEYS, MEASURED_KEYS, read_demand
 from geospec.pipeline.stages.probe import Probe
 from geospec.report.stats import finite
 from geospec.spec.sections import DEMAND_PROFILES, DemandSpec, Spec
@@ -52,6 +47,7 @@ BOOTSTRAP = 2000
 @dataclass(frozen=True)
 class DemandStage:
     name: ClassVar[str] = "demand"
+    reads: ClassVar[tuple[str, ...]] = ("probe", "measure", "diagnose")
     demand: DemandSpec
     probe: Probe
     """The probe's settings: the reference model, its data and the calibration windows."""
@@ -62,9 +58,9 @@ class DemandStage:
     def from_spec(cls, spec: Spec) -> DemandStage:
         return cls(spec.demand, Probe.from_spec(spec), spec.model.multiple_of)
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         path = run.run_dir / DEMAND_FILE
-        probe_key = done["probe"].key
+        probe_key = upstream.key("probe")
         if not self.demand.enabled:
             if run.is_main and path.exists():
                 stale = read_demand(run.run_dir)
@@ -80,9 +76,9 @@ class DemandStage:
             self.probe.seq_len,
             self.multiple,
         )
-        key = digest("demand", compute_key, done["measure"].key, done["diagnose"].key)
+        key = digest("demand", compute_key, upstream.key("measure"), upstream.key("diagnose"))
         keys = {"compute": compute_key, "probe": probe_key}
-        others = {**(done["measure"].output or {}), **(done["diagnose"].output or {})}
+        others = upstream.profiles()  # measured and diagnostic: the demand's own come later
         return Plan(
             key,
             run=lambda: self.write(run, path, keys, others, reuse=not forced),

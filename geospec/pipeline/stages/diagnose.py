@@ -22,18 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from geospec.artifacts import json_problem
 from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.errors import GeospecError
-from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.layout import CLOUDS_DIR, DIAGNOSTICS_FILE
+from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.run_dir import (
-    CLOUDS_DIR,
-    DIAGNOSTICS_FILE,
-    DIAGNOSTICS_KEYS,
-    json_problem,
-    read_diagnostics,
-)
+from geospec.pipeline.run_dir import DIAGNOSTICS_KEYS, read_diagnostics
 from geospec.pipeline.stages.probe import Probe
 from geospec.report.stats import finite
 from geospec.spec.resolve import measures
@@ -47,6 +43,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Diagnose:
     name: ClassVar[str] = "diagnose"
+    reads: ClassVar[tuple[str, ...]] = ("probe", "measure")
     diagnose: DiagnoseSpec
     probe: Probe
     """The probe's settings: the reference model, its data and the probed tokens."""
@@ -57,9 +54,9 @@ class Diagnose:
     def from_spec(cls, spec: Spec) -> Diagnose:
         return cls(spec.diagnose, Probe.from_spec(spec), tuple(measures(spec)))
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         path = run.run_dir / DIAGNOSTICS_FILE
-        probe_key = done["probe"].key
+        probe_key = upstream.key("probe")
         if not self.diagnose.enabled:
             if run.is_main and path.exists():
                 stale = read_diagnostics(run.run_dir)
@@ -70,9 +67,9 @@ class Diagnose:
         compute_key = digest(
             "diagnose", settings, probe_key, data_key(self.probe.data), self.probe.seq_len
         )
-        key = digest("diagnose", compute_key, done["measure"].key)
+        key = digest("diagnose", compute_key, upstream.key("measure"))
         keys = {"compute": compute_key, "probe": probe_key}
-        profiles = done["measure"].output or {}
+        profiles = upstream.output("measure") or {}
         return Plan(
             key,
             run=lambda: self.write(run, path, keys, profiles, reuse=not forced),

@@ -12,14 +12,15 @@ by another process) are left for a later run; the stage then stays unfinished.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from geospec.pipeline.context import INCOMPLETE, Done, Plan, RunContext
+from geospec.artifacts import json_problem, read_json
+from geospec.layout import EVAL_FILE, arm_seed_dir
+from geospec.pipeline.context import INCOMPLETE, Plan, RunContext, Upstream
 from geospec.pipeline.keys import arm_run_key, digest, section
-from geospec.pipeline.run_dir import EVAL_FILE, arm_seed_dir, is_trained, json_problem, read_json
+from geospec.pipeline.run_dir import is_trained
 from geospec.spec.sections import DataSpec, EvalSpec, ModelSpec, Spec, TrainSpec
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def eval_problem(out: Path, key: str) -> str | None:
 @dataclass(frozen=True)
 class Eval:
     name: ClassVar[str] = "eval"
+    reads: ClassVar[tuple[str, ...]] = ("solve",)
     model: ModelSpec
     data: DataSpec
     train: TrainSpec
@@ -69,12 +71,12 @@ class Eval:
         arms = tuple(a.name for a in spec.arms)
         return cls(spec.model, spec.data, spec.train, arms, spec.probe_only, spec.eval)
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         if self.evaluation is None or self.probe_only:
             return Plan(None)  # nothing to evaluate: no key is recorded, nothing is said
         from geospec.evaluate.harness import task_definitions_digest, task_dirs
 
-        widths: dict[str, list[int]] = done["solve"].output
+        widths: dict[str, list[int]] = upstream.output("solve")
         settings = section(self.evaluation)
         for name in BOOKKEEPING:
             settings.pop(name, None)

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from geospec.artifacts import json_problem, read_json
 from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
-from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.layout import CLOUDS_DIR, PROFILES_FILE
+from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import digest, section
-from geospec.pipeline.run_dir import CLOUDS_DIR, PROFILES_FILE, json_problem, read_json
 from geospec.report.stats import MIN_RELIABILITY
 from geospec.spec.resolve import measures
 from geospec.spec.sections import MeasureSpec, Spec
@@ -58,6 +58,7 @@ def provenance(entry: MeasureSpec, builtins: bool) -> Provenance:
 @dataclass(frozen=True)
 class Measure:
     name: ClassVar[str] = "measure"
+    reads: ClassVar[tuple[str, ...]] = ("probe",)
     entries: tuple[MeasureSpec, ...]
     """The measures in effect (``measure = "all"`` expanded)."""
     min_reliability: float = MIN_RELIABILITY
@@ -75,8 +76,8 @@ class Measure:
         keyed = tuple(provenance(entry, builtins=False) for entry in entries)
         return cls(entries, spec.report.min_reliability, plugins, keyed)
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
-        probe_key = done["probe"].key
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
+        probe_key = upstream.key("probe")
         keys = {  # a profile measured by builtins alone keeps the key it always had
             e.profile: digest("measure", section(e), probe_key, *([keyed] if keyed else []))
             for e, keyed in zip(self.entries, self.keyed, strict=True)

@@ -11,7 +11,7 @@ records the layer count, the shapes and each file's content hash; clouds that do
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, ClassVar
 from geospec.atomic import atomic_path, atomic_write_json
 from geospec.digests import file_digest
 from geospec.errors import UsageError
-from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.layout import CLOUDS_DIR, PROBE_META_FILE
+from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section
-from geospec.pipeline.run_dir import CLOUDS_DIR
 from geospec.spec.sections import DataSpec, ProbeSpec, ReferenceSpec, Spec
 
 if TYPE_CHECKING:
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from geospec.engine.distributed import DistContext
     from geospec.engine.token_data import TokenData
     from geospec.measure.probe import FFNSite, TokenSample
-
-META_FILE = "meta.json"
 
 
 @dataclass(frozen=True)
@@ -54,6 +52,7 @@ class LossSetup:
 @dataclass(frozen=True)
 class Probe:
     name: ClassVar[str] = "probe"
+    reads: ClassVar[tuple[str, ...]] = ("reference",)
     probe: ProbeSpec
     data: DataSpec
     seq_len: int
@@ -64,15 +63,15 @@ class Probe:
     def from_spec(cls, spec: Spec) -> Probe:
         return cls(spec.probe, spec.data, spec.model.seq_len, spec.reference)
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         # the data section matters too: a pretrained reference's key covers only its checkpoint
-        key = digest("probe", section(self.probe), done["reference"].key, data_key(self.data))
+        key = digest("probe", section(self.probe), upstream.key("reference"), data_key(self.data))
         clouds_dir = run.run_dir / CLOUDS_DIR
         return Plan(
             key,
             run=lambda: self.write_clouds(run, clouds_dir),
-            artifacts=(clouds_dir / META_FILE,),
-            problem=clouds_problem(clouds_dir) if (clouds_dir / META_FILE).exists() else None,
+            artifacts=(clouds_dir / PROBE_META_FILE,),
+            problem=clouds_problem(clouds_dir) if (clouds_dir / PROBE_META_FILE).exists() else None,
             main_only=False,  # every rank probes its share of the windows (torchrun)
         )
 
@@ -103,7 +102,7 @@ class Probe:
         if not run.is_main:
             return
         # only geospec's own files go: a folder named clouds/ may hold the user's too
-        (clouds_dir / META_FILE).unlink(missing_ok=True)
+        (clouds_dir / PROBE_META_FILE).unlink(missing_ok=True)
         for old in clouds_dir.glob("layer-*.safetensors"):
             old.unlink()
         digests = {}
@@ -115,7 +114,7 @@ class Probe:
         # "tokens" counts a cloud's rows: with replicates, each one's tokens one after the other
         replicates = {"replicates": probe.replicates} if probe.replicates > 1 else {}
         atomic_write_json(
-            clouds_dir / META_FILE,
+            clouds_dir / PROBE_META_FILE,
             {
                 "layers": len(clouds),
                 "tokens": probe.tokens * probe.replicates,
@@ -195,7 +194,7 @@ def clouds_problem(clouds_dir: Path) -> str | None:
     """What keeps the stored clouds from being trusted (None when they match meta.json)."""
     from safetensors import SafetensorError, safe_open
 
-    meta_path = clouds_dir / META_FILE
+    meta_path = clouds_dir / PROBE_META_FILE
     try:
         meta = json.loads(meta_path.read_text())
         layers, tokens, width = int(meta["layers"]), int(meta["tokens"]), int(meta["width"])
@@ -204,7 +203,7 @@ def clouds_problem(clouds_dir: Path) -> str | None:
         return f"{meta_path} is unreadable"
     files = sorted(p.name for p in clouds_dir.glob("layer-*.safetensors"))
     if files != [cloud_file(layer) for layer in range(layers)]:
-        return f"{clouds_dir} holds {len(files)} layer files, {META_FILE} says {layers}"
+        return f"{clouds_dir} holds {len(files)} layer files, {PROBE_META_FILE} says {layers}"
     for name in files:
         path = clouds_dir / name
         try:
@@ -213,7 +212,8 @@ def clouds_problem(clouds_dir: Path) -> str | None:
         except (OSError, SafetensorError, KeyError):
             return f"{path} is unreadable"
         if any(list(shape) != [tokens, width] for shape in shapes.values()):
-            return f"{path} holds clouds of shape {shapes['x']}, {META_FILE} says {[tokens, width]}"
+            expected = [tokens, width]
+            return f"{path} holds clouds of shape {shapes['x']}, {PROBE_META_FILE} says {expected}"
         if isinstance(digests, dict) and file_digest(path) != digests.get(name):
             return f"{path} changed after it was probed"
     return None
@@ -222,7 +222,7 @@ def clouds_problem(clouds_dir: Path) -> str | None:
 def cloud_replicates(clouds_dir: Path) -> int:
     """How many disjoint token samples the stored clouds hold, one after the other (1 for
     clouds probed without probe.replicates)."""
-    meta = json.loads((clouds_dir / META_FILE).read_text())
+    meta = json.loads((clouds_dir / PROBE_META_FILE).read_text())
     return int(meta.get("replicates", 1))
 
 
@@ -233,7 +233,7 @@ def load_clouds(clouds_dir: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
     problem = clouds_problem(clouds_dir)
     if problem is not None:
         raise UsageError(f"{problem}; run again with --from probe")
-    count = int(json.loads((clouds_dir / META_FILE).read_text())["layers"])
+    count = int(json.loads((clouds_dir / PROBE_META_FILE).read_text())["layers"])
     result = []
     for layer in range(count):
         tensors = load_file(str(clouds_dir / cloud_file(layer)))

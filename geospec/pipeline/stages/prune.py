@@ -21,13 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from geospec.artifacts import json_problem, read_json
 from geospec.atomic import atomic_write_json
 from geospec.digests import seal_broken, sealed, unsealed
 from geospec.disk import writing
 from geospec.errors import UsageError
-from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.layout import PRUNE_DIR, PRUNE_FILE
+from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section
-from geospec.pipeline.run_dir import PRUNE_DIR, PRUNE_FILE, PRUNE_KEYS, json_problem, read_json
+from geospec.pipeline.run_dir import PRUNE_KEYS
 from geospec.spec.sections import DataSpec, ModelSpec, PruneSpec, ReferenceSpec, Spec
 
 if TYPE_CHECKING:
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class PruneStage:
     name: ClassVar[str] = "prune"
+    reads: ClassVar[tuple[str, ...]] = ("reference", "measure", "diagnose", "demand")
     prune: PruneSpec | None
     data: DataSpec
     model: ModelSpec
@@ -48,20 +51,16 @@ class PruneStage:
     def from_spec(cls, spec: Spec) -> PruneStage:
         return cls(spec.prune, spec.data, spec.model, spec.reference, spec.train.threads)
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         if self.prune is None:
             return Plan(None, current=True)
-        every = {
-            **(done["measure"].output or {}),
-            **(done["diagnose"].output or {}),
-            **(done["demand"].output or {}),
-        }
+        every = upstream.profiles()
         # keyed by the profiles the arms read: a profile no arm uses changes no pruned model
         profiles = {name: every[name] for name in self.needed_profiles() if name in every}
         key = digest(
             "prune",
             section(self.prune),
-            done["reference"].key,
+            upstream.key("reference"),
             data_key(self.data),
             self.model.seq_len,
             self.model.multiple_of,

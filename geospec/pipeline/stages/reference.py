@@ -7,7 +7,6 @@ paths, sizes and times, a hub model by its id and commit (:mod:`geospec.engine.h
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -15,9 +14,10 @@ from typing import TYPE_CHECKING, ClassVar
 from geospec.engine.hub import Source, locate
 from geospec.engine.run_files import RESULT_FILE
 from geospec.errors import UsageError
-from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.layout import REFERENCE_DIR
+from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section, training_settings
-from geospec.pipeline.run_dir import REFERENCE_DIR, finished_model_problem
+from geospec.pipeline.run_dir import finished_model_problem
 from geospec.pipeline.tracking import TrackAs
 from geospec.pipeline.training import train_into
 from geospec.spec.sections import DataSpec, ModelSpec, ReferenceSpec, Spec, TrainSpec
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Reference:
     name: ClassVar[str] = "reference"
+    reads: ClassVar[tuple[str, ...]] = ()
     reference: ReferenceSpec
     model: ModelSpec
     data: DataSpec
@@ -60,7 +61,7 @@ class Reference:
             training_settings(self.train.model_copy(update={"seeds": [ref.seed]})),
         )
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         if self.reference.checkpoint is not None:
             source = checkpoint_source(run.spec_dir, self.reference)  # a missing path: one line
             if source.on_hub:

@@ -6,19 +6,30 @@ It is rebuilt whenever an earlier stage did work, so the report always shows the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.artifacts import json_problem, read_json
+from geospec.layout import REPORT_FILE, RESULTS_FILE
+from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import digest, section
-from geospec.pipeline.run_dir import REPORT_FILE, RESULTS_FILE, json_problem, read_json
 from geospec.spec.sections import ReportSpec, Spec
 
 
 @dataclass(frozen=True)
 class Report:
     name: ClassVar[str] = "report"
+    reads: ClassVar[tuple[str, ...]] = (
+        "reference",
+        "probe",
+        "measure",
+        "diagnose",
+        "demand",
+        "solve",
+        "prune",
+        "train",
+        "eval",
+    )
     report: ReportSpec
     arms: tuple[str, ...]
 
@@ -26,17 +37,17 @@ class Report:
     def from_spec(cls, spec: Spec) -> Report:
         return cls(spec.report, tuple(a.name for a in spec.arms))
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         # optional stages enter the key only where they apply (keys of runs without them stay)
         optional = [
-            done[name].key
+            upstream.key(name)
             for name in ("diagnose", "demand", "prune", "eval")
-            if done[name].key is not None
+            if upstream.key(name) is not None
         ]
         key = digest(
             "report",
-            done["train"].key,
-            done["measure"].key,
+            upstream.key("train"),
+            upstream.key("measure"),
             section(self.report),
             list(self.arms),
             *optional,
@@ -47,7 +58,7 @@ class Report:
             load=lambda: self.show(run, read_json(run.run_dir / RESULTS_FILE)),
             artifacts=(run.run_dir / RESULTS_FILE,),
             problem=json_problem(run.run_dir / RESULTS_FILE, "arms", "checks"),
-            current=False if any(d.ran for d in done.values()) else None,
+            current=False if upstream.any_ran() else None,
         )
 
     def write(self, run: RunContext) -> dict[str, Any]:

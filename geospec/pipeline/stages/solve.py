@@ -7,16 +7,16 @@ leaves them equal retrains nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from geospec.artifacts import read_json_or_none
 from geospec.atomic import atomic_write_json
 from geospec.digests import SEAL, seal_broken, sealed, unsealed
 from geospec.errors import GeospecError
-from geospec.pipeline.context import Done, Plan, RunContext
+from geospec.layout import WIDTHS_FILE
+from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import digest
-from geospec.pipeline.run_dir import WIDTHS_FILE, read_json_or_none
 from geospec.solve.widths import WidthsResult, compute_widths
 from geospec.spec.sections import ArmSpec, ModelSpec, Spec
 
@@ -24,6 +24,7 @@ from geospec.spec.sections import ArmSpec, ModelSpec, Spec
 @dataclass(frozen=True)
 class Solve:
     name: ClassVar[str] = "solve"
+    reads: ClassVar[tuple[str, ...]] = ("measure", "diagnose", "demand")
     model: ModelSpec
     arms: tuple[ArmSpec, ...]
     pretrained_reference: bool
@@ -33,12 +34,8 @@ class Solve:
     def from_spec(cls, spec: Spec) -> Solve:
         return cls(spec.model, tuple(spec.arms), spec.reference.checkpoint is not None)
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
-        profiles = {
-            **(done["measure"].output or {}),
-            **(done["diagnose"].output or {}),
-            **(done["demand"].output or {}),
-        }
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
+        profiles = upstream.profiles()
         result = compute_widths(
             self.model, self.arms, profiles, pretrained_reference=self.pretrained_reference
         )

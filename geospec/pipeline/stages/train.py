@@ -15,22 +15,17 @@ with its error, after the launcher has tried every run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from geospec.errors import GeospecError, Preempted, UsageError
 from geospec.kinds import Launch, Launcher, TrainingRun
-from geospec.pipeline.context import INCOMPLETE, Done, Plan, RunContext
+from geospec.layout import REFERENCE_DIR, arm_seed_dir
+from geospec.pipeline.context import INCOMPLETE, Plan, RunContext, Upstream
 from geospec.pipeline.keys import arm_run_key, digest
 from geospec.pipeline.launching import Trainer
-from geospec.pipeline.run_dir import (
-    REFERENCE_DIR,
-    arm_seed_dir,
-    is_trained,
-    record_submissions,
-)
+from geospec.pipeline.run_dir import is_trained, record_submissions
 from geospec.plugin_base import PluginParams
 from geospec.spec.sections import DataSpec, ModelSpec, Spec, TrainSpec
 
@@ -38,6 +33,7 @@ from geospec.spec.sections import DataSpec, ModelSpec, Spec, TrainSpec
 @dataclass(frozen=True)
 class Train:
     name: ClassVar[str] = "train"
+    reads: ClassVar[tuple[str, ...]] = ("solve",)
     model: ModelSpec
     data: DataSpec
     train: TrainSpec
@@ -53,11 +49,11 @@ class Train:
         arms = tuple(a.name for a in spec.arms)
         return cls(spec.model, spec.data, spec.train, arms, spec.probe_only, spec.launch, spec.name)
 
-    def plan(self, run: RunContext, done: Mapping[str, Done], forced: bool) -> Plan:
+    def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         if self.probe_only:
             note = "[dim]- train: probe-only spec, no arm is trained[/]"
             return Plan(digest("train", "probe-only"), current=True, note=note, main_only=False)
-        widths: dict[str, list[int]] = done["solve"].output
+        widths: dict[str, list[int]] = upstream.output("solve")
         runs = [
             (arm, seed, arm_seed_dir(run.run_dir, arm, seed), self.run_key(widths[arm], seed))
             for seed in self.train.seeds

@@ -1,0 +1,50 @@
+"""Every name in a run directory, in one place below everything that writes or reads one
+(torch-free; docs/pipeline.md's layout).
+
+``spec.resolved.toml``, ``plugins.json``, ``env.json``, ``run.json``, ``stages.json``,
+``reference/``, ``clouds/`` (one file per probed layer, ``meta.json``), ``profiles.json``,
+``measures.json``, ``diagnostics.json``, ``demand.json``, ``widths.json``, ``prune.json`` and
+``prune/keep-<f>/<arm>/seed-<k>/`` (one unit each: ``result.json``, ``model/``, ``heal/``),
+``arms/<arm>/seed-<k>/`` (one training directory each: ``run_key.json``, ``failure.json``,
+``eval.json`` beside the trainer's files), ``launch/submitted.json``, ``results.json``,
+``report.md``, ``plots/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+STAGES_FILE = "stages.json"
+RUN_FILE = "run.json"
+REFERENCE_DIR = "reference"
+CLOUDS_DIR = "clouds"
+PROFILES_FILE = "profiles.json"
+MEASURES_FILE = "measures.json"
+DIAGNOSTICS_FILE = "diagnostics.json"
+DEMAND_FILE = "demand.json"
+PRUNE_FILE = "prune.json"
+PRUNE_DIR = "prune"
+WIDTHS_FILE = "widths.json"
+RESULTS_FILE = "results.json"
+REPORT_FILE = "report.md"
+RUN_KEY_FILE = "run_key.json"
+FAILURE_FILE = "failure.json"
+EVAL_FILE = "eval.json"
+SUBMITTED_FILE = "launch/submitted.json"
+#: The probe's record of what it probed, in ``clouds/``.
+PROBE_META_FILE = "meta.json"
+#: A prune unit's record, its exported model and its healing's training directory.
+UNIT_FILE = "result.json"
+UNIT_MODEL_DIR = "model"
+HEAL_DIR = "heal"
+
+
+def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:
+    """The training directory of one arm and seed."""
+    return run_dir / "arms" / arm / f"seed-{seed}"
+
+
+def prune_unit_dir(run_dir: Path, keep: float, arm: str, seed: int) -> Path:
+    """The directory of one prune unit: ``keep`` of the FFN neurons, ``arm``'s allocation,
+    calibration sample ``seed``."""
+    return run_dir / PRUNE_DIR / f"keep-{keep:g}" / arm / f"seed-{seed}"

@@ -1,0 +1,116 @@
+"""The units of a prune: one pruned model per keep fraction x arm x calibration seed, each in
+its own directory with a sealed record, and ``prune.json``'s content gathered from them
+(torch-free).
+
+A unit's directory is ``prune/keep-<f>/<arm>/seed-<k>/``: ``result.json`` (sealed; its key names
+what it was computed from), ``model/`` (the exported checkpoint, with ``export``) and ``heal/``
+(the training directory of its healing, with ``heal.steps``). A unit whose record holds the
+expected key is finished and reused, so an interrupted prune resumes unit by unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from geospec.artifacts import json_problem, read_json
+from geospec.digests import seal_broken, unsealed
+from geospec.kinds import ModelDims
+from geospec.layout import PRUNE_DIR
+from geospec.spec.sections import PruneSpec
+
+#: A unit's record, its exported model and its healing's training directory.
+UNIT_FILE = "result.json"
+MODEL_DIR = "model"
+HEAL_DIR = "heal"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One pruned model: the share of FFN neurons kept, the arm's allocation, the calibration
+    sample's seed."""
+
+    keep: float
+    arm: str
+    seed: int
+
+    def directory(self, run_dir: Path) -> Path:
+        return run_dir / PRUNE_DIR / f"keep-{self.keep:g}" / self.arm / f"seed-{self.seed}"
+
+
+def units_of(prune: PruneSpec) -> list[Unit]:
+    """Every unit of a prune, in the order they are computed (a calibration seed's units
+    together: its scores are computed once)."""
+    return [
+        Unit(keep, arm.name, seed)
+        for seed in prune.calibration.seeds
+        for keep in prune.fractions
+        for arm in prune.arms
+    ]
+
+
+def finished_unit(unit_dir: Path, key: str, export: bool) -> dict[str, Any] | None:
+    """A unit's stored result when it was computed from ``key`` (and exported if asked)."""
+    path = unit_dir / UNIT_FILE
+    if json_problem(path, "widths", "loss", "key") is not None:
+        return None
+    stored = read_json(path)
+    if stored.get("key") != key or seal_broken(stored):
+        return None
+    if export and not (unit_dir / MODEL_DIR / "config.json").exists():
+        return None
+    return dict(unsealed(stored))
+
+
+def gather(
+    prune: PruneSpec,
+    dims: Mapping[float, ModelDims],
+    reference: Mapping[str, float],
+    results: Mapping[Unit, Mapping[str, Any]],
+    width: int,
+    layers: int,
+) -> dict[str, Any]:
+    """prune.json's content: per keep fraction, every arm's widths, FFN parameters and losses
+    per calibration seed and corpus."""
+    budgets = []
+    for keep in prune.fractions:
+        arms = {}
+        for arm in prune.arms:
+            units = {seed: results[Unit(keep, arm.name, seed)] for seed in prune.calibration.seeds}
+            first = next(iter(units.values()))
+            arms[arm.name] = {
+                "widths": {str(seed): unit["widths"] for seed, unit in units.items()},
+                "ffn_params": {str(seed): unit["ffn_params"] for seed, unit in units.items()},
+                "loss": {
+                    corpus: {str(seed): unit["loss"][corpus] for seed, unit in units.items()}
+                    for corpus in first["loss"]
+                },
+            }
+            if "healed_loss" in first:
+                arms[arm.name]["healed_loss"] = {
+                    corpus: {str(s): unit["healed_loss"][corpus] for s, unit in units.items()}
+                    for corpus in first["healed_loss"]
+                }
+        budgets.append(
+            {
+                "keep": keep,
+                "uniform_width": dims[keep].ffn_width,
+                "budget": dims[keep].budget,
+                "multiple": dims[keep].multiple_of,
+                "arms": arms,
+            }
+        )
+    return {
+        "keep": prune.fractions,
+        "baseline": prune.baseline,
+        "importance": prune.importance.model_dump(mode="json"),
+        "corpora": list(prune.eval.corpora),
+        "windows": prune.eval.windows,
+        "seeds": list(prune.calibration.seeds),
+        "layers": layers,
+        "width": width,
+        "reference": dict(reference),
+        "budgets": budgets,
+    }
