@@ -9,6 +9,13 @@ from pathlib import Path
 from typing import Any
 
 
+def digest(*parts: Any) -> str:
+    """A stable hash of JSON-serialisable parts (spec sections, upstream keys): every stage's
+    and run's key (:mod:`geospec.pipeline.keys`)."""
+    text = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def file_digest(path: Path) -> str:
     """A content hash of a file, read in chunks (token splits and weights can be many GB)."""
     digest = hashlib.blake2b(digest_size=16)

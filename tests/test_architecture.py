@@ -222,3 +222,47 @@ def test_one_stage_list_everywhere() -> None:
     table = (ROOT / "docs" / "pipeline.md").read_text()
     rows = re.findall(r"^\| (\w+) \| ", table, re.M)
     assert [row for row in rows if row in STAGES] == list(STAGES)
+
+
+def test_the_stage_graph_in_the_docs_is_the_one_the_stages_declare() -> None:
+    """docs/architecture.md's stage-graph table lists every stage, in order, with exactly the
+    upstream stages its ``reads`` declares."""
+    from geospec.pipeline.executor import stage_graph
+
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("## The stage graph", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    documented: dict[str, tuple[str, ...]] = {}
+    for row in rows[1:]:  # the header first
+        stage, reads = (cell.strip() for cell in row.strip("|").split("|"))
+        documented[stage] = () if reads == "(none)" else tuple(r.strip() for r in reads.split(","))
+    assert documented == stage_graph()
+    assert list(documented) == STAGE_ORDER
+
+
+def test_every_stage_reads_only_earlier_stages() -> None:
+    from geospec.pipeline.executor import STAGE_TYPES
+
+    seen: set[str] = set()
+    for stage in STAGE_TYPES:
+        assert set(stage.reads) <= seen, (stage.name, stage.reads)
+        seen.add(stage.name)
+
+
+def test_a_stage_that_reads_an_undeclared_stage_fails() -> None:
+    from geospec.pipeline.context import Done, UndeclaredRead, Upstream
+
+    done = {
+        "measure": Done("m", {"gw/raw": [1.0, 2.0]}),
+        "diagnose": Done("d", {"sensitivity/scale": [0.5, 0.1]}),
+        "demand": Done("x", {"demand/lambda": [3.0, 4.0]}),
+        "solve": Done("s", {"uniform": [64, 64]}),
+    }
+    upstream = Upstream("prune", ("measure", "demand"), done)
+    assert upstream.key("measure") == "m"
+    # only the declared profile stages are merged
+    assert upstream.profiles() == {"gw/raw": [1.0, 2.0], "demand/lambda": [3.0, 4.0]}
+    with pytest.raises(UndeclaredRead, match="the prune stage read the solve stage"):
+        upstream.widths()
+    with pytest.raises(UndeclaredRead, match="diagnose"):
+        upstream.output("diagnose")

@@ -7,19 +7,12 @@ stages' keys, and (for training) the settings that change what is computed. Keys
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from pydantic import BaseModel
 
+from geospec.digests import digest
 from geospec.spec.sections import DataSpec, ModelSpec, Section, TrainSpec
-
-
-def digest(*parts: Any) -> str:
-    """A stable hash of JSON-serialisable parts (spec sections, upstream keys)."""
-    text = json.dumps(parts, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def section(model: Any) -> Any:

@@ -20,6 +20,8 @@ from geospec.layout import FAILURE_FILE, RUN_KEY_FILE
 from geospec.pipeline.run_dir import is_trained, own_training_dir, record_failure
 
 if TYPE_CHECKING:
+    import torch
+
     from geospec.engine.model import GPTConfig
     from geospec.engine.token_data import TokenData
     from geospec.engine.train import TrainResult
@@ -34,7 +36,7 @@ def train_into(
     key: str,
     widths: list[int],
     *,
-    model: ModelSpec,
+    model: ModelSpec | GPTConfig,
     train: TrainSpec,
     data: TokenData,
     seed: int,
@@ -44,6 +46,8 @@ def train_into(
     announce: str | None = None,
     reuse: Path | None = None,
     track: TrackAs | None = None,
+    initial: dict[str, torch.Tensor] | None = None,
+    progress: bool = True,
 ) -> TrainResult | None:
     """Train the run ``key`` (``widths``, ``seed``) into ``out`` and return its result.
 
@@ -53,14 +57,16 @@ def train_into(
     training when the trainer's fingerprint of both runs is identical (the reference is often
     exactly the uniform arm's run for its seed). ``announce`` is said when training starts.
     ``track``: how the spec's experiment trackers (``train.trackers``) name the run; none watch
-    it without.
+    it without. ``model``: the spec's model section (built with ``widths``), or the config of
+    a model given whole, ``initial`` its starting weights (a pruned checkpoint to heal).
+    ``progress``: show training progress (on rank 0; off inside another stage's progress bar).
 
     A run that raises records the error in ``out`` (``failure.json``, read by ``geospec status``)
     before the error goes on; the next attempt removes the record. A preempted run (SIGTERM,
     SIGUSR1) and an interrupted one are not failures.
     """
     from geospec.engine.distributed import claim_on_main
-    from geospec.engine.model import config_from_spec
+    from geospec.engine.model import GPTConfig, config_from_spec
     from geospec.engine.train import TrainResult, train_model
 
     with claim_on_main(out, run.dist) as claimed:
@@ -74,12 +80,16 @@ def train_into(
         if announce:
             run.say(announce)
         try:
-            config = config_from_spec(model, widths, data.vocab_size)
+            config = (
+                model
+                if isinstance(model, GPTConfig)
+                else config_from_spec(model, widths, data.vocab_size)
+            )
             if reuse is not None and run.is_main:
                 _reuse(run, reuse, out, train, config, data, seed)
             return train_model(
-                train, config, data, out, seed=seed, steps=steps, progress=run.is_main,
-                observer=_trackers(run, out, key, widths, train, seed, track),
+                train, config, data, out, seed=seed, steps=steps, progress=progress and run.is_main,
+                observer=_trackers(run, out, key, widths, train, seed, track), initial=initial,
             )  # fmt: skip
         except Preempted:
             raise

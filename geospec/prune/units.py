@@ -18,13 +18,8 @@ from typing import Any
 from geospec.artifacts import json_problem, read_json
 from geospec.digests import seal_broken, unsealed
 from geospec.kinds import ModelDims
-from geospec.layout import PRUNE_DIR
+from geospec.layout import UNIT_FILE, UNIT_MODEL_DIR, prune_unit_dir
 from geospec.spec.sections import PruneSpec
-
-#: A unit's record, its exported model and its healing's training directory.
-UNIT_FILE = "result.json"
-MODEL_DIR = "model"
-HEAL_DIR = "heal"
 
 
 @dataclass(frozen=True)
@@ -37,7 +32,7 @@ class Unit:
     seed: int
 
     def directory(self, run_dir: Path) -> Path:
-        return run_dir / PRUNE_DIR / f"keep-{self.keep:g}" / self.arm / f"seed-{self.seed}"
+        return prune_unit_dir(run_dir, self.keep, self.arm, self.seed)
 
 
 def units_of(prune: PruneSpec) -> list[Unit]:
@@ -59,7 +54,7 @@ def finished_unit(unit_dir: Path, key: str, export: bool) -> dict[str, Any] | No
     stored = read_json(path)
     if stored.get("key") != key or seal_broken(stored):
         return None
-    if export and not (unit_dir / MODEL_DIR / "config.json").exists():
+    if export and not (unit_dir / UNIT_MODEL_DIR / "config.json").exists():
         return None
     return dict(unsealed(stored))
 

@@ -1,0 +1,80 @@
+"""Healing a pruned model: it is imported into geospec's engine (Llama-family checkpoints),
+fine-tuned on the spec's training text like any training run (claimed, resumable, a failure
+recorded in its directory: :func:`geospec.pipeline.training.train_into`, which the prune stage
+hands in as ``train``), and scored again on every eval corpus."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from geospec.errors import UsageError
+from geospec.spec.sections import PruneHeal, TrainSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from geospec.engine.model import GPT, GPTConfig
+
+#: Trains ``config`` from ``initial`` into a directory under ``key``, with these settings and
+#: seed; returns whether it finished (False: another process holds the directory).
+Trainer = Callable[["GPTConfig", "dict[str, torch.Tensor]", TrainSpec, Path, str, int], bool]
+
+
+def check_healable(model: nn.Module, heal: PruneHeal) -> None:
+    """One line, before any unit is computed, when ``heal`` asks for healing a checkpoint
+    geospec's engine cannot reproduce exactly."""
+    if heal.steps == 0:
+        return
+    from geospec.engine.imported import import_problem
+
+    problem = import_problem(model)
+    if problem is not None:
+        raise UsageError(
+            "prune.heal: healing fine-tunes the pruned models in geospec's engine, which "
+            f"cannot reproduce this checkpoint exactly ({problem}); set heal.steps = 0"
+        )
+
+
+def heal_settings(
+    heal: PruneHeal, seed: int, device: str, threads: int | None, seq_len: int
+) -> TrainSpec:
+    """The training settings of one pruned model's healing (evaluated on one window: the
+    healed model is scored on the eval corpora afterwards)."""
+    return TrainSpec(
+        steps=heal.steps,
+        batch_size=heal.batch_size,
+        lr=heal.lr,
+        warmup=heal.warmup,
+        weight_decay=heal.weight_decay,
+        seeds=[seed],
+        device=device,
+        threads=threads,
+        eval_tokens=seq_len,
+    )
+
+
+def healed_losses(
+    imported: GPT,
+    settings: TrainSpec,
+    directory: Path,
+    key: str,
+    seed: int,
+    train: Trainer,
+    corpora: Mapping[str, Sequence[Any]],
+) -> dict[str, float] | None:
+    """Heal the imported pruned model into ``directory`` and return its loss on every corpus
+    (None: another process holds the directory)."""
+    import torch
+
+    from geospec.engine.checkpoint import load_model
+    from geospec.prune.apply import eval_loss
+
+    state = {k: v.detach().clone() for k, v in imported.state_dict().items()}
+    if not train(imported.config, state, settings, directory, key, seed):
+        return None
+    healed = load_model(directory, next(iter(corpora.values()))[0][0].device)
+    with torch.no_grad():
+        return {name: eval_loss(healed, batches) for name, batches in corpora.items()}

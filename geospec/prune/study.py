@@ -1,0 +1,187 @@
+"""Every unit of a prune (keep fraction x arm x calibration seed) computed or reused, in the
+run directory's ``prune/`` (docs/prune.md).
+
+For calibration seed k the importance scores (and each layer's neuron ordering) come from
+calibration sample k of the training split; every arm's widths at each keep fraction come from
+:func:`geospec.prune.allocate.allocate` (the run's profiles for schedules that read them, the
+scores for flap and owl); the reference keeps, in layer l, the ``widths[l]`` best neurons, and
+its mean next-token loss is measured on every eval corpus's held-out windows. A unit whose
+record holds its key is reused (:mod:`geospec.prune.units`), so an interrupted prune resumes.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from geospec.atomic import atomic_write_json
+from geospec.digests import digest, sealed
+from geospec.disk import writing
+from geospec.layout import UNIT_FILE, UNIT_MODEL_DIR
+from geospec.prune.units import Unit, finished_unit, gather, units_of
+from geospec.spec.sections import PruneSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    from rich.console import Console
+    from torch import nn
+
+    from geospec.engine.model import GPT
+    from geospec.measure.probe import FFNSite
+
+#: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
+#: the unit's key and returns its loss on every eval corpus.
+Healer = Callable[[Unit, Path, str, "GPT"], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class PruneInputs:
+    """What a prune is computed from besides the reference model and the text."""
+
+    prune: PruneSpec
+    key: str
+    """The prune stage's key: every unit's key derives from it."""
+    seq_len: int
+    multiple_of: int
+    activation: str
+    profiles: Mapping[str, Sequence[float]]
+    """The profiles the arms' schedules read."""
+
+
+def prune_units(
+    model: nn.Module,
+    d_model: int,
+    inputs: PruneInputs,
+    train_tokens: np.ndarray,
+    corpora: Mapping[str, Sequence[Any]],
+    run_dir: Path,
+    *,
+    console: Console,
+    say: Callable[[str], None],
+    heal: Healer | None,
+) -> dict[str, Any]:
+    """Compute (or reuse) every unit, writing each unit's record as it finishes, and return
+    ``prune.json``'s content (:func:`geospec.prune.units.gather`)."""
+    import torch
+
+    from geospec.engine.progress import stage_progress
+    from geospec.measure.cut import CutError, ffn_layout, ffn_width
+    from geospec.measure.probe import find_ffn_sites
+    from geospec.measure.sensitivity import logits_of
+    from geospec.plugin import create_plugin
+    from geospec.prune.allocate import allocate, pruned_dims
+    from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores
+
+    prune = inputs.prune
+    first = next(iter(corpora.values()))[0][0][:1]
+    sites = find_ffn_sites(model, d_model, lambda: logits_of(model, first))
+    try:
+        ffn_layout(sites[0].ffn)
+    except CutError as error:
+        raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
+    width = ffn_width(sites[0].ffn)
+    importance = create_plugin("importance", prune.importance)
+    dims = {
+        keep: pruned_dims(len(sites), d_model, width, inputs.multiple_of, keep, inputs.activation)
+        for keep in prune.fractions
+    }
+    say(
+        f"[bold]prune[/]: {len(sites)} layers of {width} neurons kept at "
+        f"{', '.join(f'{k:g}' for k in prune.fractions)}; {len(prune.arms)} arms x "
+        f"{len(prune.calibration.seeds)} calibration seeds; {importance.kind_name()} scores; "
+        f"loss on {prune.eval.windows} windows of {', '.join(corpora)}"
+    )
+    with torch.no_grad():
+        reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
+    units = units_of(prune)
+    results: dict[Unit, dict[str, Any]] = {}
+    scored: dict[int, tuple[list[list[float]], list[list[int]]]] = {}  # by calibration seed
+    widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
+    with stage_progress(console, say, "pruned models", len(units)) as advance:
+        for unit in units:
+            unit_dir = unit.directory(run_dir)
+            unit_key = digest("prune-unit", inputs.key, unit.keep, unit.arm, unit.seed)
+            stored = finished_unit(unit_dir, unit_key, prune.export)
+            if stored is not None:
+                results[unit] = stored
+                advance(1)
+                continue
+            if unit.seed not in scored:  # once per calibration sample, only when needed
+                starts = calibration_windows(
+                    train_tokens, inputs.seq_len, prune.calibration.windows, unit.seed
+                )
+                scored[unit.seed] = neuron_scores(
+                    model, sites, importance, train_tokens, starts, inputs.seq_len,
+                    prune.calibration.batch_size,
+                )  # fmt: skip
+            scores, orders = scored[unit.seed]
+            if (unit.seed, unit.keep) not in widths:
+                widths[(unit.seed, unit.keep)] = allocate(
+                    prune.arms, dims[unit.keep], inputs.profiles, scores
+                )
+            result = pruned_unit(
+                model, sites, orders, widths[(unit.seed, unit.keep)][unit.arm], corpora,
+                unit, unit_dir, unit_key, inputs, heal,
+            )  # fmt: skip
+            result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
+            result["key"] = unit_key
+            atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
+            results[unit] = result
+            advance(1)
+    return gather(prune, dims, reference, results, width, len(sites))
+
+
+def pruned_unit(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    orders: Sequence[Sequence[int]],
+    widths: Sequence[int],
+    corpora: Mapping[str, Sequence[Any]],
+    unit: Unit,
+    unit_dir: Path,
+    key: str,
+    inputs: PruneInputs,
+    heal: Healer | None,
+) -> dict[str, Any]:
+    """One pruned model: its losses, FFN parameters, (with export) checkpoint and (with a
+    healer) its losses after healing."""
+    import torch
+
+    from geospec.engine.imported import import_llama
+    from geospec.layout import HEAL_DIR
+    from geospec.prune.apply import eval_loss, ffn_parameters, pruned
+
+    imported = None
+    with torch.no_grad(), pruned(sites, orders, widths):
+        losses = {name: eval_loss(model, batches) for name, batches in corpora.items()}
+        params = ffn_parameters(sites)
+        if inputs.prune.export:
+            export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR)
+        if heal is not None:
+            imported = import_llama(model, inputs.seq_len)
+    result: dict[str, Any] = {"widths": list(widths), "ffn_params": params, "loss": losses}
+    if imported is not None and heal is not None:
+        result["healed_loss"] = heal(unit, unit_dir / HEAL_DIR, key, imported)
+    return result
+
+
+def export_unit(
+    model: nn.Module, sites: Sequence[FFNSite], widths: Sequence[int], directory: Path
+) -> None:
+    """Export the pruned model into ``directory`` whole or not at all: it is written beside it
+    and renamed into place (a full disk: one line, the partial copy removed)."""
+    from geospec.prune.apply import export_pruned
+
+    staging = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    with writing(directory):
+        try:
+            export_pruned(model, sites, widths, staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)  # its space is needed
+            raise
+    shutil.rmtree(directory, ignore_errors=True)
+    staging.rename(directory)
