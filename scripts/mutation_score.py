@@ -51,67 +51,67 @@ _ZIP = "work if sensitivities is None else [w * s for w, s in zip(work, sensitiv
 #: (mutmut's numbers change whenever a function does).
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "array = np.asarray(values, dtype=np.float64)",
         "array = np.asarray(values, dtype=None)",
     ): "losses are Python floats (JSON) or ints: asarray gives float64 or int64 and the mean "
     "and sd are float64 either way",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "array = np.asarray(values, dtype=np.float64)",
         "array = np.asarray(values, )",
     ): "the same: the default dtype of Python floats is float64",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "diffs = np.asarray([arm[s] - baseline[s] for s in seeds], dtype=np.float64)",
         "diffs = np.asarray([arm[s] - baseline[s] for s in seeds], dtype=None)",
     ): "differences of Python floats are float64 without asking",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "diffs = np.asarray([arm[s] - baseline[s] for s in seeds], dtype=np.float64)",
         "diffs = np.asarray([arm[s] - baseline[s] for s in seeds], )",
     ): "the same",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "means = diffs[rng.integers(0, n, size=(bootstrap, n))].mean(axis=1)",
         "means = diffs[rng.integers(n, size=(bootstrap, n))].mean(axis=1)",
     ): "Generator.integers(n) is integers(0, n): the same draws from the same generator",
-    ("geospec/report/stats.py", "sums = np.zeros(1)", "sums = np.zeros(2)"): (
+    ("geospec/stats.py", "sums = np.zeros(1)", "sums = np.zeros(2)"): (
         "every sign pattern counted twice: the fraction is the same"
     ),
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "d = np.asarray(differences, dtype=np.float64)",
         "d = np.asarray(differences, dtype=None)",
     ): "differences of losses are Python floats: float64 without asking",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "d = np.asarray(differences, dtype=np.float64)",
         "d = np.asarray(differences, )",
     ): "the same",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "return 2.0 / 2.0**n if n > 0 else 1.0",
         "return 2.0 / 2.0**n if n > 1 else 1.0",
     ): "for n = 1, 2 / 2^1 is 1.0, the value of the other branch",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "sd: float, effect: float, alpha: float, power: float = 0.8, most: int = 1_000_000",
         "sd: float, effect: float, alpha: float, power: float = 0.8, most: int = 1000001",
     ): "a search bound a million seeds out: no study reaches either",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "if not math.isfinite(sd) or effect == 0:",
         "if not math.isfinite(sd) and effect == 0:",
     ): "without the shortcut the search finds no n with enough power (power stays at alpha or "
     "is NaN) and still returns None, after more steps",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "return paired_t_power(n, sd, effect, alpha) >= power",
         "return paired_t_power(n, sd, effect, alpha) > power",
     ): "the power of a whole number of seeds equals the target exactly only by accident",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "low, high = 1, 2  # power grows with n: double until enough, then bisect (low: not "
         "enough)",
         "low, high = 2, 2  # power grows with n: double until enough, then bisect (low: not "
@@ -119,24 +119,24 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ): "low is only ever read as 'not enough'; when 2 is not enough low becomes 2 anyway, and "
     "when it is, 2 is returned before low is read",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "low, high = 1, 2  # power grows with n: double until enough, then bisect (low: not "
         "enough)",
         "low, high = 1, 3  # power grows with n: double until enough, then bisect (low: not "
         "enough)",
     ): "starting the doubling at 3: the bisection between 1 and 3 still tries 2 first",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "low, high = high, min(2 * high, most)",
         "low, high = high, min(3 * high, most)",
     ): "tripling instead of doubling: the bisection that follows finds the same smallest n",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "values = np.asarray(replicates, dtype=np.float64)",
         "values = np.asarray(replicates, dtype=None)",
     ): "replicated profiles are lists of floats: float64 without asking",
     (
-        "geospec/report/stats.py",
+        "geospec/stats.py",
         "values = np.asarray(replicates, dtype=np.float64)",
         "values = np.asarray(replicates, )",
     ): "the same",

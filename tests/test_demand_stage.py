@@ -100,7 +100,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_demand_writes_demand_json_and_trains_no_arm(measured: Path) -> None:
     output = (measured / "output.txt").read_text()
     # progress counts one cut (or walk step) of one batch: 2 batches x (4 x (3 + 1) + 3)
-    assert "calibrating: 20/20" in output and "15 cuts: 38/38" in output
+    assert "calibrating: 20/20" in output and "15 cuts, forward passes: 38/38" in output
     assert "full forward passes" not in output and "demand: per layer" in output
     run_dir = measured / "run"
     demand = json.loads((run_dir / "demand.json").read_text())

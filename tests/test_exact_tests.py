@@ -17,7 +17,8 @@ from scipy import stats
 
 from geospec.cli import cli
 from geospec.report.results import comparison_families, holm_floor_notes
-from geospec.report.stats import (
+from geospec.report.write import write_report
+from geospec.stats import (
     EXACT_UP_TO,
     holm,
     paired_t_power,
@@ -29,7 +30,6 @@ from geospec.report.stats import (
     split_half_reliability,
     standard_errors,
 )
-from geospec.report.write import write_report
 
 
 def enumerated_p(d: list[float]) -> float:

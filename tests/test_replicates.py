@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from geospec.cli import cli
 from geospec.measure.probe import ProbeError, sample_tokens
 from geospec.pipeline.keys import section
-from geospec.report.stats import split_half_reliability, standard_errors
 from geospec.report.write import write_report
 from geospec.spec.sections import ProbeSpec, ReportSpec
+from geospec.stats import split_half_reliability, standard_errors
 
 TOKENS = np.random.default_rng(0).integers(0, 50, size=64 * 40)
 

@@ -21,8 +21,8 @@ from geospec.report.results import (
     profile_reliability,
     reliability_notes,
 )
-from geospec.report.stats import MIN_RELIABILITY, comparison
 from geospec.report.write import write_report
+from geospec.stats import MIN_RELIABILITY, comparison
 
 LOSSES = {
     "uniform": {0: 4.80, 1: 4.83, 2: 4.79},

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from geospec.report.stats import (
+from geospec.stats import (
     finite,
     holm,
     paired_difference,
@@ -245,7 +245,7 @@ def test_spearman_interval_matches_scipy() -> None:
     import numpy as np
     from scipy import stats
 
-    from geospec.report.stats import spearman_interval
+    from geospec.stats import spearman_interval
 
     rng = np.random.default_rng(3)
     a = rng.normal(size=30)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from geospec.report.stats import finite
 from geospec.spec.sections import DIAGNOSTIC_PROFILES
+from geospec.stats import finite
 
 if TYPE_CHECKING:
     import torch

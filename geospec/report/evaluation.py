@@ -24,7 +24,7 @@ from typing import Any
 from geospec.artifacts import json_problem
 from geospec.layout import EVAL_FILE, arm_seed_dir
 from geospec.pipeline.run_dir import stored_run_key
-from geospec.report.stats import comparison, finite, holm, summarize
+from geospec.stats import comparison, finite, holm, summarize
 
 
 def read_scores(out: Path) -> dict[str, Any] | None:

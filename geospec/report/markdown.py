@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from geospec.report.results import CHECKS
-from geospec.report.stats import shown_against
 from geospec.solve.widths import bounds_note
+from geospec.stats import shown_against
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from geospec.report.results import comparison_families
-from geospec.report.stats import seeds_needed, seeds_to_reach
+from geospec.stats import seeds_needed, seeds_to_reach
 
 
 def plan_seeds(

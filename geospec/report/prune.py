@@ -15,7 +15,7 @@ from geospec.report.diagnostics import number
 def budget_rows(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> list[list[str]]:
     """One row per arm and corpus (and per corpus after healing, where the models were healed);
     every difference is from the baseline's loss measured the same way."""
-    from geospec.report.stats import paired_difference, sign_flip_p, summarize
+    from geospec.stats import paired_difference, sign_flip_p, summarize
 
     baseline = budget["arms"][prune["baseline"]]
     rows = []

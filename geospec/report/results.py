@@ -49,7 +49,8 @@ from geospec.engine.run_files import CONFIG_FILE, METRICS_FILE, RESULT_FILE
 from geospec.errors import GeospecError, UsageError
 from geospec.layout import PROFILES_FILE, RUN_FILE, WIDTHS_FILE, arm_seed_dir
 from geospec.report.evaluation import eval_results
-from geospec.report.stats import (
+from geospec.solve.widths import bounds_problems
+from geospec.stats import (
     MIN_RELIABILITY,
     comparison,
     finite,
@@ -61,7 +62,6 @@ from geospec.report.stats import (
     standard_errors,
     summarize,
 )
-from geospec.solve.widths import bounds_problems
 
 #: What run.json must hold for the report to be built from it.
 RUN_KEYS = {"name", "baseline", "confidence", "bootstrap", "arms", "seeds"}

@@ -28,7 +28,7 @@ from geospec.plugin import (
     StatisticRef,
     TrackerRef,
 )
-from geospec.report.stats import MIN_RELIABILITY
+from geospec.stats import MIN_RELIABILITY
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]

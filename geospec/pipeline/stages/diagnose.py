@@ -31,9 +31,9 @@ from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
 from geospec.pipeline.run_dir import DIAGNOSTICS_KEYS, read_diagnostics
 from geospec.pipeline.stages.probe import Probe
-from geospec.report.stats import finite
 from geospec.spec.resolve import measures
 from geospec.spec.sections import DiagnoseSpec, MeasureSpec, Spec
+from geospec.stats import finite
 
 if TYPE_CHECKING:
     import torch

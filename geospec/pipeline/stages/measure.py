@@ -28,9 +28,9 @@ from geospec.digests import sealed
 from geospec.layout import CLOUDS_DIR, PROFILES_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import digest, section
-from geospec.report.stats import MIN_RELIABILITY
 from geospec.spec.resolve import measures
 from geospec.spec.sections import MeasureSpec, Spec
+from geospec.stats import MIN_RELIABILITY
 
 Profiles = dict[str, list[float]]
 #: A measure's plugins, as keys and profiles.json see them: ``{"statistic": ..., "geometry":
@@ -160,7 +160,7 @@ class Measure:
     def warn_unreliable(self, run: RunContext, replicated: dict[str, list[list[float]]]) -> None:
         """Name the profiles whose shape over the layers the replicates do not reproduce, before
         anyone trains on them."""
-        from geospec.report.stats import shown_against, split_half_reliability
+        from geospec.stats import shown_against, split_half_reliability
 
         for name, values in replicated.items():
             rho = split_half_reliability(values)
