@@ -27,7 +27,6 @@ from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.errors import GeospecError
 from geospec.layout import DEMAND_FILE
-from geospec.measure.demand_record import additivity_record, correlations, fitted, profiles_of
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
 from geospec.pipeline.run_dir import DEMAND_KEYS, MEASURED_KEYS, read_demand
@@ -92,6 +91,7 @@ class DemandStage:
         reuse: bool,
     ) -> dict[str, list[float]]:
         """Write demand.json and its plot; return the demand profiles."""
+        from geospec.measure.demand_record import correlations, fitted, profiles_of
         from geospec.report.plots import demand_plot
 
         previous = read_demand(run.run_dir) if reuse else None
@@ -123,6 +123,7 @@ class DemandStage:
         """Everything that needs the reference model: the orderings and the cuts' losses."""
         from geospec.engine.progress import stage_progress
         from geospec.measure.demand import CutPlan, measure_demand
+        from geospec.measure.demand_record import additivity_record
         from geospec.measure.sensitivity import sample_pairs
         from geospec.plugin import create_plugin
 
