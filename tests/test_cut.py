@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Literal
 
 import hf_models
@@ -131,25 +131,22 @@ def test_a_cut_model_equals_the_full_model_with_those_activations_zeroed(family:
     assert sum(p.numel() for p in full.parameters()) - count == removed * (per_neuron + biases)
 
 
-class replaced_by:  # noqa: N801  (a context manager named for what it does)
-    """A forward pre-hook on ``ffn``'s output projection that overwrites the hidden activations
-    of neurons ``removed`` with ``values[removed]`` (the reference a compensated cut must
-    equal, written here independently of the cut)."""
+@contextmanager
+def replaced_by(ffn: nn.Module, removed: list[int], values: torch.Tensor) -> Iterator[None]:
+    """Inside the block, a forward pre-hook on ``ffn``'s output projection overwrites the hidden
+    activations of neurons ``removed`` with ``values[removed]`` (the reference a compensated cut
+    must equal, written here independently of the cut)."""
 
-    def __init__(self, ffn: nn.Module, removed: list[int], values: torch.Tensor) -> None:
-        self.module = getattr(ffn, ffn_layout(ffn).output)
-        self.removed, self.values = removed, values
+    def overwrite(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
+        hidden = args[0].clone()
+        hidden[..., removed] = values[removed].to(hidden.dtype)
+        return (hidden,)
 
-    def __enter__(self) -> None:
-        def overwrite(module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
-            hidden = args[0].clone()
-            hidden[..., self.removed] = self.values[self.removed].to(hidden.dtype)
-            return (hidden,)
-
-        self.handle = self.module.register_forward_pre_hook(overwrite)
-
-    def __exit__(self, *exc: object) -> None:
-        self.handle.remove()
+    handle = getattr(ffn, ffn_layout(ffn).output).register_forward_pre_hook(overwrite)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -404,8 +401,7 @@ def flap_fluctuation(sequences: list[np.ndarray]) -> np.ndarray:
     in-place update of the baseline (so the "old" mean is the new one) included."""
     baseline = np.zeros(sequences[0].shape[1])
     fluctuation: np.ndarray | float = np.zeros_like(baseline)
-    n = 0
-    for sequence in sequences:
+    for n, sequence in enumerate(sequences):
         inp = sequence.T  # width x tokens
         baseline *= n / (n + 1)
         baseline += inp.mean(axis=1) / (n + 1)
@@ -417,7 +413,6 @@ def flap_fluctuation(sequences: list[np.ndarray]) -> np.ndarray:
             fluctuation = fluctuation + ((inp - baseline[:, None]) * (inp - old[:, None])).sum(
                 axis=1
             ) / (n + 1)
-        n += 1
     assert isinstance(fluctuation, np.ndarray)
     return fluctuation
 
@@ -440,8 +435,17 @@ def test_fluctuation_orders_neurons_as_flaps_own_estimate_does() -> None:
     ours = importance({"kind": "fluctuation"}).scores(neuron_weights(ffn, 1, stats=measured))
     assert spearmanr(ours.numpy(), flap_scores).statistic > 0.99
     half = set(np.argsort(-flap_scores)[:40].tolist())
-    assert len(half & set(neuron_order(importance({"kind": "fluctuation"}),
-                                       neuron_weights(ffn, 1, stats=measured))[:40])) >= 37
+    assert (
+        len(
+            half
+            & set(
+                neuron_order(
+                    importance({"kind": "fluctuation"}), neuron_weights(ffn, 1, stats=measured)
+                )[:40]
+            )
+        )
+        >= 37
+    )
 
 
 def test_random_orderings_are_seeded_per_layer() -> None:

@@ -33,9 +33,7 @@ def check_importance(
     stats = ActivationStats(tokens.mean(0), tokens.abs().mean(0), tokens.square().mean(0))
     activation = stats.mean_abs.float()
     needs = cls.needs_activations
-    ffn = NeuronWeights(
-        3, (gate, up), out, activation if needs else None, stats if needs else None
-    )
+    ffn = NeuronWeights(3, (gate, up), out, activation if needs else None, stats if needs else None)
     given = (gate, up, out, activation, stats.mean, stats.mean_abs, stats.mean_square)
     before = [t.clone() for t in given]
     name = cls.kind_name()
