@@ -542,3 +542,32 @@ def test_a_broken_importance_fails_the_rule_it_breaks(flaw: str, rule: str) -> N
     with pytest.raises(ContractError, match=re.escape(rule)):
         check_importance(flawed)
     check_importance(Broken)  # the same class without the flaw passes
+
+
+def test_the_contract_kit_gives_statistics_and_catches_a_score_that_changes_them() -> None:
+    from geospec.testing import ContractError, check_importance
+
+    class Centred(Importance):
+        """Reads the statistics: |mean| / RMS times the column norm."""
+
+        needs_activations = True
+        shift = False  # the flawed subclass below changes the statistics it is given
+
+        class Params(PluginParams):
+            kind: Literal["centred"] = "centred"
+
+        def scores(self, ffn: NeuronWeights) -> torch.Tensor:
+            assert ffn.stats is not None and ffn.activation is not None
+            stats = ffn.stats
+            # the kit's statistics are those of real tokens: E|a| >= |E a|, E a² >= (E|a|)²
+            assert bool((stats.mean_abs >= stats.mean.abs()).all())
+            assert bool((stats.mean_square >= stats.mean_abs**2 - 1e-12).all())
+            torch.testing.assert_close(ffn.activation.double(), stats.mean_abs)
+            if type(self).shift:
+                stats.mean.add_(1.0)
+            return stats.mean.abs() / stats.rms * ffn.output.norm(dim=0)
+
+    check_importance(Centred)
+    flawed = type("Flawed", (Centred,), {"shift": True})
+    with pytest.raises(ContractError, match="must not change the weights"):
+        check_importance(flawed)
