@@ -13,10 +13,10 @@ def check_importance(
     """Check an ``importance`` plugin class against its contract (docs/plugins.md), on a random
     gated FFN of 24 neurons with calibration activations (``activation`` and consistent
     ``stats``: signed mean, mean |a| and mean square, for a score that ``needs_activations``):
-    one finite score per neuron, a float
-    tensor without gradient, the same scores for the same FFN twice (an ordering is stored and
-    reused), no change to the weights it was given, and (``per_neuron``; False for seeded noise
-    such as ``random``) a neuron's score moving with it when the neurons are permuted. Raises
+    one finite score per neuron, a float tensor without gradient, the same scores for the same
+    FFN twice (an ordering is stored and reused), no change to the weights or statistics it was
+    given, and (``per_neuron``; False for seeded noise such as ``random``) a neuron's score
+    moving with it when the neurons (and their statistics) are permuted. Raises
     :class:`ContractError` naming the broken rule. Imports torch."""
     import torch
 
