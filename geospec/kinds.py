@@ -245,6 +245,39 @@ class Schedule(Plugin):
 
 
 @dataclass(frozen=True)
+class ActivationStats:
+    """Calibration statistics of one FFN's hidden activations a (the input of its output
+    projection), per neuron, each a float64 tensor of shape (width,): averages over every
+    calibration token (count-weighted across batches)."""
+
+    mean: torch.Tensor
+    """The signed mean E[a] (what bias compensation puts in place of a cut neuron)."""
+    mean_abs: torch.Tensor
+    """The mean absolute value E[|a|]."""
+    mean_square: torch.Tensor
+    """The mean square E[a²] (its square root is the RMS)."""
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """The population variance over the calibration tokens, E[a²] - E[a]² (clamped at 0
+        against rounding)."""
+        return (self.mean_square - self.mean**2).clamp(min=0)
+
+    @property
+    def rms(self) -> torch.Tensor:
+        """The root mean square sqrt(E[a²])."""
+        return self.mean_square.clamp(min=0).sqrt()
+
+    @property
+    def width(self) -> int:
+        return int(self.mean.shape[0])
+
+    def permuted(self, index: torch.Tensor) -> ActivationStats:
+        """The statistics of the neurons ``index`` (a permutation or a subset), in that order."""
+        return ActivationStats(self.mean[index], self.mean_abs[index], self.mean_square[index])
+
+
+@dataclass(frozen=True)
 class NeuronWeights:
     """One layer's FFN as an importance score sees it: the weights that belong to each hidden
     neuron, float32 on the CPU, neuron i being row i of every input matrix and column i of the
@@ -259,8 +292,11 @@ class NeuronWeights:
     """The output projection (d_model x width)."""
     activation: torch.Tensor | None
     """Mean absolute hidden activation per neuron (width,), the input of the output projection
-    averaged over the calibration tokens; None when the score asked for none
-    (:attr:`Importance.needs_activations`)."""
+    averaged over the calibration tokens (float32; the same numbers as ``stats.mean_abs``); None
+    when the score asked for none (:attr:`Importance.needs_activations`)."""
+    stats: ActivationStats | None = None
+    """The calibration statistics per neuron (signed mean, mean |a|, mean square; float64), given
+    with ``activation`` when the score :attr:`Importance.needs_activations`; None otherwise."""
 
     @property
     def width(self) -> int:
@@ -274,12 +310,14 @@ class Importance(Plugin):
     ``(ffn.width,)``, finite, with no gradient. The neurons kept at a width w are the w best by
     score (ties: the lower index first); the ordering of every layer is computed once, stored and
     reused at every width. A score that needs activations sets ``needs_activations`` and reads
-    ``ffn.activation``; a random control must be seeded by its params and the layer.
+    ``ffn.activation`` (mean |a|) or ``ffn.stats`` (:class:`ActivationStats`: signed mean, mean
+    |a|, mean square, variance); a random control must be seeded by its params and the layer.
     """
 
     register_hook: ClassVar[str] = "geospec_register_importances"
     """The hook that registers plugins of this kind."""
-    #: Whether scores read ``ffn.activation`` (calibration tokens are run through the model).
+    #: Whether scores read ``ffn.activation`` or ``ffn.stats`` (calibration tokens are run
+    #: through the model).
     needs_activations: ClassVar[bool] = False
 
     def scores(self, ffn: NeuronWeights) -> torch.Tensor:
@@ -435,6 +473,7 @@ class Tracker(Plugin):
 
 __all__ = [
     "KINDS",
+    "ActivationStats",
     "Geometry",
     "Importance",
     "InfeasibleBudget",

@@ -2,10 +2,17 @@
 
 - ``magnitude``: |W_in row| x |W_out column| (for a gated FFN, the gate and up rows' norms
   multiplied): a weight-only score, no data needed.
-- ``activation``: the mean |activation| of the neuron over calibration tokens times its output
-  column's norm, the structured form of Wanda's |W| x |X| score and of FLAP's channel score (the
-  expected size of the neuron's contribution to the residual stream, up to its sign).
+- ``activation``: E_t|a_j| x ||W_out[:, j]||_2, the neuron's mean |activation| over the
+  calibration tokens times its output column's L2 norm (an upper bound on the mean size of its
+  contribution to the residual stream). It is neither Wanda-sp's score (mean |W| x RMS) nor
+  FLAP's (variance x squared norm): those are ``wanda_sp`` and ``fluctuation``.
+- ``fluctuation``: FLAP's WIFV metric, Var_t(a_j) x ||W_out[:, j]||_2^2.
+- ``wanda_sp``: Wanda-sp's structured score, mean_i |W_out[i, j]| x RMS_t(a_j).
 - ``random``: seeded scores, the control (a cut that knows nothing about the neurons).
+
+a_j is neuron j's hidden activation (the input of the output projection) on a calibration token
+t, W_out the output (down) projection as d_model x width; the statistics come from
+``NeuronWeights.stats`` (one pass of the unpruned model over the calibration windows).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from geospec import hookimpl
-from geospec.kinds import Importance, NeuronWeights
+from geospec.kinds import ActivationStats, Importance, NeuronWeights
 from geospec.plugin import PluginParams, Register
 
 if TYPE_CHECKING:
@@ -37,7 +44,8 @@ class Magnitude(Importance):
 
 
 class Activation(Importance):
-    """Mean |hidden activation| over the calibration tokens times the output column's norm."""
+    """Mean |hidden activation| over the calibration tokens times the output column's L2 norm,
+    E_t|a_j| x ||W_out[:, j]||_2."""
 
     needs_activations = True
 
@@ -48,6 +56,69 @@ class Activation(Importance):
         if ffn.activation is None:
             raise ValueError("the activation score needs calibration activations")
         return ffn.activation * ffn.output.norm(dim=0)
+
+
+def _stats(ffn: NeuronWeights, name: str) -> ActivationStats:
+    if ffn.stats is None:
+        raise ValueError(f"the {name} score needs calibration statistics (NeuronWeights.stats)")
+    return ffn.stats
+
+
+class Fluctuation(Importance):
+    """FLAP's fluctuation metric WIFV (An et al., 2024): the population variance of the neuron's
+    activation over the calibration tokens times its output column's squared L2 norm,
+    Var_t(a_j) x ||W_out[:, j]||_2^2 (high when removing the neuron, even with its mean put back
+    by bias compensation, changes the output most).
+
+    As FLAP computes it (CASIA-IVA-Lab/FLAP at 3bb57db): ``lib/prune.py`` line 16, ``'WIFV':
+    fluc_inp * torch.sum(W.pow(2), dim=0)`` over the down projection (out x in: the squared
+    column norm; the extra ``** 2`` of line 336 is for attention heads only, line 351 takes the
+    MLP's metric as is); ``fluc_inp`` is ``BiasGPT.add_batch``'s running fluctuation,
+    ``lib/layerwrapper.py`` lines 70-84: squared deviations from the running mean, summed over a
+    sequence's tokens and averaged over sequences. For sequences of one length T that is T x the
+    population variance over tokens, up to the estimator's streaming quirks (the first
+    sequence's deviations are dropped, line 79; ``old_baseline_inp`` aliases the updated mean,
+    lines 70-72), which fade as the calibration sample grows: FLAP's update transcribed and run
+    on 16 sequences of 256 tokens gives 0.83-0.85 x T x the population variance (rank
+    correlation 0.9998 with it), on 128 sequences 0.96-0.97 x. The factor T is the same for every
+    neuron of every layer, so orderings and FLAP's per-layer standardised scores do not depend
+    on it; here the variance is the exact population variance E[a²] - E[a]² over every
+    calibration token.
+    """
+
+    needs_activations = True
+
+    class Params(PluginParams):
+        kind: Literal["fluctuation"] = "fluctuation"
+
+    def scores(self, ffn: NeuronWeights) -> torch.Tensor:
+        variance = _stats(ffn, "fluctuation").variance
+        return variance * ffn.output.double().square().sum(dim=0)
+
+
+class WandaSP(Importance):
+    """Wanda-sp's structured score (An et al., 2024, the structured Wanda baseline of FLAP's
+    code): the mean over output rows of |W_out[i, j]| times the neuron's RMS activation,
+    mean_i |W_out[i, j]| x RMS_t(a_j).
+
+    As FLAP's ``prune_wanda_sp`` computes it (CASIA-IVA-Lab/FLAP at 3bb57db, ``lib/prune.py``
+    lines 464 and 472): ``(|W| * sqrt(scaler_row)).mean(axis=0)`` over the down projection (out x
+    in: the mean over output rows), ``scaler_row`` being ``WrappedGPT.add_batch``'s
+    (``lib/layerwrapper.py`` lines 31-35) running mean over sequences of sum_t a_j², T x E[a_j²]
+    for sequences of T tokens: a factor sqrt(T) common to every neuron, left out here. Where it
+    differs: Wanda-sp scores layer l on the activations of the already pruned layers before it
+    (``lib/prune.py`` lines 479-482); here, as in FLAP, every layer is scored on the unpruned
+    model's activations.
+    """
+
+    needs_activations = True
+
+    class Params(PluginParams):
+        kind: Literal["wanda_sp"] = "wanda_sp"
+
+    def scores(self, ffn: NeuronWeights) -> torch.Tensor:
+        rms = _stats(ffn, "wanda_sp").rms
+        return ffn.output.double().abs().mean(dim=0) * rms
 
 
 class Random(Importance):
@@ -70,5 +141,5 @@ class Random(Importance):
 
 @hookimpl
 def geospec_register_importances(register: Register) -> None:
-    for cls in (Magnitude, Activation, Random):
+    for cls in (Magnitude, Activation, Fluctuation, WandaSP, Random):
         register(cls)

@@ -570,10 +570,10 @@ class Flap(Schedule):
 
     Where it differs from the paper: FLAP scores attention heads and FFN channels by its
     fluctuation metric and prunes both under one threshold; here only FFN neurons compete, and
-    their scores are whatever the pruning's importance plugin gives (``activation``, the
-    structured Wanda score, by default; FLAP's own metric would be another importance plugin).
-    FLAP also adds a bias compensation after pruning; geospec's cut removes neurons exactly and
-    compensates nothing, so every allocation is compared on the same cut.
+    their scores are whatever the pruning's importance plugin gives (``activation``, mean |a| x
+    the output column's norm, by default; FLAP's own metric is the ``fluctuation`` importance).
+    FLAP also adds a bias compensation after pruning: the ``[prune] compensate = "mean"`` option,
+    which applies to every arm alike, so every allocation is compared on the same kind of cut.
     """
 
     reads_neuron_scores = True
@@ -607,7 +607,8 @@ class Owl(Schedule):
 
     Where it differs from the paper: OWL computes D_l over the Wanda scores of every weight of a
     block and sets per-layer unstructured sparsity; here the scores are one per FFN neuron (the
-    pruning's importance plugin: ``activation`` is the structured Wanda score) and the ratio sets
+    pruning's importance plugin: ``activation`` is mean |a| x the output column's norm, not the
+    per-weight Wanda score |W_ij| x ||X_j||) and the ratio sets
     the layer's width. The defaults are the paper's, ``m`` = 5 and ``lam`` = 0.08.
     """
 

@@ -4,6 +4,7 @@ transformers checkpoint (reloaded and recomputed with transformers alone), and i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import hf_models
@@ -22,14 +23,16 @@ from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
 from geospec.prune.allocate import allocate, pruned_dims
 from geospec.prune.apply import (
+    calibration_stats,
     calibration_windows,
+    compensated_export_problem,
     eval_loss,
     export_pruned,
     ffn_parameters,
     neuron_scores,
     pruned,
 )
-from geospec.spec.sections import ArmSpec
+from geospec.spec.sections import ArmSpec, PruneSpec
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -113,6 +116,117 @@ def test_an_exported_pruned_model_is_a_plain_checkpoint_that_computes_the_same(
     # the orderings are the scores' (best first)
     for layer_scores, order in zip(scores, orders, strict=True):
         assert [layer_scores[i] for i in order] == sorted(layer_scores, reverse=True)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_compensated_pruned_model_puts_removed_neurons_at_their_calibration_means_and_exports(
+    family: str, tmp_path: Path
+) -> None:
+    """pruned(..., compensation=means) equals the unpruned model whose removed neurons'
+    activations a forward hook overwrites with their calibration means; its export (Llama:
+    mlp_bias) reloads with AutoModelForCausalLM alone and computes the same logits."""
+    model = hf_models.llama() if family == "llama" else hf_models.gpt2()
+    with torch.no_grad():  # larger weights: the compensation must change the logits visibly
+        for name, parameter in model.named_parameters():
+            if "mlp" in name and parameter.dim() == 2:
+                parameter.mul_(4)
+    ids = torch.randint(0, hf_models.VOCAB, (3, 17), generator=torch.Generator().manual_seed(0))
+    sites = find_ffn_sites(model, hf_models.WIDTH, lambda: logits_of(model, ids[:1, :-1]))
+    tokens = np.random.default_rng(0).integers(0, hf_models.VOCAB, 400)
+    starts = calibration_windows(tokens, 16, 8, seed=0)
+    stats = calibration_stats(model, sites, tokens, starts, 16, 4)
+    means = [s.mean for s in stats]
+    importance = create_plugin("importance", {"kind": "fluctuation"})
+    scores, orders = neuron_scores(model, sites, importance, tokens, starts, 16, 4, stats=stats)
+    assert (scores, orders) == neuron_scores(model, sites, importance, tokens, starts, 16, 4)
+    full = len(orders[0])
+    widths = [full // 2, full // 4, full][: len(sites)]  # the last layer is not cut at all
+    names = ("down_proj", "c_proj")
+    outputs = [next(getattr(s.ffn, n) for n in names if hasattr(s.ffn, n)) for s in sites]
+
+    def overwrite(removed: list[int], mean: torch.Tensor) -> Callable[..., tuple[torch.Tensor]]:
+        def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
+            hidden = args[0].clone()
+            hidden[..., removed] = mean[removed].to(hidden.dtype)
+            return (hidden,)
+
+        return hook
+
+    handles = [
+        out.register_forward_pre_hook(overwrite(sorted(order[width:]), mean))
+        for out, order, width, mean in zip(outputs, orders, widths, means, strict=True)
+    ]
+    with torch.no_grad():
+        reference = logits_of(model, ids[:, :-1])
+    for handle in handles:
+        handle.remove()
+    with torch.no_grad():
+        with pruned(sites, orders, widths):
+            uncompensated = logits_of(model, ids[:, :-1])
+        with pruned(sites, orders, widths, compensation=means):
+            compensated = logits_of(model, ids[:, :-1])
+            export_pruned(model, sites, widths, tmp_path / "pruned")
+    torch.testing.assert_close(compensated, reference, atol=5e-5, rtol=1e-5)
+    assert (compensated - uncompensated).abs().max() > 1e-2
+    if family == "llama":  # put back: no bias left on the reference
+        assert all(s.ffn.down_proj.bias is None for s in sites)
+    reloaded = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").eval()
+    if family == "llama":
+        assert reloaded.config.mlp_bias is True
+        mlp = reloaded.model.layers[0].mlp
+        assert not mlp.gate_proj.bias.any() and not mlp.up_proj.bias.any()
+        assert not reloaded.model.layers[2].mlp.down_proj.bias.any()  # uncut: zero bias
+    assert reloaded.config.geospec["ffn_widths"] == widths
+    with torch.no_grad():
+        got = reloaded(input_ids=ids[:, :-1]).logits
+    torch.testing.assert_close(got, compensated, atol=1e-5, rtol=1e-5)
+
+
+def test_a_compensated_export_without_an_mlp_bias_is_refused_in_one_line(tmp_path: Path) -> None:
+    model = hf_models.mistral()
+    ids = torch.randint(0, hf_models.VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    sites = find_ffn_sites(model, hf_models.WIDTH, lambda: logits_of(model, ids))
+    assert compensated_export_problem(hf_models.llama()) is None
+    assert compensated_export_problem(hf_models.gpt2()) is None
+    problem = compensated_export_problem(model)
+    assert problem is not None and "mistral MLP has no bias" in problem
+    orders = [list(range(48))] * len(sites)
+    means = [torch.ones(48)] * len(sites)
+    with torch.no_grad(), pruned(sites, orders, [24] * len(sites), compensation=means):
+        with pytest.raises(UsageError, match=r"prune.export.*mistral MLP has no bias"):
+            export_pruned(model, sites, [24] * len(sites), tmp_path / "x")
+        assert not (tmp_path / "x").exists()
+
+
+def test_compensate_is_a_prune_option_that_keeps_existing_keys() -> None:
+    from geospec.pipeline.keys import section
+
+    table = {"arms": [{"name": "uniform", "schedule": {"kind": "uniform"}}]}
+    default = PruneSpec.model_validate(table)
+    assert default.compensate == "none"
+    assert "compensate" not in section(default)  # run keys from before the option: unchanged
+    assert section(PruneSpec.model_validate(table | {"compensate": "none"})) == section(default)
+    mean = section(PruneSpec.model_validate(table | {"compensate": "mean"}))
+    assert mean["compensate"] == "mean"
+    with pytest.raises(ValueError, match="compensate"):
+        PruneSpec.model_validate(table | {"compensate": "median"})
+    with pytest.raises(ValueError, match=r"heal.steps = 5.*compensate = \"none\""):
+        PruneSpec.model_validate(table | {"compensate": "mean", "heal": {"steps": 5}})
+
+
+def test_a_model_with_a_down_projection_bias_is_not_imported_silently() -> None:
+    from geospec.engine.imported import import_llama, import_problem
+
+    model = hf_models.llama()
+    sites = find_ffn_sites(
+        model, hf_models.WIDTH, lambda: logits_of(model, torch.zeros(1, 4, dtype=torch.long))
+    )
+    assert import_problem(model) is None
+    with torch.no_grad(), pruned(sites, [list(range(80))] * 3, [40] * 3, [torch.ones(80)] * 3):
+        assert "bias compensation" in str(import_problem(model))
+        with pytest.raises(UsageError, match="bias compensation"):
+            import_llama(model, 16)
+    assert import_problem(model) is None
 
 
 # geospec prune end to end, on a small pretrained Llama checkpoint

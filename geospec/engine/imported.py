@@ -30,6 +30,10 @@ def import_problem(model: Any) -> str | None:
         return f"its activation is {config.hidden_act} (geospec's swiglu uses silu)"
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         return "it has attention or MLP biases"
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    if any(getattr(layer.mlp.down_proj, "bias", None) is not None for layer in layers):
+        # a pruned model's compensation (prune.compensate) puts a bias on the down projection
+        return "its FFN output projections have biases (bias compensation)"
     # transformers 5 keeps rope_type in rope_parameters; 4.x a rope_scaling table (or None)
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     kind = rope.get("rope_type", rope.get("type", "default"))

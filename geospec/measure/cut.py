@@ -7,6 +7,11 @@ zero, on every input (the bias of the output projection stays). :func:`cut_ffn` 
 :func:`ffn_cut` for the duration of a block (the demand measurement cuts each layer in turn and
 puts it back).
 
+With ``compensate`` (a value per neuron, FLAP's bias compensation with the neurons' calibration
+means), the output projection also gains the bias sum over the removed neurons j of
+``compensate[j] * W_out[:, j]``: the cut FFN then equals the full one with each removed neuron's
+activation replaced by ``compensate[j]`` instead of zero. A projection without a bias gets one.
+
 The layouts it knows, found by the FFN module's own attributes:
 
 - geospec's ``FeedForward``: ``fc`` (d -> w, or d -> 2w for swiglu: the gate half then the up
@@ -32,7 +37,7 @@ import torch
 from torch import nn
 
 from geospec.errors import GeospecError, PluginError
-from geospec.kinds import Importance, NeuronWeights
+from geospec.kinds import ActivationStats, Importance, NeuronWeights
 
 
 class CutError(GeospecError):
@@ -105,12 +110,24 @@ def _bias(module: nn.Module) -> torch.Tensor | None:
 
 
 def neuron_weights(
-    ffn: nn.Module, layer: int, activation: torch.Tensor | None = None
+    ffn: nn.Module,
+    layer: int,
+    activation: torch.Tensor | None = None,
+    stats: ActivationStats | None = None,
 ) -> NeuronWeights:
     """What an importance score sees of ``ffn`` (float32 copies on the CPU, one row per neuron
-    in every input matrix, one column per neuron in the output matrix)."""
+    in every input matrix, one column per neuron in the output matrix), with its calibration
+    ``stats`` (float64 copies; ``activation`` defaults to their mean |a|)."""
     layout = ffn_layout(ffn)
     width = ffn_width(ffn)
+    if stats is not None:
+        if stats.width != width:
+            raise CutError(f"layer {layer}: statistics of {stats.width} neurons for {width}")
+        if activation is None:
+            activation = stats.mean_abs
+        stats = ActivationStats(
+            *(t.detach().to("cpu", torch.float64).clone() for t in _fields(stats))
+        )
 
     def matrix(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().to("cpu", torch.float32).clone()
@@ -126,7 +143,12 @@ def neuron_weights(
         tuple(matrix(w) for w in inputs),
         matrix(output),
         None if activation is None else matrix(activation),
+        stats,
     )
+
+
+def _fields(stats: ActivationStats) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return stats.mean, stats.mean_abs, stats.mean_square
 
 
 def _kept_index(keep: Sequence[int] | torch.Tensor, width: int) -> torch.Tensor:
@@ -140,9 +162,16 @@ def _kept_index(keep: Sequence[int] | torch.Tensor, width: int) -> torch.Tensor:
     return index.sort().values
 
 
-def _sliced(module: nn.Module, rows: torch.Tensor, side: str, transposed: bool) -> nn.Module:
+def _sliced(
+    module: nn.Module,
+    rows: torch.Tensor,
+    side: str,
+    transposed: bool,
+    extra_bias: torch.Tensor | None = None,
+) -> nn.Module:
     """A copy of a Linear (or Conv1D) keeping output ``rows`` (side "out") or input ``rows``
-    (side "in") of its weight; the bias follows the output side."""
+    (side "in") of its weight; the bias follows the output side, plus ``extra_bias`` (float64,
+    one value per output; a Linear without a bias gets one)."""
     weight, bias = _weight(module), _bias(module)
     rows = rows.to(weight.device)
     # Linear: weight is out x in; Conv1D: in x out
@@ -152,11 +181,17 @@ def _sliced(module: nn.Module, rows: torch.Tensor, side: str, transposed: bool) 
     new_bias = None
     if bias is not None:
         new_bias = bias.detach().index_select(0, rows).clone() if side == "out" else bias.detach()
+    if extra_bias is not None:
+        # summed in float64, rounded once to the weight's dtype
+        base = extra_bias.to(weight.device, torch.float64)
+        new_bias = (base if new_bias is None else new_bias.to(torch.float64) + base).to(
+            weight.dtype
+        )
     if transposed:  # transformers' Conv1D(nf, nx): nf outputs, nx inputs
         copy = type(module)(new_weight.shape[1], new_weight.shape[0])
     else:
         copy = nn.Linear(
-            new_weight.shape[1], new_weight.shape[0], bias=bias is not None, device="meta"
+            new_weight.shape[1], new_weight.shape[0], bias=new_bias is not None, device="meta"
         )
     copy.weight = nn.Parameter(new_weight, requires_grad=weight.requires_grad)
     if new_bias is not None:
@@ -164,9 +199,13 @@ def _sliced(module: nn.Module, rows: torch.Tensor, side: str, transposed: bool) 
     return copy
 
 
-def cut_modules(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> dict[str, nn.Module]:
+def cut_modules(
+    ffn: nn.Module, keep: Sequence[int] | torch.Tensor, compensate: torch.Tensor | None = None
+) -> dict[str, nn.Module]:
     """The FFN's projections with only the neurons ``keep`` (indices, any order): attribute
-    name -> new module. The FFN itself is not changed."""
+    name -> new module. With ``compensate`` (one value per neuron of the full FFN), the output
+    projection's bias gains the removed neurons' ``compensate[j] * W_out[:, j]`` (the module
+    docstring). The FFN itself is not changed."""
     layout = ffn_layout(ffn)
     width = ffn_width(ffn)
     index = _kept_index(keep, width)
@@ -174,14 +213,40 @@ def cut_modules(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> dict[str,
     for name in layout.inputs:
         rows = torch.cat([index, index + width]) if layout.fused else index
         replaced[name] = _sliced(getattr(ffn, name), rows, "out", layout.transposed)
-    replaced[layout.output] = _sliced(getattr(ffn, layout.output), index, "in", layout.transposed)
+    output = getattr(ffn, layout.output)
+    extra = None if compensate is None else compensation_bias(ffn, index, compensate)
+    replaced[layout.output] = _sliced(output, index, "in", layout.transposed, extra)
     return replaced
 
 
-def cut_ffn(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> None:
+def compensation_bias(
+    ffn: nn.Module, keep: Sequence[int] | torch.Tensor, compensate: torch.Tensor
+) -> torch.Tensor:
+    """The bias a cut keeping ``keep`` adds to the output projection with ``compensate``: the
+    sum over the removed neurons j of ``compensate[j] * W_out[:, j]`` (float64, (d_model,))."""
+    layout = ffn_layout(ffn)
+    width = ffn_width(ffn)
+    values = torch.as_tensor(compensate).detach()
+    if tuple(values.shape) != (width,):
+        raise CutError(
+            f"compensation needs one value per neuron, shape ({width},); got {tuple(values.shape)}"
+        )
+    if not bool(torch.isfinite(values).all()):
+        raise CutError("compensation values must be finite")
+    removed = torch.ones(width, dtype=torch.bool)
+    removed[_kept_index(keep, width)] = False
+    matrix = _output_matrix(getattr(ffn, layout.output), layout).detach()
+    removed = removed.to(matrix.device)
+    columns = matrix[:, removed].to(torch.float64)
+    return columns @ values.to(matrix.device, torch.float64)[removed]
+
+
+def cut_ffn(
+    ffn: nn.Module, keep: Sequence[int] | torch.Tensor, compensate: torch.Tensor | None = None
+) -> None:
     """Remove every hidden neuron of ``ffn`` not in ``keep``, in place (the kept neurons stay in
-    their original order)."""
-    _install(ffn, cut_modules(ffn, keep), len(torch.as_tensor(keep).flatten()))
+    their original order), compensated by ``compensate`` when given (:func:`cut_modules`)."""
+    _install(ffn, cut_modules(ffn, keep, compensate), len(torch.as_tensor(keep).flatten()))
 
 
 def _install(ffn: nn.Module, modules: dict[str, nn.Module], width: int | None) -> None:
@@ -192,10 +257,13 @@ def _install(ffn: nn.Module, modules: dict[str, nn.Module], width: int | None) -
 
 
 @contextmanager
-def ffn_cut(ffn: nn.Module, keep: Sequence[int] | torch.Tensor) -> Iterator[None]:
-    """Inside the block, ``ffn`` keeps only the neurons ``keep``; afterwards it is the module it
-    was (the same parameter objects)."""
-    replaced = cut_modules(ffn, keep)
+def ffn_cut(
+    ffn: nn.Module, keep: Sequence[int] | torch.Tensor, compensate: torch.Tensor | None = None
+) -> Iterator[None]:
+    """Inside the block, ``ffn`` keeps only the neurons ``keep`` (compensated by ``compensate``
+    when given: :func:`cut_modules`); afterwards it is the module it was (the same parameter
+    objects, the bias it had or none)."""
+    replaced = cut_modules(ffn, keep, compensate)
     original = {name: getattr(ffn, name) for name in replaced}
     width = getattr(ffn, "width", None)
     try:
@@ -225,20 +293,23 @@ def zeroed_neurons(ffn: nn.Module, zero: Sequence[int] | torch.Tensor) -> Iterat
 
 
 @contextmanager
-def hidden_activations(
+def activation_stats(
     ffns: Sequence[nn.Module],
-) -> Iterator[Callable[[], list[torch.Tensor]]]:
-    """Inside the block, accumulate every FFN's mean absolute hidden activation (the input of its
-    output projection) over all tokens run; the yielded function returns them (float64, one
-    (width,) tensor per FFN)."""
-    sums: list[torch.Tensor | None] = [None] * len(ffns)
+) -> Iterator[Callable[[], list[ActivationStats]]]:
+    """Inside the block, accumulate every FFN's hidden activations a (the input of its output
+    projection) over all tokens run: the sums of a, |a| and a² per neuron in float64; the yielded
+    function returns their means over every token (one :class:`ActivationStats` per FFN, on the
+    CPU)."""
+    sums: list[torch.Tensor | None] = [None] * len(ffns)  # (3, width): a, |a|, a²
     counts = [0] * len(ffns)
 
     def hook(i: int) -> Callable[..., None]:
         def accumulate(module: nn.Module, args: tuple[Any, ...]) -> None:
             hidden = args[0].detach()
-            flat = hidden.reshape(-1, hidden.shape[-1]).abs().to(torch.float64)
-            total = flat.sum(dim=0).cpu()
+            flat = hidden.reshape(-1, hidden.shape[-1]).to(torch.float64)
+            total = torch.stack(
+                [flat.sum(dim=0), flat.abs().sum(dim=0), flat.square().sum(dim=0)]
+            ).cpu()
             previous = sums[i]
             sums[i] = total if previous is None else previous + total
             counts[i] += flat.shape[0]
@@ -250,12 +321,13 @@ def hidden_activations(
         layout = ffn_layout(ffn)
         handles.append(getattr(ffn, layout.output).register_forward_pre_hook(hook(i)))
 
-    def means() -> list[torch.Tensor]:
+    def means() -> list[ActivationStats]:
         result = []
         for i, total in enumerate(sums):
             if total is None:
                 raise CutError(f"FFN {i} was not called: no activations to average")
-            result.append(total / counts[i])
+            mean, mean_abs, mean_square = total / counts[i]
+            result.append(ActivationStats(mean, mean_abs, mean_square))
         return result
 
     try:
@@ -263,6 +335,17 @@ def hidden_activations(
     finally:
         for handle in handles:
             handle.remove()
+
+
+@contextmanager
+def hidden_activations(
+    ffns: Sequence[nn.Module],
+) -> Iterator[Callable[[], list[torch.Tensor]]]:
+    """Inside the block, accumulate every FFN's mean absolute hidden activation (the input of its
+    output projection) over all tokens run; the yielded function returns them (float64, one
+    (width,) tensor per FFN). The mean |a| of :func:`activation_stats`."""
+    with activation_stats(ffns) as stats:
+        yield lambda: [s.mean_abs for s in stats()]
 
 
 def neuron_order(importance: Importance, ffn: NeuronWeights) -> list[int]:

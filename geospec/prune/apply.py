@@ -8,6 +8,15 @@ pruned layer (a zero row of the gate, up or input projection and a zero column o
 projection contribute exactly nothing: the exported model computes what the pruned one does) and
 records the true widths in ``config.json`` (``geospec.ffn_widths``, as ``geospec export`` does);
 it loads with ``AutoModelForCausalLM.from_pretrained`` and no remote code.
+
+Bias compensation (``prune.compensate = "mean"``, FLAP's): the calibration pass records every
+neuron's signed mean activation (:func:`calibration_stats`), and each cut layer's output
+projection gains the bias sum over its removed neurons j of mean_j x W_out[:, j]
+(:func:`geospec.measure.cut.cut_modules`), so the pruned model computes what the full model
+computes with each removed neuron's activation replaced by its calibration mean. The export
+carries that bias: GPT-2's ``c_proj`` has one already; a Llama-family config is exported with
+``mlp_bias = True`` (zero gate and up biases; a layer that kept every neuron gets a zero down
+bias). Other configs have no MLP bias to carry it (:func:`compensated_export_problem`).
 """
 
 from __future__ import annotations
@@ -22,12 +31,12 @@ import torch
 from torch import nn
 
 from geospec.errors import UsageError
-from geospec.kinds import Importance
+from geospec.kinds import ActivationStats, Importance
 from geospec.measure.cut import (
+    activation_stats,
     checked_scores,
     ffn_cut,
     ffn_layout,
-    hidden_activations,
     kept_neurons,
     neuron_weights,
     order_of,
@@ -50,6 +59,27 @@ def calibration_windows(tokens: np.ndarray, seq_len: int, windows: int, seed: in
     return np.sort(drawn) * seq_len
 
 
+def calibration_stats(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+) -> list[ActivationStats]:
+    """Every layer's hidden-activation statistics (signed mean, mean |a|, mean square per
+    neuron, float64 on the CPU) over the calibration windows of ``seq_len`` tokens at
+    ``starts``, run through the unpruned ``model`` in batches of ``batch_size``: what importance
+    scores that need activations read and what bias compensation puts in place of a cut
+    neuron (``[s.mean for s in stats]``)."""
+    device = next(model.parameters()).device
+    ids = np.stack([tokens[s : s + seq_len].astype(np.int64) for s in starts])
+    with torch.no_grad(), activation_stats([site.ffn for site in sites]) as stats:
+        for start in range(0, len(ids), batch_size):
+            logits_of(model, torch.as_tensor(ids[start : start + batch_size], device=device))
+        return stats()
+
+
 def neuron_scores(
     model: nn.Module,
     sites: Sequence[FFNSite],
@@ -58,19 +88,21 @@ def neuron_scores(
     starts: np.ndarray,
     seq_len: int,
     batch_size: int,
+    stats: Sequence[ActivationStats] | None = None,
 ) -> tuple[list[list[float]], list[list[int]]]:
-    """Every layer's neuron scores by ``importance`` (calibration activations over the windows at
-    ``starts`` when it needs them) and the orderings they give."""
-    activations: list[Any] = [None] * len(sites)
+    """Every layer's neuron scores by ``importance`` and the orderings they give. An importance
+    that needs activations gets ``stats`` (from :func:`calibration_stats`), or, when they are
+    not given, the statistics of a calibration pass over the windows at ``starts``; ``stats``
+    given to an importance that needs none are not shown to it."""
+    layers: list[ActivationStats | None] = [None] * len(sites)
     if importance.needs_activations:
-        device = next(model.parameters()).device
-        ids = np.stack([tokens[s : s + seq_len].astype(np.int64) for s in starts])
-        with torch.no_grad(), hidden_activations([site.ffn for site in sites]) as means:
-            for start in range(0, len(ids), batch_size):
-                logits_of(model, torch.as_tensor(ids[start : start + batch_size], device=device))
-            activations = means()
+        if stats is None:
+            stats = calibration_stats(model, sites, tokens, starts, seq_len, batch_size)
+        if len(stats) != len(sites):
+            raise ValueError(f"statistics of {len(stats)} layers for {len(sites)} FFNs")
+        layers = list(stats)
     views = [
-        neuron_weights(site.ffn, layer, activations[layer]) for layer, site in enumerate(sites)
+        neuron_weights(site.ffn, layer, stats=layers[layer]) for layer, site in enumerate(sites)
     ]
     checked = [checked_scores(importance, view) for view in views]  # each plugin call once
     return [s.tolist() for s in checked], [order_of(s) for s in checked]
@@ -78,12 +110,21 @@ def neuron_scores(
 
 @contextmanager
 def pruned(
-    sites: Sequence[FFNSite], orders: Sequence[Sequence[int]], widths: Sequence[int]
+    sites: Sequence[FFNSite],
+    orders: Sequence[Sequence[int]],
+    widths: Sequence[int],
+    compensation: Sequence[torch.Tensor] | None = None,
 ) -> Iterator[None]:
-    """Inside the block, layer l keeps the ``widths[l]`` best neurons of ``orders[l]``."""
+    """Inside the block, layer l keeps the ``widths[l]`` best neurons of ``orders[l]``; with
+    ``compensation`` (one (width,) tensor per layer, the full layer's signed calibration means
+    ``[s.mean for s in calibration_stats(...)]``), each cut layer's output projection gains the
+    bias that puts each removed neuron's mean in place of its activation (module docstring)."""
+    if compensation is not None and len(compensation) != len(sites):
+        raise ValueError(f"compensation for {len(compensation)} layers, {len(sites)} FFNs")
     with ExitStack() as stack:
-        for site, order, width in zip(sites, orders, widths, strict=True):
-            stack.enter_context(ffn_cut(site.ffn, kept_neurons(order, width)))
+        for layer, (site, order, width) in enumerate(zip(sites, orders, widths, strict=True)):
+            means = None if compensation is None else compensation[layer]
+            stack.enter_context(ffn_cut(site.ffn, kept_neurons(order, width), means))
         yield
 
 
@@ -97,11 +138,29 @@ def ffn_parameters(sites: Sequence[FFNSite]) -> int:
     return sum(p.numel() for site in sites for p in site.ffn.parameters())
 
 
+def compensated_export_problem(model: nn.Module) -> str | None:
+    """Why a compensated pruning of ``model`` cannot be exported as a transformers checkpoint of
+    its own family (None: it can): the family's MLP must hold a bias on its output projection
+    (GPT-2's ``c_proj``; a config with ``mlp_bias``, as Llama's)."""
+    config: Any = getattr(model, "config", None)
+    if config is None:
+        return f"{type(model).__name__} is not a transformers model"
+    if hasattr(config, "mlp_bias") or getattr(config, "model_type", None) == "gpt2":
+        return None
+    return (
+        f"transformers' {getattr(config, 'model_type', type(config).__name__)} MLP has no bias "
+        "to carry the compensation (Llama's config has mlp_bias, GPT-2's c_proj a bias)"
+    )
+
+
 def export_pruned(
     model: nn.Module, sites: Sequence[FFNSite], widths: Sequence[int], directory: Path
 ) -> None:
     """Save the (currently pruned) Hugging Face ``model`` as a transformers checkpoint padded to
-    its widest layer, the true widths in ``config.json`` (see the module docstring)."""
+    its widest layer, the true widths in ``config.json`` (see the module docstring). A bias the
+    cut gave an output projection (compensation) is carried: a Llama-family config is saved with
+    ``mlp_bias = True`` and zero biases where the model has none; a config without an MLP bias
+    is a :class:`UsageError` (:func:`compensated_export_problem`)."""
     from transformers import AutoModelForCausalLM
 
     original: Any = model.config
@@ -119,6 +178,26 @@ def export_pruned(
     }
     names = {id(module): name for name, module in model.named_modules()}
     state = {key: value.detach().clone() for key, value in model.state_dict().items()}
+    biased = [
+        getattr(site.ffn, ffn_layout(site.ffn).output).bias is not None
+        for site in sites
+        if not ffn_layout(site.ffn).transposed  # GPT-2's c_proj always has its bias
+    ]
+    if any(biased) and not getattr(config, "mlp_bias", False):
+        problem = compensated_export_problem(model)
+        if problem is not None:
+            raise UsageError(
+                f"prune.export: the pruned model's FFN output projections carry a bias "
+                f"(prune.compensate) but {problem}; set prune.export = false or prune.compensate "
+                '= "none"'
+            )
+        config.mlp_bias = True  # transformers' Llama: a bias on gate, up and down
+        for site in sites:
+            prefix = names[id(site.ffn)]
+            for name, module in site.ffn.named_children():
+                weight = getattr(module, "weight", None)
+                if isinstance(weight, torch.Tensor) and f"{prefix}.{name}.bias" not in state:
+                    state[f"{prefix}.{name}.bias"] = weight.new_zeros(weight.shape[0]).detach()
     for site, width in zip(sites, widths, strict=True):
         layout = ffn_layout(site.ffn)
         prefix = names[id(site.ffn)]

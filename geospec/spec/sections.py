@@ -500,6 +500,12 @@ class PruneSpec(Section):
     """Write every pruned model as a transformers checkpoint."""
     heal: Annotated[PruneHeal, ADDED_LATER] = Field(default_factory=PruneHeal)
     """Fine-tune every pruned model (steps > 0) and measure it again (docs/prune.md)."""
+    compensate: Annotated[Literal["none", "mean"], ADDED_LATER] = "none"
+    """FLAP's bias compensation, for every arm: "mean" gives each cut layer's output projection
+    the bias sum over its removed neurons j of mean_j x W_out[:, j] (mean_j: neuron j's signed
+    mean activation over the calibration sample, collected whatever the importance), so a
+    removed neuron contributes its calibration mean instead of zero; "none" cuts only
+    (docs/prune.md)."""
 
     @property
     def fractions(self) -> list[float]:
@@ -514,6 +520,12 @@ class PruneSpec(Section):
             raise ValueError(f"baseline {self.baseline!r} is not one of the arms {names}")
         if len(set(self.fractions)) != len(self.fractions):
             raise ValueError(f"keep fractions must be distinct, got {self.fractions}")
+        if self.compensate != "none" and self.heal.steps > 0:
+            raise ValueError(
+                f'compensate = "{self.compensate}" with heal.steps = {self.heal.steps}: healing '
+                "imports the pruned model into geospec's engine, which has no FFN output bias to "
+                'carry the compensation yet; set compensate = "none" or heal.steps = 0'
+            )
         return self
 
 

@@ -91,7 +91,9 @@ def spec_summary(spec: Spec) -> Group:
             "prune",
             Text(
                 f"keep {', '.join(f'{f:g}' for f in p.fractions)} by "
-                f"{plugin_call(p.importance.model_dump(mode='json'))}; calibration seeds "
+                f"{plugin_call(p.importance.model_dump(mode='json'))}"
+                f"{'; bias compensated by the calibration means' if p.compensate == 'mean' else ''}"
+                "; calibration seeds "
                 f"{p.calibration.seeds} x {p.calibration.windows} windows; eval "
                 f"{', '.join(p.eval.corpora)} x {p.eval.windows} windows; baseline {p.baseline}"
             ),

@@ -11,22 +11,31 @@ def check_importance(
     cls: type[Any], params: dict[str, Any] | None = None, per_neuron: bool = True
 ) -> None:
     """Check an ``importance`` plugin class against its contract (docs/plugins.md), on a random
-    gated FFN of 24 neurons with calibration activations: one finite score per neuron, a float
-    tensor without gradient, the same scores for the same FFN twice (an ordering is stored and
-    reused), no change to the weights it was given, and (``per_neuron``; False for seeded noise
-    such as ``random``) a neuron's score moving with it when the neurons are permuted. Raises
+    gated FFN of 24 neurons with calibration activations (``activation`` and consistent
+    ``stats``: signed mean, mean |a| and mean square, for a score that ``needs_activations``):
+    one finite score per neuron, a float tensor without gradient, the same scores for the same
+    FFN twice (an ordering is stored and reused), no change to the weights or statistics it was
+    given, and (``per_neuron``; False for seeded noise such as ``random``) a neuron's score
+    moving with it when the neurons (and their statistics) are permuted. Raises
     :class:`ContractError` naming the broken rule. Imports torch."""
     import torch
 
-    from geospec.kinds import Importance, NeuronWeights
+    from geospec.kinds import ActivationStats, Importance, NeuronWeights
 
     plugin = plugin_instance(cls, Importance, params)
     generator = torch.Generator().manual_seed(0)
     gate, up = torch.randn(24, 8, generator=generator), torch.randn(24, 8, generator=generator)
     out = torch.randn(8, 24, generator=generator)
-    activation = torch.rand(24, generator=generator) + 0.1
-    ffn = NeuronWeights(3, (gate, up), out, activation if cls.needs_activations else None)
-    before = [t.clone() for t in (gate, up, out, activation)]
+    # the statistics of real activations (heavy-tailed, shifted, of varied spread) on 64 tokens
+    tokens = torch.randn(64, 24, generator=generator, dtype=torch.float64) ** 3
+    tokens = tokens * (torch.rand(24, generator=generator, dtype=torch.float64) * 2 + 0.1)
+    tokens = tokens + torch.randn(24, generator=generator, dtype=torch.float64)
+    stats = ActivationStats(tokens.mean(0), tokens.abs().mean(0), tokens.square().mean(0))
+    activation = stats.mean_abs.float()
+    needs = cls.needs_activations
+    ffn = NeuronWeights(3, (gate, up), out, activation if needs else None, stats if needs else None)
+    given = (gate, up, out, activation, stats.mean, stats.mean_abs, stats.mean_square)
+    before = [t.clone() for t in given]
     name = cls.kind_name()
     scores = plugin.scores(ffn)
     if not isinstance(scores, torch.Tensor) or tuple(scores.shape) != (24,):
@@ -40,7 +49,7 @@ def check_importance(
         raise ContractError(f"{name}: scores must carry no gradient")
     if not bool(torch.isfinite(scores).all()):
         raise ContractError(f"{name}: every score must be finite")
-    for tensor, original in zip((gate, up, out, activation), before, strict=True):
+    for tensor, original in zip(given, before, strict=True):
         if not torch.equal(tensor, original):
             raise ContractError(f"{name}: scores must not change the weights they are given")
     if not torch.equal(plugin.scores(ffn), scores):
@@ -53,10 +62,11 @@ def check_importance(
         (gate[permutation], up[permutation]),
         out[:, permutation],
         None if ffn.activation is None else activation[permutation],
+        None if ffn.stats is None else stats.permuted(permutation),
     )
     if not torch.allclose(plugin.scores(moved), scores[permutation], rtol=1e-5, atol=1e-6):
         raise ContractError(
             f"{name}: a neuron's score must move with it when the neurons are permuted (it "
-            "may depend only on that neuron's weights and activation, or on the whole layer "
-            "symmetrically)"
+            "may depend only on that neuron's weights and activation statistics, or on the whole "
+            "layer symmetrically)"
         )

@@ -190,21 +190,22 @@ class DemandStage:
                 f"demand: the FFN of {type(sites[0].layer).__name__} (the module the probe "
                 f"maps as its FFN): {error}"
             ) from None
-        activations: list[Any] = [None] * len(sites)
+        stats: list[Any] = [None] * len(sites)
         if importance.needs_activations:
-            activations = self._calibration(run, model, sites)
+            stats = self._calibration(run, model, sites)
         return [
-            neuron_order(importance, neuron_weights(site.ffn, layer, activations[layer]))
+            neuron_order(importance, neuron_weights(site.ffn, layer, stats=stats[layer]))
             for layer, site in enumerate(sites)
         ]
 
     def _calibration(self, run: RunContext, model: nn.Module, sites: Sequence[FFNSite]) -> Any:
-        """Mean |hidden activation| of every FFN over every token of the probe's windows."""
+        """Every FFN's hidden-activation statistics (signed mean, mean |a|, mean square per
+        neuron) over every token of the probe's windows."""
         import numpy as np
         import torch
 
         from geospec.engine.progress import stage_progress
-        from geospec.measure.cut import hidden_activations
+        from geospec.measure.cut import activation_stats
         from geospec.measure.sensitivity import logits_of
 
         data = run.token_data(self.probe.data)
@@ -215,7 +216,7 @@ class DemandStage:
         with (
             stage_progress(run.console, run.say, "calibrating", len(windows)) as advance,
             torch.no_grad(),
-            hidden_activations([site.ffn for site in sites]) as means,
+            activation_stats([site.ffn for site in sites]) as means,
         ):
             for start in range(0, len(windows), batch):
                 ids = torch.as_tensor(windows[start : start + batch], device=device)
