@@ -7,6 +7,7 @@ import difflib
 from pydantic import BaseModel
 
 from geospec.engine.model_size import attention_problems, kv_head_problems
+from geospec.kinds import reads_scores
 from geospec.registry.loading import get_registries
 from geospec.solve.widths import dependency_cycle
 from geospec.spec.resolve import measures, model_dims
@@ -57,7 +58,7 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
     registries = get_registries()
     for i, arm in enumerate(spec.prune.arms):
         schedule = registries.create("schedule", arm.schedule)
-        if schedule.reads_neuron_scores or schedule.profiles_file() is not None:
+        if reads_scores(schedule) or schedule.profiles_file() is not None:
             continue
         for profile in schedule.required_profiles():
             if profile not in available:
@@ -132,7 +133,7 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
     sources: dict[str, list[str]] = {}
     for i, arm in enumerate(spec.arms):
         schedule = registries.create("schedule", arm.schedule)
-        if schedule.reads_neuron_scores:
+        if reads_scores(schedule):
             problems.append(
                 (
                     f"arms[{i}].schedule.kind",
@@ -169,7 +170,7 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 available = ", ".join(repr(p) for p in profile_names) or "none"
                 problems.append(
                     (
-                        f"arms[{i}].schedule.profile",
+                        f"arms[{i}].schedule.{_field_naming(arm.schedule, profile)}",
                         f"{profile!r} is not measured; measured "
                         f'profiles: {available}. Add it to [[measure]] or use measure = "all"',
                     )
@@ -305,6 +306,18 @@ def _source_arm_problems(
 
 
 def _field_naming(schedule: BaseModel, value: str, default: str = "profile") -> str:
-    """The schedule parameter that holds ``value`` (for the error's dotted path)."""
-    params = schedule.model_dump()
-    return next((key for key, v in params.items() if v == value), default)
+    """The schedule parameter that holds ``value`` (for the error's dotted path), looking inside
+    nested tables too (``around.profile`` of a protect schedule)."""
+    return _holding(schedule.model_dump(), value) or default
+
+
+def _holding(params: dict[str, object], value: str) -> str | None:
+    """The dotted key of ``params`` whose value is ``value``, or None."""
+    for key, held in params.items():
+        if held == value:
+            return key
+        if isinstance(held, dict):
+            inner = _holding(held, value)
+            if inner is not None:
+                return f"{key}.{inner}"
+    return None
