@@ -6,9 +6,11 @@ registries) and the pipeline (measure, solve, train) rely on. Concrete plugins l
 
 With :mod:`geospec.plugin` (the base classes, ``Register`` and plugin-table fields) and
 :mod:`geospec.errors`, this module is the whole API a plugin imports: the builtins use nothing
-else. Helpers for schedules and solvers are re-exported here: :func:`round_to_budget`,
-:func:`units_between` and :class:`InfeasibleBudget` (exact-budget rounding),
-:func:`check_profile` and :func:`resample_profile` (profile checks and depth resampling).
+else. Allocations from neuron scores are schedules of their own shape,
+:class:`ScoreAllocation` (told apart by :func:`reads_scores`). Helpers for schedules and solvers
+are re-exported here: :func:`round_to_budget`, :func:`units_between` and
+:class:`InfeasibleBudget` (exact-budget rounding), :func:`check_profile` and
+:func:`resample_profile` (profile checks and depth resampling).
 """
 
 from __future__ import annotations
