@@ -106,6 +106,29 @@ def test_the_builtin_smoothers_solvers_and_schedules_keep_their_contract(
         CHECKS[kind](cls, params)
 
 
+#: Inside protect (first = 1 of PRUNED's 6 layers) the other five share 384 - 96 = 288.
+AROUND = {"manual": {"widths": [64, 56, 56, 56, 56]}}
+
+
+def _around_params(name: str) -> dict[str, Any]:
+    return AROUND.get(name, PARAMS.get(("schedule", name), {}))
+
+
+def _runs_inside_protect(name: str) -> bool:
+    """Reads neither other arms' widths nor neuron scores (protect refuses those)."""
+    cls = get_registries()["schedule"].get(name).cls
+    inner = cls(cls.Params.model_validate(_around_params(name)))
+    return not reads_scores(cls) and not inner.required_arms()
+
+
+@pytest.mark.parametrize("name", [n for n in builtins("schedule") if _runs_inside_protect(n)])
+def test_every_builtin_schedule_of_widths_keeps_the_contract_inside_protect(name: str) -> None:
+    """On a part of a model whose share, 57.6 a layer, is no whole width (ModelDims.part)."""
+    params = _around_params(name)
+    protect = get_registries()["schedule"].get("protect").cls
+    testing.check_schedule(protect, {"around": {"kind": name, **params}}, dims=PRUNED)
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("name", ["local", "pool"])  # slurm needs a cluster: test_launchers.py
 def test_the_builtin_launchers_keep_their_contract(name: str, tmp_path: Path) -> None:
