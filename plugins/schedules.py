@@ -667,9 +667,11 @@ class Protect(Schedule):
                 "grows a layer; lower width or leave it unset"
             ]
         rest, middle = dims.budget - protected * full, n - protected
+        layers = "layer" if protected == 1 else f"{protected} layers"
+        takes = "takes" if protected == 1 else "take"
         taken = (
-            f"the {protected} protected layers at width {full} take {protected * full} of the "
-            f"budget {dims.budget}"
+            f"the protected {layers} at width {full} {takes} {protected * full} of the budget "
+            f"{dims.budget}"
         )
         if rest < middle * m:
             fix = "lower width" if p.width is not None else "keep more"

@@ -147,7 +147,7 @@ def test_valid_at_every_keep_fraction_where_the_protected_layers_fit(
         (
             {"first": 2, "last": 1},
             pruned_dims(6, 64, 1536, 64, 0.25, "swiglu"),  # budget 2304 < 3 x 1536
-            "the 3 protected layers at width 1536 take 4608 of the budget 2304; the other 3 "
+            "the protected 3 layers at width 1536 take 4608 of the budget 2304; the other 3 "
             "need at least one multiple (64) each, 192 in all; keep more or protect fewer layers",
         ),
         ({}, ModelDims(4, 32, 64, 8), "width is not set, and a training arm has no pretrained"),
@@ -228,5 +228,46 @@ def test_a_prune_arm_allocates_and_refuses_a_budget_too_small() -> None:
     widths = allocate(arms, HALF, {}, [[1.0] * 1536] * 6)
     assert widths == {"uniform": [768] * 6, "ends": [1536, 384, 384, 384, 384, 1536]}
     tenth = pruned_dims(6, 64, 1536, 64, 0.1, "swiglu")  # uniform 128: budget 768 < 2 x 1536
-    with pytest.raises(UsageError, match=r"^prune arm 'ends': protect: the 2 protected layers"):
+    with pytest.raises(UsageError, match=r"^prune arm 'ends': protect: the protected 2 layers"):
         allocate(arms, tenth, {}, [[1.0] * 1536] * 6)
+
+
+def prune_spec(keep: list[float], *arms: dict[str, Any]) -> dict[str, Any]:
+    """A pruning spec of the minimal model (4 layers of 64, multiples of 8) as its checkpoint."""
+    return minimal_spec(
+        probe_only=True,
+        reference={"checkpoint": "model"},
+        data={"tokenizer": {"kind": "pretrained", "path": "model"}},
+        prune={"keep": keep, "arms": [{"name": "uniform", "schedule": "uniform"}, *arms]},
+    )
+
+
+def test_validate_checks_a_prune_arm_at_every_keep_fraction() -> None:
+    """At keep 1/2 (uniform 32, budget 128) layer 0 at 64 leaves 64 for three layers: fits. At
+    keep 1/8 (uniform 8, budget 32) it takes 64 of 32: the arm is refused before any probing."""
+    protect = {"name": "protect", "schedule": {"kind": "protect"}}
+    validate_spec(prune_spec([0.5], protect))
+    with pytest.raises(SpecError) as error:
+        validate_spec(prune_spec([0.5, 0.125], protect))
+    (line,) = [line for line in str(error.value).splitlines() if "prune.arms" in line]
+    assert (
+        "prune.arms[1].schedule: at keep 0.125: the protected layer at width 64 takes 64 of the "
+        "budget 32; the other 3 need at least one multiple (8) each, 24 in all; keep more or "
+        "protect fewer layers"
+    ) in line
+    assert "keep 0.5" not in line
+
+
+def test_validate_refuses_a_keep_fraction_below_one_multiple() -> None:
+    with pytest.raises(SpecError, match=r"prune\.keep\[1\]: 0\.05 of 64 neurons rounds below"):
+        validate_spec(prune_spec([0.5, 0.05]))
+
+
+@pytest.mark.parametrize("keep", [0.1, 0.25, 0.3, 0.5, 0.77, 1.0])
+def test_validate_solves_prune_arms_for_the_budget_the_prune_stage_uses(keep: float) -> None:
+    from geospec.spec.checks import _pruned_dims
+
+    spec = validate_spec(prune_spec([keep]))
+    m = spec.model
+    expected = pruned_dims(m.n_layers, m.d_model, m.ffn_width, m.multiple_of, keep, m.activation)
+    assert _pruned_dims(spec) == {keep: expected}

@@ -7,7 +7,7 @@ import difflib
 from pydantic import BaseModel
 
 from geospec.engine.model_size import attention_problems, kv_head_problems
-from geospec.kinds import reads_scores
+from geospec.kinds import ModelDims, reads_scores
 from geospec.registry.loading import get_registries
 from geospec.solve.widths import dependency_cycle
 from geospec.spec.resolve import measures, model_dims
@@ -56,8 +56,29 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
     if spec.demand.enabled:
         available |= set(demand_profile_names(spec.demand))
     registries = get_registries()
+    budgets = _pruned_dims(spec)
+    for k, fraction in enumerate(spec.prune.fractions):
+        if fraction not in budgets:
+            m = spec.model
+            problems.append(
+                (
+                    f"prune.keep[{k}]" if isinstance(spec.prune.keep, list) else "prune.keep",
+                    f"{fraction:g} of {m.ffn_width} neurons rounds below one multiple "
+                    f"({m.multiple_of}) per layer; raise keep or lower model.multiple_of",
+                )
+            )
     for i, arm in enumerate(spec.prune.arms):
         schedule = registries.create("schedule", arm.schedule)
+        # a schedule's own problems at every pruned budget (protect's layers that no longer
+        # fit, a solver's bounds), before the prune stage probes and scores anything
+        said: set[str] = set()
+        for fraction, dims in budgets.items():
+            for message in schedule.check(dims):
+                if message not in said:
+                    said.add(message)
+                    problems.append(
+                        (f"prune.arms[{i}].schedule", f"at keep {fraction:g}: {message}")
+                    )
         if reads_scores(schedule) or schedule.profiles_file() is not None:
             continue
         for profile in schedule.required_profiles():
@@ -70,6 +91,27 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
                     )
                 )
     return problems
+
+
+def _pruned_dims(spec: Spec) -> dict[float, ModelDims]:
+    """The model every prune arm is solved for at each keep fraction that keeps at least one
+    multiple per layer: [model] is the checkpoint's shape in a pruning spec, its ffn_width the
+    pretrained width W; the budget is geospec.prune.allocate.pruned_dims's (kept equal by
+    tests/test_protect.py), round(keep x W / m) x m a layer."""
+    m = spec.model
+    dims = {}
+    for fraction in spec.prune.fractions if spec.prune else []:
+        uniform = round(fraction * m.ffn_width / m.multiple_of) * m.multiple_of
+        if uniform >= m.multiple_of:
+            dims[fraction] = ModelDims(
+                m.n_layers,
+                m.d_model,
+                min(uniform, m.ffn_width),
+                m.multiple_of,
+                m.activation,
+                max_width=m.ffn_width,
+            )
+    return dims
 
 
 def cross_check(spec: Spec) -> list[tuple[str, str]]:
