@@ -145,7 +145,8 @@ class ModelDims:
     n_layers: int
     d_model: int
     ffn_width: int
-    """The uniform FFN width; every schedule keeps ``n_layers * ffn_width`` exactly."""
+    """The uniform FFN width; every schedule keeps :attr:`budget` exactly (``n_layers *
+    ffn_width`` for a whole model)."""
     multiple_of: int
     activation: str = "gelu"
     max_width: int | None = None
@@ -172,6 +173,8 @@ class ModelDims:
         multiple, activation and ``max_width``), as a model of their own: what ``protect`` hands
         the schedule of its unprotected layers. Its ``ffn_width`` is the share rounded down; a
         schedule reads the share itself as :attr:`uniform_width` and sums to :attr:`budget`."""
+        if n_layers < 1 or budget < 0:
+            raise ValueError(f"a part of a model has layers and a budget, not {n_layers}, {budget}")
         share = budget // n_layers
         exact = None if share * n_layers == budget else budget
         return ModelDims(

@@ -634,7 +634,7 @@ class Protect(Schedule):
     def middle(self, dims: ModelDims) -> ModelDims:
         """The unprotected layers as a model of their own, with the budget the others leave."""
         protected = self.params.first + self.params.last
-        full = self.full_width(dims)
+        full = self.full_width(dims) if protected else 0  # protecting none needs no width
         assert full is not None and protected < dims.n_layers  # check(dims) says otherwise
         return dims.part(dims.n_layers - protected, dims.budget - protected * full)
 
@@ -649,6 +649,8 @@ class Protect(Schedule):
                 f"first + last = {p.first} + {p.last} protects {many} the model's {n} layers; "
                 "leave at least one layer to allocate (lower first or last)"
             ]
+        if protected == 0:
+            return []  # every layer is the inner schedule's
         full = self.full_width(dims)
         if full is None:
             return [
@@ -722,8 +724,6 @@ class Protect(Schedule):
         problems = self.check(dims)
         if problems:
             raise UsageError("protect: " + "; ".join(problems))
-        full = self.full_width(dims)
-        assert full is not None
         inner, middle = self.inner(), self.middle(dims)
         widths = inner.widths_from(middle, self.middle_profiles(dims, profiles), {})
         problems = _part_problems(widths, middle, inner.bounds(middle))
@@ -732,6 +732,7 @@ class Protect(Schedule):
                 f"protect: around schedule {inner.kind_name()!r} returned {widths} for "
                 f"{middle.n_layers} layers sharing {middle.budget}: " + "; ".join(problems)
             )
+        full = self.full_width(dims) or 0  # None only where no layer is protected
         return [full] * self.params.first + [int(w) for w in widths] + [full] * self.params.last
 
     def bounds(self, dims: ModelDims) -> tuple[int, int] | None:
@@ -742,8 +743,8 @@ class Protect(Schedule):
             return None
         inner = self.inner().bounds(self.middle(dims))
         full = self.full_width(dims)
-        if inner is None or full is None:
-            return None
+        if inner is None or full is None or self.params.first + self.params.last == 0:
+            return inner
         return min(inner[0], full), max(inner[1], full)
 
 

@@ -64,6 +64,15 @@ def test_a_training_arm_protects_at_the_width_it_is_given() -> None:
 GEOMETRIC = {"kind": "geometric", "profile": "p"}
 
 
+def test_protecting_no_layer_is_the_inner_schedule_and_needs_no_width() -> None:
+    dims = ModelDims(4, 32, 64, 8)  # a training model: no pretrained width
+    assert schedule(first=0).check(dims) == []
+    assert schedule(first=0).widths(dims, {}) == [64] * 4
+    cosine = {"kind": "cosine"}
+    alone = create_plugin("schedule", cosine).widths(dims, {})
+    assert schedule(first=0, around=cosine).widths(dims, {}) == alone
+
+
 def test_around_a_geometric_schedule_the_middle_is_that_schedule_on_the_middle() -> None:
     """The middle layers 1-4 of profile 6 5 4 3 2 1 have work 5 4 3 2 and share 1152 (uniform
     288; power_law's bounds 0.25x and 2x, 128 and 576 in multiples, bind nowhere). With a = 1,
