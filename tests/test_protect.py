@@ -4,12 +4,15 @@ input."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from geospec.cli import cli
 from geospec.errors import SpecError, UsageError
 from geospec.kinds import ModelDims, Schedule
 from geospec.plugin import create_plugin
@@ -280,3 +283,18 @@ def test_validate_solves_prune_arms_for_the_budget_the_prune_stage_uses(keep: fl
     m = spec.model
     expected = pruned_dims(m.n_layers, m.d_model, m.ffn_width, m.multiple_of, keep, m.activation)
     assert _pruned_dims(spec) == {keep: expected}
+
+
+def test_geospec_validate_exits_2_with_one_line_for_a_bad_protect_arm(tmp_path: Path) -> None:
+    import tomlkit
+
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "ends", "schedule": {"kind": "protect", "first": 2, "last": 2, "width": 64}},
+    ]
+    path = tmp_path / "spec.toml"
+    path.write_text(tomlkit.dumps(minimal_spec(arms=arms)))
+    result = CliRunner().invoke(cli, ["validate", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    (line,) = [line for line in result.output.splitlines() if "arms[1].schedule" in line]
+    assert "first + last = 2 + 2 protects all the model's 4 layers" in line
