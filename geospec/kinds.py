@@ -6,18 +6,22 @@ registries) and the pipeline (measure, solve, train) rely on. Concrete plugins l
 
 With :mod:`geospec.plugin` (the base classes, ``Register`` and plugin-table fields) and
 :mod:`geospec.errors`, this module is the whole API a plugin imports: the builtins use nothing
-else. Helpers for schedules and solvers are re-exported here: :func:`round_to_budget`,
-:func:`units_between` and :class:`InfeasibleBudget` (exact-budget rounding),
-:func:`check_profile` and :func:`resample_profile` (profile checks and depth resampling).
+else. Allocations from neuron scores are schedules of their own shape,
+:class:`ScoreAllocation` (told apart by :func:`reads_scores`). Helpers for schedules and solvers
+are re-exported here: :func:`round_to_budget`, :func:`units_between` and
+:class:`InfeasibleBudget` (exact-budget rounding), :func:`check_profile` and
+:func:`resample_profile` (profile checks and depth resampling).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
+from geospec.errors import UsageError
 from geospec.plugin_base import Plugin
 from geospec.solve.profiles import check_profile, resample_profile
 from geospec.solve.rounding import InfeasibleBudget, round_to_budget, units_between
@@ -141,16 +145,47 @@ class ModelDims:
     n_layers: int
     d_model: int
     ffn_width: int
-    """The uniform FFN width; every schedule keeps ``n_layers * ffn_width`` exactly."""
+    """The uniform FFN width; every schedule keeps :attr:`budget` exactly (``n_layers *
+    ffn_width`` for a whole model)."""
     multiple_of: int
     activation: str = "gelu"
     max_width: int | None = None
     """The widest a layer may be (None: the whole budget). Pruning sets it to the pretrained
     width, which no layer may exceed; solvers receive it as the hard upper limit."""
+    total_width: int | None = None
+    """The exact sum of the widths when it is not ``n_layers * ffn_width`` (None: it is). Only a
+    part of a model has one (:meth:`part`: the unprotected layers of ``protect``), whose share of
+    the budget need not be a whole number of widths per layer."""
 
     @property
     def budget(self) -> int:
-        return self.n_layers * self.ffn_width
+        """What the widths sum to exactly: ``n_layers * ffn_width``, or ``total_width``."""
+        return self.n_layers * self.ffn_width if self.total_width is None else self.total_width
+
+    @property
+    def uniform_width(self) -> float:
+        """The width every layer would get under the uniform schedule (``budget / n_layers``):
+        ``ffn_width`` for a whole model, not always a whole number for a part of one."""
+        return self.budget / self.n_layers
+
+    def part(self, n_layers: int, budget: int) -> ModelDims:
+        """``n_layers`` of this model's layers sharing exactly ``budget`` (the same d_model,
+        multiple, activation and ``max_width``), as a model of their own: what ``protect`` hands
+        the schedule of its unprotected layers. Its ``ffn_width`` is the share rounded down; a
+        schedule reads the share itself as :attr:`uniform_width` and sums to :attr:`budget`."""
+        if n_layers < 1 or budget < 0:
+            raise ValueError(f"a part of a model has layers and a budget, not {n_layers}, {budget}")
+        share = budget // n_layers
+        exact = None if share * n_layers == budget else budget
+        return ModelDims(
+            n_layers,
+            self.d_model,
+            share,
+            self.multiple_of,
+            self.activation,
+            self.max_width,
+            total_width=exact,
+        )
 
     def width_problem(
         self,
@@ -178,21 +213,39 @@ class Schedule(Plugin):
     ``profiles`` maps profile names ("topology/hyperbolic") to per-layer work measured on the
     reference model; schedules that need none ignore it.
 
-    A schedule built from other arms' widths (``fitted``, ``sorted``) names those arms in
-    :meth:`required_arms` and implements :meth:`widths_from`, which receives their widths; the
-    core computes the arms it names first and calls :meth:`widths_from` for every schedule.
+    What a schedule reads is declared by three methods: :meth:`required_profiles` (measured
+    profiles), :meth:`profiles_file` (another run's profiles instead) and :meth:`required_arms`
+    (other arms' widths). A schedule built from other arms' widths (``fitted``, ``sorted``) names
+    those arms in :meth:`required_arms` and implements :meth:`widths_from`, which receives their
+    widths; the core computes the arms it names first and calls :meth:`widths_from` for every
+    schedule. A schedule that reads the neuron scores of a model being pruned is a
+    :class:`ScoreAllocation` instead.
     """
 
     register_hook: ClassVar[str] = "geospec_register_schedules"
     """The hook that registers plugins of this kind."""
-    #: Whether the widths come from every neuron's importance score rather than from per-layer
-    #: profiles (the pruning allocations ``flap`` and ``owl``): such a schedule implements
-    #: :meth:`widths_from_scores` and serves ``geospec prune`` only, where the scores exist.
+    #: Deprecated (subclass :class:`ScoreAllocation` instead; :func:`reads_scores` tells): whether
+    #: the widths come from every neuron's importance score (:meth:`widths_from_scores`). A
+    #: plugin class that still sets it gets a DeprecationWarning and keeps working.
     reads_neuron_scores: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Only the contracts of this module may set the old flag (ScoreAllocation keeps it true
+        # for callers that still read it); a plugin that sets it is told what replaces it.
+        if "reads_neuron_scores" in cls.__dict__ and cls.__module__ != __name__:
+            warnings.warn(
+                f"{cls.__module__}.{cls.__qualname__} sets Schedule.reads_neuron_scores, which is "
+                "deprecated and goes in 0.3.0: subclass geospec.kinds.ScoreAllocation instead "
+                "(its one method is widths_from_scores)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
 
     def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
         """The widths given ``scores[l][i]``, the importance of neuron i of layer l of the model
-        being pruned (higher: kept longer), for a schedule that :attr:`reads_neuron_scores`."""
+        being pruned (higher: kept longer): :meth:`ScoreAllocation.widths_from_scores` (kept
+        here for a plugin that sets the deprecated :attr:`reads_neuron_scores`)."""
         raise NotImplementedError
 
     def required_profiles(self) -> list[str]:
@@ -242,6 +295,41 @@ class Schedule(Plugin):
         """The bounds given ``arms``, the bounds of each arm named by :meth:`required_arms` (what
         the core calls; a ``sorted`` arm has its source's). By default ``bounds(dims)``."""
         return self.bounds(dims)
+
+
+class ScoreAllocation(Schedule):
+    """A schedule whose widths come from every neuron's importance score of the model being
+    pruned (the pruning allocations ``flap`` and ``owl``), not from per-layer profiles: it serves
+    ``geospec prune`` only, where the scores exist, and is registered as a schedule (a
+    ``[[prune.arms]]`` table names it by ``kind`` like any other).
+
+    Its one method is :meth:`widths_from_scores`; :meth:`widths` refuses with one line (a
+    training arm has no neuron scores: ``geospec validate`` says so first). It reads no profiles
+    and no other arm unless it overrides those methods.
+    """
+
+    #: Still true for callers of the deprecated flag (:func:`reads_scores` is the test now).
+    reads_neuron_scores: ClassVar[bool] = True
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        """The widths given ``scores[l][i]``, the importance of neuron i of layer l of the model
+        being pruned (higher: kept longer; ``len(scores[l])`` is layer l's pretrained width):
+        ``dims.n_layers`` multiples of ``dims.multiple_of`` summing to ``dims.budget``, none
+        above ``dims.max_width``."""
+        raise NotImplementedError
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        raise UsageError(
+            f"{self.kind_name()!r} allocates from the neuron scores of a model being pruned: list "
+            "it under [prune] arms (geospec prune)"
+        )
+
+
+def reads_scores(schedule: Plugin | type[Plugin]) -> bool:
+    """Whether a schedule (instance or class) allocates from neuron scores: a
+    :class:`ScoreAllocation`, or a plugin that sets the deprecated ``reads_neuron_scores``."""
+    cls = schedule if isinstance(schedule, type) else type(schedule)
+    return issubclass(cls, ScoreAllocation) or bool(getattr(cls, "reads_neuron_scores", False))
 
 
 @dataclass(frozen=True)
@@ -484,6 +572,7 @@ __all__ = [
     "RunOutcome",
     "RunTrainer",
     "Schedule",
+    "ScoreAllocation",
     "Smoother",
     "Solver",
     "Statistic",
@@ -492,6 +581,7 @@ __all__ = [
     "TrainingRun",
     "WidthProblem",
     "check_profile",
+    "reads_scores",
     "resample_profile",
     "round_to_budget",
     "units_between",

@@ -73,14 +73,30 @@ class PluginTable:
     def __get_pydantic_json_schema__(
         self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
+        if self.kind in _SCHEMAS_IN_PROGRESS:
+            # A plugin table inside a plugin of its own kind (protect's around, a schedule in a
+            # schedule) would expand forever: name the kind instead of expanding it again.
+            return {
+                "type": "object",
+                "required": ["kind"],
+                "description": f"a {self.kind} table: any {self.kind} plugin, as above",
+            }
         classes = [entry.cls.Params for entry in get_registries()[self.kind].entries.values()]
         if not classes:
             return {"type": "object", "description": f"no {self.kind} plugins are registered"}
-        if len(classes) == 1:
-            return handler(TypeAdapter(classes[0]).core_schema)
-        # a variable, not a type alias: the union is built from what is registered at run time
-        union: Any = Annotated[Union[tuple(classes)], Field(discriminator="kind")]  # noqa: UP007
-        return handler(TypeAdapter(union).core_schema)
+        _SCHEMAS_IN_PROGRESS.add(self.kind)
+        try:
+            if len(classes) == 1:
+                return handler(TypeAdapter(classes[0]).core_schema)
+            # a variable, not a type alias: the union is built from what is registered at run time
+            union: Any = Annotated[Union[tuple(classes)], Field(discriminator="kind")]  # noqa: UP007
+            return handler(TypeAdapter(union).core_schema)
+        finally:
+            _SCHEMAS_IN_PROGRESS.discard(self.kind)
+
+
+#: The plugin kinds whose JSON schema is being generated (the outer ones of a nested table).
+_SCHEMAS_IN_PROGRESS: set[str] = set()
 
 
 if TYPE_CHECKING:

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 import pytest
 
 from geospec import testing
+from geospec.errors import UsageError
 from geospec.kinds import (
     KINDS,
     Geometry,
@@ -21,12 +22,15 @@ from geospec.kinds import (
     ModelDims,
     RunOutcome,
     Schedule,
+    ScoreAllocation,
     Smoother,
     Solver,
     Statistic,
     TrackedRun,
     Tracker,
     WidthProblem,
+    reads_scores,
+    round_to_budget,
 )
 from geospec.plugin import PluginParams
 from geospec.registry.loading import get_registries
@@ -52,6 +56,13 @@ PARAMS: dict[tuple[str, str], dict[str, Any]] = {
     ("schedule", "fitted"): {"of": "source"},
     ("schedule", "sorted"): {"of": "source"},
     ("schedule", "manual"): {"widths": [72, 56, 64, 64, 64, 64]},
+    # a training model has no pretrained width: the protected layers' width is given
+    ("schedule", "protect"): {
+        "first": 1,
+        "last": 1,
+        "width": 96,
+        "around": {"kind": "geometric", "profile": "shift/raw"},
+    },
 }
 #: A pruned model's: the pretrained width caps every layer (what flap and owl allocate under).
 PRUNED = ModelDims(n_layers=6, d_model=32, ffn_width=64, multiple_of=8, max_width=96)
@@ -89,10 +100,33 @@ def test_the_builtin_smoothers_solvers_and_schedules_keep_their_contract(
 ) -> None:
     cls = get_registries()[kind].get(name).cls
     params = PARAMS.get((kind, name))
-    if kind == "schedule" and cls.reads_neuron_scores:
+    if kind == "schedule" and reads_scores(cls):
         testing.check_schedule(cls, params, dims=PRUNED)
     else:
         CHECKS[kind](cls, params)
+
+
+#: Inside protect (first = 1 of PRUNED's 6 layers) the other five share 384 - 96 = 288.
+AROUND = {"manual": {"widths": [64, 56, 56, 56, 56]}}
+
+
+def _around_params(name: str) -> dict[str, Any]:
+    return AROUND.get(name, PARAMS.get(("schedule", name), {}))
+
+
+def _runs_inside_protect(name: str) -> bool:
+    """Reads neither other arms' widths nor neuron scores (protect refuses those)."""
+    cls = get_registries()["schedule"].get(name).cls
+    inner = cls(cls.Params.model_validate(_around_params(name)))
+    return not reads_scores(cls) and not inner.required_arms()
+
+
+@pytest.mark.parametrize("name", [n for n in builtins("schedule") if _runs_inside_protect(n)])
+def test_every_builtin_schedule_of_widths_keeps_the_contract_inside_protect(name: str) -> None:
+    """On a part of a model whose share, 57.6 a layer, is no whole width (ModelDims.part)."""
+    params = _around_params(name)
+    protect = get_registries()["schedule"].get("protect").cls
+    testing.check_schedule(protect, {"around": {"kind": name, **params}}, dims=PRUNED)
 
 
 @pytest.mark.torch
@@ -450,6 +484,60 @@ class FromProfile(Schedule):
 def test_a_broken_schedule_fails_the_rule_it_breaks(flaw: str, rule: str) -> None:
     dims = ModelDims(n_layers=6, d_model=32, ffn_width=64, multiple_of=8, max_width=72)
     fails(testing.check_schedule, flawed(FromProfile, flaw), rule, dims=dims)
+
+
+class Largest(ScoreAllocation):
+    """Every layer a share of the budget by the sum of its scores, rounded to multiples (a correct
+    score allocation, unless ``flaw`` says)."""
+
+    class Params(PluginParams):
+        kind: Literal["largest"] = "largest"
+
+    flaw: ClassVar[str] = ""
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        totals = [sum(layer) for layer in scores]
+        shares = [dims.budget * t / sum(totals) for t in totals]
+        return round_to_budget(shares, dims.budget, dims.multiple_of, upper=dims.max_width)
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        if self.flaw == "answers_widths":
+            return [dims.ffn_width] * dims.n_layers
+        if self.flaw == "crashes_in_widths":
+            raise NotImplementedError
+        return super().widths(dims, profiles)
+
+
+@pytest.mark.parametrize("flaw", ["answers_widths", "crashes_in_widths"])
+def test_a_score_allocation_that_does_not_refuse_widths_fails(flaw: str) -> None:
+    fails(
+        testing.check_schedule,
+        flawed(Largest, flaw),
+        "a score allocation must refuse widths(dims, profiles)",
+        dims=PRUNED,
+    )
+
+
+def test_a_schedule_setting_the_old_flag_warns_and_keeps_working() -> None:
+    with pytest.warns(DeprecationWarning, match="subclass geospec.kinds.ScoreAllocation"):
+
+        class OldStyle(Schedule):
+            reads_neuron_scores = True
+
+            class Params(PluginParams):
+                kind: Literal["old_style"] = "old_style"
+
+            def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+                raise UsageError("old_style needs neuron scores")
+
+            def widths_from_scores(
+                self, dims: ModelDims, scores: Sequence[Sequence[float]]
+            ) -> list[int]:
+                return Largest().widths_from_scores(dims, scores)
+
+    assert reads_scores(OldStyle) and reads_scores(OldStyle())
+    assert reads_scores(Largest) and not reads_scores(Schedule)
+    testing.check_schedule(OldStyle, dims=PRUNED)
 
 
 class InOrder(Launcher):

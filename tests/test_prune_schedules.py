@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from geospec.errors import UsageError
-from geospec.kinds import ModelDims
+from geospec.kinds import ModelDims, ScoreAllocation, reads_scores
 from geospec.plugin import create_plugin
 
 
@@ -20,8 +20,8 @@ def test_flap_keeps_the_best_standardised_neurons_over_all_layers() -> None:
     layer 0 keeps 3 and layer 1 keeps 1, although layer 1's raw scores are all larger."""
     flap = schedule({"kind": "flap"})
     dims = ModelDims(n_layers=2, d_model=8, ffn_width=2, multiple_of=1, max_width=4)
-    assert flap.reads_neuron_scores  # type: ignore[attr-defined]
-    widths = flap.widths_from_scores(dims, [[1, 2, 3, 4], [10, 10, 10, 50]])  # type: ignore[attr-defined]
+    assert isinstance(flap, ScoreAllocation) and reads_scores(flap)
+    widths = flap.widths_from_scores(dims, [[1, 2, 3, 4], [10, 10, 10, 50]])
     assert widths == [3, 1]
 
 
@@ -56,7 +56,9 @@ def test_owl_with_equal_outlier_ratios_is_uniform() -> None:
 @pytest.mark.parametrize("kind", ["flap", "owl"])
 def test_neuron_score_allocations_need_scores(kind: str) -> None:
     dims = ModelDims(n_layers=2, d_model=8, ffn_width=4, multiple_of=1)
-    with pytest.raises(UsageError, match="geospec prune"):
+    with pytest.raises(
+        UsageError, match=rf"^'{kind}' allocates from the neuron scores .*\[prune\]"
+    ):
         schedule({"kind": kind}).widths(dims, {})  # type: ignore[attr-defined]
 
 

@@ -4,7 +4,8 @@ The budget keeps ``round(keep x W / m) x m`` neurons per layer on average, so ev
 exactly ``L`` times that many hidden units (equal FFN parameters); no layer may exceed its
 pretrained width W (pruning never grows a layer) nor fall below one multiple. Schedules that
 read profiles are solved with the pretrained width as the hard upper limit
-(:attr:`ModelDims.max_width`); flap and owl allocate from the neuron scores; arms derived from
+(:attr:`ModelDims.max_width`); score allocations (:class:`~geospec.kinds.ScoreAllocation`: flap,
+owl) allocate from the neuron scores; arms derived from
 other arms (fitted, sorted) after those. A schedule that still asks a layer for more than its
 pretrained width (a taper that starts above 1 / keep, a manual list) is refused by name.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from geospec.errors import UsageError
-from geospec.kinds import ModelDims
+from geospec.kinds import ModelDims, reads_scores
 from geospec.solve.widths import arm_order
 from geospec.spec.sections import ArmSpec
 
@@ -53,7 +54,7 @@ def allocate(
     for name in arm_order(sources):
         schedule = schedules[name]
         try:
-            if schedule.reads_neuron_scores:
+            if reads_scores(schedule):
                 result = schedule.widths_from_scores(dims, scores)
             else:
                 result = schedule.widths_from(

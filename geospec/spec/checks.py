@@ -7,6 +7,7 @@ import difflib
 from pydantic import BaseModel
 
 from geospec.engine.model_size import attention_problems, kv_head_problems
+from geospec.kinds import ModelDims, reads_scores
 from geospec.registry.loading import get_registries
 from geospec.solve.widths import dependency_cycle
 from geospec.spec.resolve import measures, model_dims
@@ -55,9 +56,30 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
     if spec.demand.enabled:
         available |= set(demand_profile_names(spec.demand))
     registries = get_registries()
+    budgets = _pruned_dims(spec)
+    for k, fraction in enumerate(spec.prune.fractions):
+        if fraction not in budgets:
+            m = spec.model
+            problems.append(
+                (
+                    f"prune.keep[{k}]" if isinstance(spec.prune.keep, list) else "prune.keep",
+                    f"{fraction:g} of {m.ffn_width} neurons rounds below one multiple "
+                    f"({m.multiple_of}) per layer; raise keep or lower model.multiple_of",
+                )
+            )
     for i, arm in enumerate(spec.prune.arms):
         schedule = registries.create("schedule", arm.schedule)
-        if schedule.reads_neuron_scores or schedule.profiles_file() is not None:
+        # a schedule's own problems at every pruned budget (protect's layers that no longer
+        # fit, a solver's bounds), before the prune stage probes and scores anything
+        said: set[str] = set()
+        for fraction, dims in budgets.items():
+            for message in schedule.check(dims):
+                if message not in said:
+                    said.add(message)
+                    problems.append(
+                        (f"prune.arms[{i}].schedule", f"at keep {fraction:g}: {message}")
+                    )
+        if reads_scores(schedule) or schedule.profiles_file() is not None:
             continue
         for profile in schedule.required_profiles():
             if profile not in available:
@@ -69,6 +91,27 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
                     )
                 )
     return problems
+
+
+def _pruned_dims(spec: Spec) -> dict[float, ModelDims]:
+    """The model every prune arm is solved for at each keep fraction that keeps at least one
+    multiple per layer: [model] is the checkpoint's shape in a pruning spec, its ffn_width the
+    pretrained width W; the budget is geospec.prune.allocate.pruned_dims's (kept equal by
+    tests/test_protect.py), round(keep x W / m) x m a layer."""
+    m = spec.model
+    dims = {}
+    for fraction in spec.prune.fractions if spec.prune else []:
+        uniform = round(fraction * m.ffn_width / m.multiple_of) * m.multiple_of
+        if uniform >= m.multiple_of:
+            dims[fraction] = ModelDims(
+                m.n_layers,
+                m.d_model,
+                min(uniform, m.ffn_width),
+                m.multiple_of,
+                m.activation,
+                max_width=m.ffn_width,
+            )
+    return dims
 
 
 def cross_check(spec: Spec) -> list[tuple[str, str]]:
@@ -132,7 +175,7 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
     sources: dict[str, list[str]] = {}
     for i, arm in enumerate(spec.arms):
         schedule = registries.create("schedule", arm.schedule)
-        if schedule.reads_neuron_scores:
+        if reads_scores(schedule):
             problems.append(
                 (
                     f"arms[{i}].schedule.kind",
@@ -169,7 +212,7 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 available = ", ".join(repr(p) for p in profile_names) or "none"
                 problems.append(
                     (
-                        f"arms[{i}].schedule.profile",
+                        f"arms[{i}].schedule.{_field_naming(arm.schedule, profile)}",
                         f"{profile!r} is not measured; measured "
                         f'profiles: {available}. Add it to [[measure]] or use measure = "all"',
                     )
@@ -305,6 +348,18 @@ def _source_arm_problems(
 
 
 def _field_naming(schedule: BaseModel, value: str, default: str = "profile") -> str:
-    """The schedule parameter that holds ``value`` (for the error's dotted path)."""
-    params = schedule.model_dump()
-    return next((key for key, v in params.items() if v == value), default)
+    """The schedule parameter that holds ``value`` (for the error's dotted path), looking inside
+    nested tables too (``around.profile`` of a protect schedule)."""
+    return _holding(schedule.model_dump(), value) or default
+
+
+def _holding(params: dict[str, object], value: str) -> str | None:
+    """The dotted key of ``params`` whose value is ``value``, or None."""
+    for key, held in params.items():
+        if held == value:
+            return key
+        if isinstance(held, dict):
+            inner = _holding(held, value)
+            if inner is not None:
+                return f"{key}.{inner}"
+    return None

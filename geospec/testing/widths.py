@@ -8,7 +8,8 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from geospec.kinds import ModelDims, Schedule, Smoother, Solver, WidthProblem
+from geospec.errors import GeospecError
+from geospec.kinds import ModelDims, Schedule, Smoother, Solver, WidthProblem, reads_scores
 from geospec.testing.contract import plugin_instance, rule
 
 #: The model :func:`check_schedule` asks for widths by default: six layers, uniform width 64,
@@ -148,8 +149,9 @@ def check_schedule(
 ) -> None:
     """Check a ``schedule`` plugin class against its contract (docs/plugins.md) for the model
     ``dims``: ``check(dims)`` finds no problem (else pass ``params`` or ``dims`` it accepts); the
-    widths (from :meth:`~geospec.kinds.Schedule.widths_from`, or ``widths_from_scores`` for a
-    schedule that reads neuron scores) are one integer per layer, summing exactly to
+    widths (from :meth:`~geospec.kinds.Schedule.widths_from`, or
+    :meth:`~geospec.kinds.ScoreAllocation.widths_from_scores` for a score allocation, which must
+    refuse ``widths`` with a one-line error) are one integer per layer, summing exactly to
     ``dims.budget``, positive multiples of ``dims.multiple_of``, none above ``dims.max_width``,
     all within the schedule's own bounds; the same inputs give the same widths (a schedule is
     deterministic: seeded where it is random) and stay unchanged. The profiles it requires and
@@ -180,10 +182,22 @@ def check_schedule(
         {k: list(v) for k, v in given_profiles.items()},
         {k: list(v) for k, v in given_arms.items()},
     )
-    if cls.reads_neuron_scores:
+    if reads_scores(cls):
         width = dims.max_width or dims.ffn_width
         generator = random.Random(0)
         scores = [[generator.random() for _ in range(width)] for _ in range(dims.n_layers)]
+        refused: BaseException | None = None
+        try:
+            plugin.widths(dims, given_profiles)
+        except Exception as error:  # what it raises is the rule's business, below
+            refused = error
+        rule(
+            plugin,
+            not isinstance(refused, GeospecError),
+            "a score allocation must refuse widths(dims, profiles) (a training arm has no neuron "
+            "scores) with a one-line error such as UsageError (ScoreAllocation's own does), got "
+            + ("no error" if refused is None else f"{type(refused).__name__}: {refused}"),
+        )
 
         def compute() -> list[int]:
             return plugin.widths_from_scores(dims, [list(layer) for layer in scores])
