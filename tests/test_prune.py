@@ -331,31 +331,53 @@ def test_prune_writes_every_arm_budget_and_seed(pruned_run: Path) -> None:
     assert "Every arm has the same FFN parameters." in report and "| flap |" in report
 
 
-def test_a_pruned_checkpoint_loads_with_plain_transformers_to_the_recorded_loss(
-    pruned_run: Path,
-) -> None:
-    """Independent of geospec: AutoModelForCausalLM reads the exported owl model, and plain
-    cross-entropy on the same validation windows (geospec's data pipeline gives the tokens)
-    equals the loss geospec recorded."""
+def plain_loss(directory: Path, model_dir: Path) -> float:
+    """Independent of geospec's cut: AutoModelForCausalLM reads the exported model, and plain
+    cross-entropy on the first 6 validation windows of docs.jsonl (geospec's data pipeline gives
+    the tokens)."""
     from geospec.engine.batches import validation_windows, window_tensors
     from geospec.engine.token_data import prepare_data
     from geospec.spec.loading import load_spec
 
-    record = json.loads((pruned_run / "run" / "prune.json").read_text())
-    unit = pruned_run / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
-    model = hf.AutoModelForCausalLM.from_pretrained(unit / "model").eval()
-    widths = record["budgets"][1]["arms"]["owl"]["widths"]["1"]
-    assert model.config.geospec["ffn_widths"] == widths
-    assert model.config.intermediate_size == max(widths)
-    spec = load_spec(pruned_run / "spec.toml")
-    data = prepare_data(spec.data, pruned_run / "cache", spec_dir=pruned_run)
+    model = hf.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    spec = load_spec(directory / "spec.toml")
+    data = prepare_data(spec.data, directory / "cache", spec_dir=directory)
     tokens = data.val[:-1] if int(data.val[-1]) == data.eot_id else data.val
     x, y = window_tensors(tokens, validation_windows(len(tokens), 16, 6 * 16), 16)
     with torch.no_grad():
         logits = model(input_ids=x).logits
-    loss = float(F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()))
+    return float(F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()))
+
+
+def test_a_pruned_checkpoint_loads_with_plain_transformers_to_the_recorded_loss(
+    pruned_run: Path,
+) -> None:
+    record = json.loads((pruned_run / "run" / "prune.json").read_text())
+    unit = pruned_run / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
+    model = hf.AutoModelForCausalLM.from_pretrained(unit / "model")
+    widths = record["budgets"][1]["arms"]["owl"]["widths"]["1"]
+    assert model.config.geospec["ffn_widths"] == widths
+    assert model.config.intermediate_size == max(widths)
     recorded = record["budgets"][1]["arms"]["owl"]["loss"]["docs.jsonl"]["1"]
-    assert loss == pytest.approx(recorded, rel=1e-5)
+    assert plain_loss(pruned_run, unit / "model") == pytest.approx(recorded, rel=1e-5)
+
+
+def test_a_compensated_prune_exports_the_model_it_scored(tmp_path: Path) -> None:
+    """compensate = "mean" through the prune stage: the exported checkpoint (mlp_bias) scores
+    the loss the stage recorded under plain transformers, and compensating changed the model
+    (the recorded loss differs from the same unit without compensation)."""
+    arms = [{"name": "uniform", "schedule": {"kind": "uniform"}}]
+    settings = {"keep": 0.5, "calibration": {"windows": 8, "seeds": [0]}, "arms": arms}
+    losses = {}
+    for compensate in ("none", "mean"):
+        directory = tmp_path / compensate
+        directory.mkdir()
+        invoke("prune", str(prune_spec(directory, compensate=compensate, **settings)))
+        record = json.loads((directory / "run" / "prune.json").read_text())
+        losses[compensate] = record["budgets"][0]["arms"]["uniform"]["loss"]["docs.jsonl"]["0"]
+        unit = directory / "run" / "prune" / "keep-0.5" / "uniform" / "seed-0" / "model"
+        assert plain_loss(directory, unit) == pytest.approx(losses[compensate], rel=1e-5)
+    assert losses["mean"] != losses["none"]
 
 
 def test_a_rerun_reuses_every_pruned_model(pruned_run: Path) -> None:

@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from geospec.atomic import atomic_write_json
 from geospec.digests import digest, sealed
@@ -26,6 +26,7 @@ from geospec.spec.sections import PruneSpec
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
     from rich.console import Console
     from torch import nn
 
@@ -35,6 +36,15 @@ if TYPE_CHECKING:
 #: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
 #: the unit's key and returns its loss on every eval corpus.
 Healer = Callable[[Unit, Path, str, "GPT"], dict[str, float]]
+
+
+class Scored(NamedTuple):
+    """One calibration sample's work: every layer's neuron scores and ordering, and (with
+    compensation) its signed mean activations."""
+
+    scores: list[list[float]]
+    orders: list[list[int]]
+    means: list[torch.Tensor] | None
 
 
 @dataclass(frozen=True)
@@ -68,12 +78,19 @@ def prune_units(
     import torch
 
     from geospec.engine.progress import stage_progress
+    from geospec.errors import UsageError
     from geospec.measure.cut import CutError, ffn_layout, ffn_width
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
     from geospec.plugin import create_plugin
     from geospec.prune.allocate import allocate, pruned_dims
-    from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores
+    from geospec.prune.apply import (
+        calibration_stats,
+        calibration_windows,
+        compensated_export_problem,
+        eval_loss,
+        neuron_scores,
+    )
 
     prune = inputs.prune
     first = next(iter(corpora.values()))[0][0][:1]
@@ -83,6 +100,13 @@ def prune_units(
     except CutError as error:
         raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
     width = ffn_width(sites[0].ffn)
+    compensate = prune.compensate == "mean"
+    problem = compensated_export_problem(model) if compensate and prune.export else None
+    if problem is not None:  # said before any unit is computed, not at the first export
+        raise UsageError(
+            f'prune.compensate = "mean": {problem}; set prune.export = false or '
+            'prune.compensate = "none"'
+        )
     importance = create_plugin("importance", prune.importance)
     dims = {
         keep: pruned_dims(len(sites), d_model, width, inputs.multiple_of, keep, inputs.activation)
@@ -98,7 +122,7 @@ def prune_units(
         reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
     units = units_of(prune)
     results: dict[Unit, dict[str, Any]] = {}
-    scored: dict[int, tuple[list[list[float]], list[list[int]]]] = {}  # by calibration seed
+    scored: dict[int, Scored] = {}  # by calibration seed
     widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
     with stage_progress(console, say, "pruned models", len(units)) as advance:
         for unit in units:
@@ -113,18 +137,26 @@ def prune_units(
                 starts = calibration_windows(
                     train_tokens, inputs.seq_len, prune.calibration.windows, unit.seed
                 )
-                scored[unit.seed] = neuron_scores(
-                    model, sites, importance, train_tokens, starts, inputs.seq_len,
-                    prune.calibration.batch_size,
+                batch = prune.calibration.batch_size
+                stats = (
+                    calibration_stats(model, sites, train_tokens, starts, inputs.seq_len, batch)
+                    if importance.needs_activations or compensate
+                    else None
+                )
+                scores, orders = neuron_scores(
+                    model, sites, importance, train_tokens, starts, inputs.seq_len, batch,
+                    stats=stats,
                 )  # fmt: skip
-            scores, orders = scored[unit.seed]
+                means = [s.mean for s in stats] if compensate and stats is not None else None
+                scored[unit.seed] = Scored(scores, orders, means)
+            scores, orders, means = scored[unit.seed]
             if (unit.seed, unit.keep) not in widths:
                 widths[(unit.seed, unit.keep)] = allocate(
                     prune.arms, dims[unit.keep], inputs.profiles, scores
                 )
             result = pruned_unit(
                 model, sites, orders, widths[(unit.seed, unit.keep)][unit.arm], corpora,
-                unit, unit_dir, unit_key, inputs, heal,
+                unit, unit_dir, unit_key, inputs, heal, means,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
             result["key"] = unit_key
@@ -145,9 +177,11 @@ def pruned_unit(
     key: str,
     inputs: PruneInputs,
     heal: Healer | None,
+    compensation: Sequence[torch.Tensor] | None,
 ) -> dict[str, Any]:
-    """One pruned model: its losses, FFN parameters, (with export) checkpoint and (with a
-    healer) its losses after healing."""
+    """One pruned model (with ``compensation``, each layer's calibration means in place of its
+    cut neurons): its losses, FFN parameters, (with export) checkpoint and (with a healer) its
+    losses after healing."""
     import torch
 
     from geospec.engine.imported import import_llama
@@ -155,7 +189,7 @@ def pruned_unit(
     from geospec.prune.apply import eval_loss, ffn_parameters, pruned
 
     imported = None
-    with torch.no_grad(), pruned(sites, orders, widths):
+    with torch.no_grad(), pruned(sites, orders, widths, compensation=compensation):
         losses = {name: eval_loss(model, batches) for name, batches in corpora.items()}
         params = ffn_parameters(sites)
         if inputs.prune.export:

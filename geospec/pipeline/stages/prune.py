@@ -74,13 +74,14 @@ class PruneStage:
 
     def needed_profiles(self) -> list[str]:
         """The profiles the prune arms' schedules read (sorted)."""
+        from geospec.kinds import reads_scores
         from geospec.plugin import create_plugin
 
         assert self.prune is not None
         names: set[str] = set()
         for arm in self.prune.arms:
             schedule = create_plugin("schedule", arm.schedule)
-            if not schedule.reads_neuron_scores:
+            if not reads_scores(schedule):
                 names.update(schedule.required_profiles())
         return sorted(names)
 
