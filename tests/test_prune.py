@@ -404,3 +404,38 @@ def test_the_report_has_the_pruning_section_and_its_plot(pruned_run: Path) -> No
     report = (pruned_run / "run" / "report.md").read_text()
     assert "## Pruning the reference" in report and "![prune](plots/prune.png)" in report
     assert (pruned_run / "run" / "plots" / "prune.png").stat().st_size > 1000
+
+
+def test_a_prune_spec_needs_no_arms_no_train_and_no_tokenizer(tmp_path: Path) -> None:
+    """The quick start's shape: a checkpoint, [model] seq_len and [prune]. The tokenizer is the
+    checkpoint's own (the same tokens as naming it: the same data key), nothing is trained,
+    and the pruned model is written and loads with plain transformers."""
+    from geospec.pipeline.keys import data_key
+    from geospec.spec.loading import load_spec
+
+    word_checkpoint(tmp_path / "model")
+    word_corpus(tmp_path / "docs.jsonl", 0)
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(
+        f'name = "quick"\nout = "{tmp_path / "run"}"\nmeasure = []\n\n'
+        '[model]\nseq_len = 16\nmultiple_of = 8\n\n[data]\nfiles = ["docs.jsonl"]\n\n'
+        '[reference]\ncheckpoint = "model"\n\n[probe]\ntokens = 64\n\n'
+        '[prune]\nkeep = 0.5\neval = { corpora = ["docs.jsonl"], windows = 4 }\n'
+        "calibration = { windows = 4 }\n\n"
+        '[[prune.arms]]\nname = "uniform"\nschedule = { kind = "uniform" }\n\n'
+        '[[prune.arms]]\nname = "flap"\nschedule = { kind = "flap" }\n'
+    )
+    spec = load_spec(spec_path)
+    named = load_spec(
+        spec_path,
+        ['data.tokenizer={ kind = "pretrained", path = "model" }'],
+    )
+    assert data_key(spec.data) == data_key(named.data)
+    assert spec.probe_only and spec.arms == []
+    output = invoke("prune", str(spec_path))
+    assert "pruned models: 2/2" in output
+    model = hf.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "run" / "prune" / "keep-0.5" / "flap" / "seed-0" / "model"
+    )
+    assert sum(model.config.geospec["ffn_widths"]) == 3 * 32
+    assert not (tmp_path / "run" / "arms").exists()  # nothing trained

@@ -96,6 +96,14 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 f"{tok.vocab_size}; remove model.vocab_size to take it from the tokenizer",
             )
         )
+    if not spec.arms and not (spec.prune is not None and spec.probe_only):
+        problems.append(
+            (
+                "arms",
+                "lists no arm; add an [[arms]] table (only a spec that prunes a "
+                "reference.checkpoint with [prune] and trains nothing may leave them out)",
+            )
+        )
     seen: dict[str, int] = {}
     for i, arm in enumerate(spec.arms):
         if arm.name in seen:
