@@ -68,7 +68,7 @@ def rehearse(
     random tokens, and print what the spec's runs will need on GPUs. Writes nothing."""
     from geospec.spec.loading import load_spec
 
-    spec = load_spec(spec_path, overrides)
+    spec = load_spec(spec_path, overrides, check_memory=False)
     if job_script:
         click.echo(launcher_script(spec), nl=False)
         return

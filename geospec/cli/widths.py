@@ -65,7 +65,7 @@ def widths(
     """
     from geospec.spec.loading import load_spec
 
-    spec = load_spec(spec_path, overrides)
+    spec = load_spec(spec_path, overrides, check_memory=False)
     profiles = None
     source = None
     if profiles_paths:

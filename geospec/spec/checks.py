@@ -7,6 +7,7 @@ import difflib
 from pydantic import BaseModel
 
 from geospec.engine.model_size import attention_problems, kv_head_problems
+from geospec.prune.allocate import keep_problem
 from geospec.registry.loading import get_registries
 from geospec.solve.widths import dependency_cycle
 from geospec.spec.resolve import measures, model_dims
@@ -41,6 +42,11 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
     if spec.prune is None:
         return []
     problems = []
+    for i, fraction in enumerate(spec.prune.fractions):
+        problem = keep_problem(fraction, spec.model.ffn_width, spec.model.multiple_of)
+        if problem is not None:
+            where = f"prune.keep[{i}]" if isinstance(spec.prune.keep, list) else "prune.keep"
+            problems.append((where, problem))
     if spec.reference.checkpoint is None:
         problems.append(
             (
