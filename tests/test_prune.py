@@ -432,8 +432,12 @@ def test_a_prune_spec_needs_no_arms_no_train_and_no_tokenizer(tmp_path: Path) ->
     )
     assert data_key(spec.data) == data_key(named.data)
     assert spec.probe_only and spec.arms == []
-    output = invoke("prune", str(spec_path))
-    assert "pruned models: 2/2" in output
+    result = CliRunner().invoke(cli, ["prune", str(spec_path)])
+    assert result.exit_code == 0, result.output
+    # what each stage does on stderr, without transformers' bars; the comparison on stdout
+    assert "pruned models: 2/2" in result.stderr and "✓ reference:" in result.stderr
+    assert "Loading weights" not in result.output and "it/s" not in result.output
+    assert "| flap |" in result.stdout and "✓ reference:" not in result.stdout
     model = hf.AutoModelForCausalLM.from_pretrained(
         tmp_path / "run" / "prune" / "keep-0.5" / "flap" / "seed-0" / "model"
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option, spec_argument
+from geospec.cli.console import plugin_option, set_option, spec_argument, warn_broken_plugins
 from geospec.spec.sections import Spec
 
 DEFAULT_STEPS = 3
@@ -54,6 +54,7 @@ DEFAULT_CONTEXT = 64
     "launcher's sbatch script); nothing is built or submitted.",
 )
 @set_option
+@plugin_option
 def rehearse(
     spec_path: Path,
     steps: int,
@@ -68,6 +69,7 @@ def rehearse(
     random tokens, and print what the spec's runs will need on GPUs. Writes nothing."""
     from geospec.spec.loading import load_spec
 
+    warn_broken_plugins()
     spec = load_spec(spec_path, overrides, check_memory=False)
     if job_script:
         click.echo(launcher_script(spec), nl=False)

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from geospec.cli.console import plugin_option, set_option, spec_argument
+from geospec.cli.console import plugin_option, set_option, spec_argument, warn_broken_plugins
 from geospec.engine.model_size import ffn_params
 from geospec.errors import UsageError
 from geospec.pipeline.run_dir import RUN_FILE, WIDTHS_FILE
@@ -65,6 +65,7 @@ def widths(
     """
     from geospec.spec.loading import load_spec
 
+    warn_broken_plugins()  # a spec naming its kind fails below with only a "did you mean"
     spec = load_spec(spec_path, overrides, check_memory=False)
     profiles = None
     source = None

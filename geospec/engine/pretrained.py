@@ -34,6 +34,7 @@ def load_pretrained(
 
     if not isinstance(source, Source):
         source = locate(str(source), None, Path.cwd(), "reference.checkpoint")
+    quiet_progress_bars()
     if dtype not in DTYPES:
         raise UsageError(f"reference.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     location, keywords = source.from_pretrained_args()
@@ -55,6 +56,19 @@ def load_pretrained(
             f"{source.field}: cannot load {source} as a causal LM: {load_error(error)}"
         ) from None
     return (model if placed else model.to(device)).eval()  # type: ignore[arg-type]
+
+
+def quiet_progress_bars() -> None:
+    """Keep transformers' progress bars (loading weights, writing shards; and through it
+    huggingface_hub's downloads) out of logs: off for the process unless stderr is a terminal,
+    where a live bar is useful. geospec's own progress says what each stage does."""
+    import sys
+
+    if sys.stderr.isatty():
+        return
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
 
 
 def _low_memory_loading() -> bool:
