@@ -62,8 +62,7 @@ def test_the_readme_plugins_json_example_has_the_real_shape(
     import geospec
 
     shown = json.loads(
-        block_after(README, "`geospec plugins --json` prints", "json")
-        .replace("[...]", "[]")
+        block_after(README, "`geospec plugins --json` prints", "json").replace("[...]", "[]")
     )
     broken = tmp_path / "broken_plugin_file.py"
     broken.write_text("import no_such_module_here\n")
