@@ -443,3 +443,38 @@ def test_a_prune_spec_needs_no_arms_no_train_and_no_tokenizer(tmp_path: Path) ->
     )
     assert sum(model.config.geospec["ffn_widths"]) == 3 * 32
     assert not (tmp_path / "run" / "arms").exists()  # nothing trained
+    # and nothing is reported as to be trained: not by status, the report or a dry run
+    invoke("run", str(spec_path))
+    found = json.loads(invoke("status", str(tmp_path / "run"), "--json"))
+    assert found["trains"] is False and found["runs"] == [] and not any(found["counts"].values())
+    assert {s["name"]: s["state"] for s in found["stages"]}["train"] == "skipped"
+    assert "runs: none" in invoke("status", str(tmp_path / "run"))
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "No arm is trained" in report and "## Pruning the reference" in report
+    assert "planned runs" not in report and "val loss" not in report
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["probe_only"] is True
+    rehearsal = json.loads(invoke("rehearse", str(spec_path), "--json"))
+    assert rehearsal == {"arms": [], "gpu_hours": 0.0, "trains": False}
+    assert "0 GPU-hours" in invoke("run", str(spec_path), "--dry-run")
+
+
+def test_a_probe_only_run_with_arms_reports_no_pending_runs(pruned_run: Path) -> None:
+    """The probe-only spec of the module's prune lists arms (their widths are solved): status
+    counts no run as pending and the report has no partial-run note nor untrained rows; a run
+    directory from before run.json said probe_only is recognised by its train stage's key."""
+    from geospec.pipeline.keys import PROBE_ONLY_TRAIN_KEY
+
+    run_dir = pruned_run / "run"
+    invoke("run", str(pruned_run / "spec.toml"))
+    assert json.loads((run_dir / "stages.json").read_text())["train"] == PROBE_ONLY_TRAIN_KEY
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["probe_only"] is True and record["arms"]
+    report = (run_dir / "report.md").read_text()
+    assert "planned runs" not in report and "(not trained)" not in report
+    assert "## FFN widths per arm" in report
+    record.pop("probe_only")  # as an earlier geospec wrote it
+    (run_dir / "run.json").write_text(json.dumps(record))
+    found = json.loads(invoke("status", str(run_dir), "--json"))
+    assert found["trains"] is False and found["counts"]["pending"] == 0
+    invoke("report", str(run_dir))
+    assert "planned runs" not in (run_dir / "report.md").read_text()

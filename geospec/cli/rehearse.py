@@ -113,6 +113,17 @@ def show_rehearsal(
 
     mfu = ASSUMED_MFU if mfu is None else mfu
     peak_tflops = H100_BF16_TFLOPS if peak_tflops is None else peak_tflops
+    if spec.probe_only:  # no GPU-hours quoted for arms that are never trained
+        if as_json:
+            click.echo(json.dumps({"arms": [], "gpu_hours": 0.0, "trains": False}, indent=2))
+        else:
+            click.echo(
+                f"dry run of {spec.name}: the spec trains no arm (probe_only"
+                + (", [prune]" if spec.prune is not None else "")
+                + "): no training to rehearse (0 GPU-hours); its other stages run on the "
+                "reference checkpoint (docs/prune.md, docs/pretrained.md)"
+            )
+        return
     console = Console(stderr=True, soft_wrap=True)
     context = min(context, spec.model.seq_len)
     rows = []
@@ -137,6 +148,7 @@ def show_rehearsal(
                     "arms": [asdict(r) for r in rows],
                     "assumed": assumptions,
                     "gpu_hours": total_hours,
+                    "trains": True,
                 },
                 indent=2,
             )

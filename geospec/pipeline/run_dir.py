@@ -377,9 +377,25 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
             "seeds": list(spec.train.seeds),
             # the report reads the arms' eval.json files only when the spec evaluates them
             **({"eval": {"tasks": list(spec.eval.tasks)}} if spec.eval is not None else {}),
+            # status and the report list no runs of a spec that trains none
+            **({"probe_only": True} if spec.probe_only else {}),
             "geospec": __version__,
         },
     )
+
+
+def trains_nothing(run_dir: Path, record: Any = None) -> bool:
+    """Whether the run's spec trains no arm (``probe_only``: a probe-only or pruning spec), so
+    that status and the report list no runs and count none as pending: its run.json
+    (``record``, read here when None) says so, or, in a run directory from before run.json
+    said it, its train stage recorded the probe-only key."""
+    from geospec.pipeline.keys import PROBE_ONLY_TRAIN_KEY
+
+    if record is None:
+        record = read_json_or_none(run_dir / RUN_FILE)
+    if isinstance(record, dict) and record.get("probe_only") is True:
+        return True
+    return StageLog(run_dir / STAGES_FILE).keys().get("train") == PROBE_ONLY_TRAIN_KEY
 
 
 def pin_measures(spec: Spec, run_dir: Path, say: Callable[[str], None]) -> Spec:
