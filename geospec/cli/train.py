@@ -112,7 +112,7 @@ def train(
     from geospec.spec.loading import load_spec
 
     warn_broken_plugins()
-    spec = load_spec(spec_path, overrides)
+    spec = load_spec(spec_path, overrides, check_memory=False)  # the reference is not loaded
     widths = arm_widths(spec, arm, widths_text)
     run_dir = Path(spec.run_dir)
     out = out or arm_seed_dir(run_dir, arm, seed)
