@@ -132,3 +132,33 @@ def test_the_step_example_spec_gives_the_widths_its_readme_says(
     assert result.exit_code == 0, result.output
     widths = json.loads(result.output)["arms"]["step"]["widths"]
     assert widths == [512, 512, 512, 256, 256, 256]
+
+
+def test_the_prune_guide_error_example_is_the_real_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/prune.md's example: the quick start beside a checkpoint of 2048 positions, with an
+    eval corpus that is not there and model.seq_len 4096."""
+    guide = (ROOT / "docs" / "prune.md").read_text()
+    shown = block_after(guide, "`GEOSPEC_SKIP_MEMORY_CHECK=1` skips that check)").strip()
+    (tmp_path / "specs" / "my-model").mkdir(parents=True)
+    (tmp_path / "specs" / "prune-quickstart.toml").write_text(
+        (ROOT / "specs" / "prune-quickstart.toml").read_text()
+    )
+    config = {
+        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+        "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 100,
+        "max_position_embeddings": 2048,
+    }  # fmt: skip
+    (tmp_path / "specs" / "my-model" / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GEOSPEC_SKIP_MEMORY_CHECK", "1")
+    result = CliRunner().invoke(
+        cli,
+        [
+            "validate", "specs/prune-quickstart.toml", "--set", "model.seq_len=4096",
+            "--set", 'prune.eval.corpora=["held-out.txt"]',
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.output.strip() == shown

@@ -112,9 +112,9 @@ def test_a_sequence_longer_than_the_checkpoints_positions_is_refused(
     assert validate(path, "--set", "model.seq_len=512")[0] == 0
 
 
-def gguf_header(path: Path, values: dict[str, int | str]) -> None:
+def gguf_header(path: Path, values: dict[str, int | str | list[str]]) -> None:
     """A GGUF v3 file holding only metadata (the documented layout: magic, version, tensor and
-    key counts, then each key with its value type: 4 uint32, 8 string)."""
+    key counts, then each key with its value type: 4 uint32, 8 string, 9 array)."""
 
     def string(text: str) -> bytes:
         return struct.pack("<Q", len(text.encode())) + text.encode()
@@ -123,6 +123,9 @@ def gguf_header(path: Path, values: dict[str, int | str]) -> None:
     for key, value in values.items():
         if isinstance(value, str):
             body += string(key) + struct.pack("<I", 8) + string(value)
+        elif isinstance(value, list):  # an array of strings: 9, then its element type and length
+            body += string(key) + struct.pack("<IIQ", 9, 8, len(value))
+            body += b"".join(string(item) for item in value)
         else:
             body += string(key) + struct.pack("<I", 4) + struct.pack("<I", value)
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(values)) + body)
@@ -244,3 +247,22 @@ def test_a_checkpoint_too_large_for_this_machine_is_refused_with_the_fixes(
     # `geospec widths` loads no checkpoint: it does not ask
     result = CliRunner().invoke(cli, ["widths", str(path)])
     assert "reference.dtype" not in result.output
+
+
+def test_a_gguf_tokenizer_with_more_tokens_than_the_model_has_embeddings_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Another model's GGUF file as the tokenizer: its 120 tokens against the checkpoint's 100."""
+    tokens = [f"t{i}" for i in range(120)]
+    gguf_header(
+        tmp_path / "other.gguf",
+        {"general.architecture": "llama", "tokenizer.ggml.tokens": tokens},
+    )
+    other = 'data.tokenizer={ kind = "pretrained", path = "other.gguf" }'
+    code, output = validate(spec(tmp_path), "--set", other)
+    assert code == 2
+    line = problem_line(output, "data.tokenizer.path")
+    assert (
+        "has 120 token ids (tokenizer.ggml.tokens), more than the checkpoint's vocab_size 100"
+        in line
+    )

@@ -103,7 +103,11 @@ def _vocabulary_problem(spec: Spec, spec_dir: Path, facts: CheckpointFacts) -> s
         return None
     directory = spec_path(tokenizer.path, spec_dir)
     model_vocab = spec.model.vocab_size or facts.vocab_size
-    defined = tokenizer_vocabulary(directory) if directory.is_dir() else None
+    defined, read = None, "tokenizer.json"
+    if directory.is_dir():
+        defined = tokenizer_vocabulary(directory)
+    elif directory.is_file() and directory.suffix == ".gguf":
+        defined, read = _gguf_tokens(directory), "tokenizer.ggml.tokens"
     if model_vocab is None or defined is None or defined <= model_vocab:
         return None
     own = spec_path(spec.reference.checkpoint or "", spec_dir) == directory
@@ -114,9 +118,21 @@ def _vocabulary_problem(spec: Spec, spec_dir: Path, facts: CheckpointFacts) -> s
     )
     return (
         f"data.tokenizer.path: the tokenizer in {directory} has {defined:,} token ids "
-        f"(tokenizer.json), more than the checkpoint's vocab_size {model_vocab:,} "
+        f"({read}), more than the checkpoint's vocab_size {model_vocab:,} "
         f"({facts.described}): ids from {model_vocab:,} on have no embedding; {fix}"
     )
+
+
+def _gguf_tokens(path: Path) -> int | None:
+    """How many tokens a GGUF file's embedded tokenizer has, or None where it does not say."""
+    from geospec.spec.checkpoint_shape import GGUFFormatError, read_gguf_header
+
+    try:
+        metadata, _ = read_gguf_header(path)
+    except (GGUFFormatError, OSError):
+        return None
+    tokens = metadata.get("tokenizer.ggml.tokens")  # a string array, given as its length
+    return tokens if isinstance(tokens, int) else None
 
 
 def _corpus_problems(spec: Spec, spec_dir: Path) -> list[str]:
