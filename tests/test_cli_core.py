@@ -163,6 +163,8 @@ def test_the_prune_quick_start_spec_is_short_and_validates_without_torch(tmp_pat
     )
     assert "is valid" in done.stdout and "4 x 512 = 2048" in done.stdout
     assert "the checkpoint is pruned" in done.stdout
+    widths = CliRunner().invoke(cli, ["widths", str(spec)])  # no [[arms]]: no empty table
+    assert widths.exit_code == 0 and "has no [[arms]]: it prunes the checkpoint" in widths.output
     readme = (ROOT / "README.md").read_text()
     guide = (ROOT / "docs" / "prune.md").read_text()
     assert text.strip() in guide  # the guide shows the file as it is

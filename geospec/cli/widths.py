@@ -91,6 +91,16 @@ def widths(
         click.echo(json.dumps(result.to_json(), indent=2))
         return
     console = Console(soft_wrap=True)
+    if not spec.arms:  # a pruning spec: its arms' widths are solved at each pruned budget
+        console.print(
+            escape(
+                f"{spec.name} has no [[arms]]: it prunes the checkpoint, and geospec prune "
+                "prints every [prune] arm's widths at each keep fraction (flap and owl allocate "
+                "from the neuron scores of its calibration)"
+            ),
+            highlight=False,
+        )
+        return
     console.print(widths_table(spec, result))
     for arm, missing in result.pending.items():
         needs = ", ".join(repr(name) for name in missing)
