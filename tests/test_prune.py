@@ -444,7 +444,9 @@ def test_a_prune_spec_needs_no_arms_no_train_and_no_tokenizer(tmp_path: Path) ->
     assert sum(model.config.geospec["ffn_widths"]) == 3 * 32
     assert not (tmp_path / "run" / "arms").exists()  # nothing trained
     # and nothing is reported as to be trained: not by status, the report or a dry run
-    invoke("run", str(spec_path))
+    ran = CliRunner().invoke(cli, ["run", str(spec_path)])
+    assert ran.exit_code == 0, ran.output
+    assert "✓ prune" in ran.stderr and "report:" in ran.stderr and "✓" not in ran.stdout
     found = json.loads(invoke("status", str(tmp_path / "run"), "--json"))
     assert found["trains"] is False and found["runs"] == [] and not any(found["counts"].values())
     assert {s["name"]: s["state"] for s in found["stages"]}["train"] == "skipped"
