@@ -40,6 +40,8 @@ CORE_TESTS = [
     "tests/test_plugin_edges.py",
     "tests/test_status.py",
     "tests/test_overrides.py",
+    "tests/test_validate_files.py",
+    "tests/test_docs.py",
 ]
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 

@@ -132,3 +132,40 @@ def test_validate_summary_shows_the_training_settings_and_the_launcher(tmp_path:
     said = " ".join(result.output.split())
     assert "lr 0.0015" in said and "precision fp32, device cpu" in said
     assert "launch pool(workers=2, gpus=False)" in said
+
+
+def test_the_prune_quick_start_spec_is_short_and_validates_without_torch(tmp_path: Path) -> None:
+    """specs/prune-quickstart.toml (README, docs/prune.md) beside a save_pretrained directory's
+    config.json: valid, torch-free, and under 15 lines of TOML."""
+    shipped = ROOT / "specs" / "prune-quickstart.toml"
+    text = shipped.read_text()
+    lines = [line for line in text.splitlines() if line.split("#")[0].strip()]
+    assert len(lines) < 15, lines
+    spec = tmp_path / "prune-quickstart.toml"
+    spec.write_text(text)
+    checkpoint = tmp_path / tomlkit.parse(text).unwrap()["reference"]["checkpoint"]
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(
+        json.dumps(
+            {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512,
+             "vocab_size": 1000, "max_position_embeddings": 2048}
+        )
+    )  # fmt: skip
+    code = (
+        "import sys; from geospec.cli import main\n"
+        "sys.argv = ['geospec', 'validate', sys.argv[1]]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(spec)], capture_output=True, text=True, check=True
+    )
+    assert "is valid" in done.stdout and "4 x 512 = 2048" in done.stdout
+    assert "the checkpoint is pruned" in done.stdout
+    widths = CliRunner().invoke(cli, ["widths", str(spec)])  # no [[arms]]: no empty table
+    assert widths.exit_code == 0 and "has no [[arms]]: it prunes the checkpoint" in widths.output
+    readme = (ROOT / "README.md").read_text()
+    guide = (ROOT / "docs" / "prune.md").read_text()
+    assert text.strip() in guide  # the guide shows the file as it is
+    assert "specs/prune-quickstart.toml" in readme

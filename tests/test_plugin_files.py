@@ -221,3 +221,82 @@ def test_measure_all_is_pinned_at_the_first_run_and_a_later_install_is_said(
     explicit = validate_spec(minimal_spec(measure=[{"geometry": "raw", "statistic": "shift"}]))
     assert pin_measures(explicit, run_dir, said.append) == explicit
     assert not (run_dir / MEASURES_FILE).exists()  # a spec that lists its measures keeps none
+
+
+# -- the commands that read a spec say why a plugin is missing, and take --plugin ------------
+
+#: A schedule in a file: every layer at the uniform width (a test's plugin; `flat`).
+SCHEDULE = """
+from typing import Literal
+
+from geospec import hookimpl
+from geospec.kinds import Schedule
+from geospec.plugin import PluginParams
+
+
+class Flat(Schedule):
+    class Params(PluginParams):
+        kind: Literal["flat"] = "flat"
+
+    def widths(self, dims, profiles):
+        return [dims.ffn_width] * dims.n_layers
+
+
+@hookimpl
+def geospec_register_schedules(register):
+    register(Flat)
+"""
+
+
+def flat_spec(directory: Path) -> Path:
+    spec = minimal_spec(
+        measure=[],
+        arms=[
+            {"name": "uniform", "schedule": {"kind": "uniform"}},
+            {"name": "flat", "schedule": {"kind": "flat"}},
+        ],
+    )
+    path = directory / "spec.toml"
+    path.write_text(tomlkit.dumps(spec))
+    return path
+
+
+def test_widths_names_the_plugin_that_failed_to_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is in effect as geospec's processes pass it on (the environment); it fails to
+    import, so 'flat' is unknown: the import error is said, not only "did you mean 'flap'"."""
+    broken = tmp_path / "flat_broken.py"
+    broken.write_text("import no_such_module_for_flat\n" + SCHEDULE)
+    monkeypatch.setenv(PLUGIN_FILES_ENV, str(broken))
+    reset_default_registries()
+    result = invoke("widths", str(flat_spec(tmp_path)))
+    assert result.exit_code == 2
+    assert "plugin flat_broken.py failed to load: ModuleNotFoundError" in result.output
+    assert "unknown schedule 'flat'" in result.output
+
+
+@pytest.mark.torch
+def test_rehearse_takes_plugin_files(tmp_path: Path) -> None:
+    path = tmp_path / "flat_schedule.py"
+    path.write_text(SCHEDULE)
+    spec = flat_spec(tmp_path)
+    result = invoke("rehearse", str(spec), "--steps", "1", "--context", "8", "--json")
+    assert result.exit_code == 2 and "unknown schedule 'flat'" in result.output
+    result = invoke(
+        "rehearse", str(spec), "--plugin", str(path), "--steps", "1", "--context", "8", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    assert {row["arm"] for row in json.loads(result.output)["arms"]} == {"uniform", "flat"}
+
+
+def test_debug_after_the_command_shows_the_traceback(tmp_path: Path) -> None:
+    spec = minimal_spec()
+    spec["model"]["n_heads"] = 5  # does not divide d_model
+    path = tmp_path / "spec.toml"
+    path.write_text(tomlkit.dumps(spec))
+    for args in (["--debug", "validate", str(path)], ["validate", str(path), "--debug"]):
+        result = invoke(*args)
+        assert result.exit_code != 0 and result.exception is not None, args  # re-raised
+    result = invoke("validate", str(path))
+    assert result.exit_code == 2 and "model.n_heads" in result.output

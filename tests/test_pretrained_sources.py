@@ -228,7 +228,7 @@ def test_hf_hub_cache_and_offline_mode_from_the_environment(hub_cache: Path) -> 
     command = [sys.executable, "-m", "geospec", "run", str(spec), "--until", "probe"]
     finished = subprocess.run(command, env=environment, capture_output=True, text=True)
     assert finished.returncode == 0, finished.stdout + finished.stderr
-    assert f"pretrained checkpoint {REPO} at commit {COMMIT}" in finished.stdout
+    assert f"pretrained checkpoint {REPO} at commit {COMMIT}" in finished.stderr  # stage lines
     from_disk = probe(probe_spec(hub_cache, "local", str(hub_cache / "model")))
     for a, b in zip(clouds(hub_cache / "hub-env"), from_disk, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -275,16 +275,6 @@ def test_validate_refuses_a_keep_fraction_below_one_multiple() -> None:
         validate_spec(prune_spec([0.5, 0.05]))
 
 
-@pytest.mark.parametrize("keep", [0.1, 0.25, 0.3, 0.5, 0.77, 1.0])
-def test_validate_solves_prune_arms_for_the_budget_the_prune_stage_uses(keep: float) -> None:
-    from geospec.spec.checks import _pruned_dims
-
-    spec = validate_spec(prune_spec([keep]))
-    m = spec.model
-    expected = pruned_dims(m.n_layers, m.d_model, m.ffn_width, m.multiple_of, keep, m.activation)
-    assert _pruned_dims(spec) == {keep: expected}
-
-
 def test_geospec_validate_exits_2_with_one_line_for_a_bad_protect_arm(tmp_path: Path) -> None:
     import tomlkit
 

@@ -540,3 +540,79 @@ def test_the_report_has_the_pruning_section_and_its_plot(pruned_run: Path) -> No
     report = (pruned_run / "run" / "report.md").read_text()
     assert "## Pruning the reference" in report and "![prune](plots/prune.png)" in report
     assert (pruned_run / "run" / "plots" / "prune.png").stat().st_size > 1000
+
+
+def test_a_prune_spec_needs_no_arms_no_train_and_no_tokenizer(tmp_path: Path) -> None:
+    """The quick start's shape: a checkpoint, [model] seq_len and [prune]. The tokenizer is the
+    checkpoint's own (the same tokens as naming it: the same data key), nothing is trained,
+    and the pruned model is written and loads with plain transformers."""
+    from geospec.pipeline.keys import data_key
+    from geospec.spec.loading import load_spec
+
+    word_checkpoint(tmp_path / "model")
+    word_corpus(tmp_path / "docs.jsonl", 0)
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(
+        f'name = "quick"\nout = "{tmp_path / "run"}"\nmeasure = []\n\n'
+        '[model]\nseq_len = 16\nmultiple_of = 8\n\n[data]\nfiles = ["docs.jsonl"]\n\n'
+        '[reference]\ncheckpoint = "model"\n\n[probe]\ntokens = 64\n\n'
+        '[prune]\nkeep = 0.5\neval = { corpora = ["docs.jsonl"], windows = 4 }\n'
+        "calibration = { windows = 4 }\n\n"
+        '[[prune.arms]]\nname = "uniform"\nschedule = { kind = "uniform" }\n\n'
+        '[[prune.arms]]\nname = "flap"\nschedule = { kind = "flap" }\n'
+    )
+    spec = load_spec(spec_path)
+    named = load_spec(
+        spec_path,
+        ['data.tokenizer={ kind = "pretrained", path = "model" }'],
+    )
+    assert data_key(spec.data) == data_key(named.data)
+    assert spec.probe_only and spec.arms == []
+    result = CliRunner().invoke(cli, ["prune", str(spec_path)])
+    assert result.exit_code == 0, result.output
+    # what each stage does on stderr, without transformers' bars; the comparison on stdout
+    assert "pruned models: 2/2" in result.stderr and "✓ reference:" in result.stderr
+    assert "Loading weights" not in result.output and "it/s" not in result.output
+    assert "| flap |" in result.stdout and "✓ reference:" not in result.stdout
+    model = hf.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "run" / "prune" / "keep-0.5" / "flap" / "seed-0" / "model"
+    )
+    assert sum(model.config.geospec["ffn_widths"]) == 3 * 32
+    assert not (tmp_path / "run" / "arms").exists()  # nothing trained
+    # and nothing is reported as to be trained: not by status, the report or a dry run
+    ran = CliRunner().invoke(cli, ["run", str(spec_path)])
+    assert ran.exit_code == 0, ran.output
+    assert "✓ prune" in ran.stderr and "report:" in ran.stderr and "✓" not in ran.stdout
+    found = json.loads(invoke("status", str(tmp_path / "run"), "--json"))
+    assert found["trains"] is False and found["runs"] == [] and not any(found["counts"].values())
+    assert {s["name"]: s["state"] for s in found["stages"]}["train"] == "skipped"
+    assert "runs: none" in invoke("status", str(tmp_path / "run"))
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "No arm is trained" in report and "## Pruning the reference" in report
+    assert "planned runs" not in report and "val loss" not in report
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["probe_only"] is True
+    rehearsal = json.loads(invoke("rehearse", str(spec_path), "--json"))
+    assert rehearsal == {"arms": [], "gpu_hours": 0.0, "trains": False}
+    assert "0 GPU-hours" in invoke("run", str(spec_path), "--dry-run")
+
+
+def test_a_probe_only_run_with_arms_reports_no_pending_runs(pruned_run: Path) -> None:
+    """The probe-only spec of the module's prune lists arms (their widths are solved): status
+    counts no run as pending and the report has no partial-run note nor untrained rows; a run
+    directory from before run.json said probe_only is recognised by its train stage's key."""
+    from geospec.pipeline.keys import PROBE_ONLY_TRAIN_KEY
+
+    run_dir = pruned_run / "run"
+    invoke("run", str(pruned_run / "spec.toml"))
+    assert json.loads((run_dir / "stages.json").read_text())["train"] == PROBE_ONLY_TRAIN_KEY
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["probe_only"] is True and record["arms"]
+    report = (run_dir / "report.md").read_text()
+    assert "planned runs" not in report and "(not trained)" not in report
+    assert "## FFN widths per arm" in report
+    record.pop("probe_only")  # as an earlier geospec wrote it
+    (run_dir / "run.json").write_text(json.dumps(record))
+    found = json.loads(invoke("status", str(run_dir), "--json"))
+    assert found["trains"] is False and found["counts"]["pending"] == 0
+    invoke("report", str(run_dir))
+    assert "planned runs" not in (run_dir / "report.md").read_text()

@@ -53,7 +53,7 @@ def geospec_run(spec: Path, out: Path) -> str:
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return " ".join(done.stdout.split())
+    return " ".join((done.stderr + done.stdout).split())  # the stages' lines, then the report
 
 
 def queued(name: str) -> list[str]:

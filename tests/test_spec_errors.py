@@ -64,6 +64,11 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("missing model", replace("[model]", "[modelx]"), "model: required key is missing"),
     ("missing train", replace("[train]", "[trainx]"), "train: required key is missing"),
     ("no arms", VALID.split("[[arms]]")[0].encode() + b"[train]\nsteps = 1\n", "arms"),
+    (
+        "arms empty",
+        b"arms = []\n" + VALID.split("[[arms]]")[0].encode() + b"[train]\nsteps = 1\n",
+        "arms: lists no arm",
+    ),
     ("unknown top key", replace('name = "t"', 'name = "t"\nnmae = 1'), "nmae: unknown key"),
     ("unknown model key", replace("n_layers = 4", "n_layer = 4"), "model.n_layer: unknown key"),
     ("did you mean", replace("d_model = 64", "d_modle = 64"), "did you mean 'd_model'"),

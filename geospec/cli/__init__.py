@@ -67,6 +67,14 @@ class GeospecGroup(click.Group):
                 ctx.fail(f"No such command {name!r}. Did you mean {meant}?")
         return super().resolve_command(ctx, args)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # --debug is the group's option, but users put it after the command too
+        # (`geospec validate spec.toml --debug`): move it before the command, up to a `--`
+        end = args.index("--") if "--" in args else len(args)
+        if "--debug" in args[1:end]:
+            args = ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -94,7 +102,11 @@ def _debugging(ctx: click.Context) -> bool:
 
 @click.group(cls=GeospecGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="geospec")
-@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.option(
+    "--debug",
+    is_flag=True,
+    help="Show tracebacks instead of one-line errors (before or after the command).",
+)
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """Decide how wide each transformer layer's FFN should be, from the geometry of its work."""

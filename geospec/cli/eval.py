@@ -27,7 +27,7 @@ def evaluate(spec_path: Path, again: bool, out: Path | None, overrides: tuple[st
     eval.json, and results.json and report.md compare every metric with the baseline, paired
     by seed. Runs evaluated with the same settings are not evaluated again.
     """
-    from geospec.cli.console import warn_broken_plugins
+    from geospec.cli.console import stderr, warn_broken_plugins
     from geospec.errors import UsageError
     from geospec.pipeline.executor import run_pipeline
     from geospec.spec.loading import load_spec
@@ -40,5 +40,10 @@ def evaluate(spec_path: Path, again: bool, out: Path | None, overrides: tuple[st
             '  [eval]\n  tasks = ["geospec_austen_lastword"]'
         )
     run_pipeline(
-        spec, spec_path, overrides=overrides, from_stage="eval" if again else None, run_dir=out
+        spec,
+        spec_path,
+        overrides=overrides,
+        from_stage="eval" if again else None,
+        run_dir=out,
+        console=stderr(),  # what each stage does; the report's tables go to stdout
     )

@@ -24,7 +24,7 @@ def prepare(spec_path: Path, overrides: tuple[str, ...]) -> None:
     from geospec.engine.token_data import prepare_data, shared_cache_dir
     from geospec.spec.loading import load_spec
 
-    spec = load_spec(spec_path, overrides)
+    spec = load_spec(spec_path, overrides, check_memory=False)  # the reference is not loaded
     console = Console(stderr=True, soft_wrap=True)
 
     def say(message: str) -> None:

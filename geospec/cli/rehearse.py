@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import set_option, spec_argument
+from geospec.cli.console import plugin_option, set_option, spec_argument, warn_broken_plugins
 from geospec.spec.sections import Spec
 
 DEFAULT_STEPS = 3
@@ -54,6 +54,7 @@ DEFAULT_CONTEXT = 64
     "launcher's sbatch script); nothing is built or submitted.",
 )
 @set_option
+@plugin_option
 def rehearse(
     spec_path: Path,
     steps: int,
@@ -68,7 +69,8 @@ def rehearse(
     random tokens, and print what the spec's runs will need on GPUs. Writes nothing."""
     from geospec.spec.loading import load_spec
 
-    spec = load_spec(spec_path, overrides)
+    warn_broken_plugins()
+    spec = load_spec(spec_path, overrides, check_memory=False)
     if job_script:
         click.echo(launcher_script(spec), nl=False)
         return
@@ -111,6 +113,17 @@ def show_rehearsal(
 
     mfu = ASSUMED_MFU if mfu is None else mfu
     peak_tflops = H100_BF16_TFLOPS if peak_tflops is None else peak_tflops
+    if spec.probe_only:  # no GPU-hours quoted for arms that are never trained
+        if as_json:
+            click.echo(json.dumps({"arms": [], "gpu_hours": 0.0, "trains": False}, indent=2))
+        else:
+            click.echo(
+                f"dry run of {spec.name}: the spec trains no arm (probe_only"
+                + (", [prune]" if spec.prune is not None else "")
+                + "): no training to rehearse (0 GPU-hours); its other stages run on the "
+                "reference checkpoint (docs/prune.md, docs/pretrained.md)"
+            )
+        return
     console = Console(stderr=True, soft_wrap=True)
     context = min(context, spec.model.seq_len)
     rows = []
@@ -135,6 +148,7 @@ def show_rehearsal(
                     "arms": [asdict(r) for r in rows],
                     "assumed": assumptions,
                     "gpu_hours": total_hours,
+                    "trains": True,
                 },
                 indent=2,
             )

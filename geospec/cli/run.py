@@ -51,7 +51,7 @@ def run(
 
     Finished stages are skipped; an interrupted run resumes where it stopped.
     """
-    from geospec.cli.console import warn_broken_plugins
+    from geospec.cli.console import stderr, warn_broken_plugins
     from geospec.pipeline.executor import run_pipeline
     from geospec.spec.loading import load_spec
 
@@ -74,6 +74,7 @@ def run(
         run_dir=out,
         arms=chosen_arms,
         seeds=chosen_seeds,
+        console=stderr(),  # what each stage does; the report's table goes to stdout
     )
 
 

@@ -47,6 +47,11 @@ def status(run_dir: Path, as_json: bool) -> None:
     )
     console.print(f"[bold]{escape(found['name'])}[/] ({escape(found['run_dir'])})")
     console.print(f"stages: {stages}", highlight=False)
+    if not found["trains"]:  # no table of runs that will never exist
+        console.print("runs: none (the spec trains no arm: probe-only or pruning)")
+        for note in found["notes"]:
+            console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+        return
     table = Table("arm", "seed", "state", "detail")
     for entry in found["runs"]:
         colour = colours.get(entry["state"], "dim")

@@ -102,6 +102,7 @@ def train(
     """Train one model of SPEC: the arm's widths, one seed. Resumes an interrupted run."""
     from rich.console import Console
 
+    from geospec.cli.console import warn_broken_plugins
     from geospec.engine.distributed import context, process_group
     from geospec.engine.model import config_from_spec
     from geospec.layout import arm_seed_dir
@@ -111,7 +112,8 @@ def train(
     from geospec.pipeline.training import train_into
     from geospec.spec.loading import load_spec
 
-    spec = load_spec(spec_path, overrides)
+    warn_broken_plugins()
+    spec = load_spec(spec_path, overrides, check_memory=False)  # the reference is not loaded
     widths = arm_widths(spec, arm, widths_text)
     run_dir = Path(spec.run_dir)
     out = out or arm_seed_dir(run_dir, arm, seed)

@@ -40,7 +40,7 @@ def run_until(
     """Load the spec (``--set`` applied, then ``adapt``: a command enabling its own stage), run
     the stages up to ``stage`` and return the spec and run directory; None on the ranks other
     than 0 under torchrun, which report nothing."""
-    from geospec.cli.console import warn_broken_plugins
+    from geospec.cli.console import stderr, warn_broken_plugins
     from geospec.pipeline.executor import run_pipeline
     from geospec.spec.loading import load_spec
 
@@ -54,6 +54,7 @@ def run_until(
         from_stage=from_stage,
         until_stage=stage,
         run_dir=run_dir,
+        console=stderr(),  # what each stage does; the command prints its result to stdout
     )
     if os.environ.get("RANK", "0") != "0":
         return None

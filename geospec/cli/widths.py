@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from geospec.cli.console import plugin_option, set_option, spec_argument
+from geospec.cli.console import plugin_option, set_option, spec_argument, warn_broken_plugins
 from geospec.engine.model_size import ffn_params
 from geospec.errors import UsageError
 from geospec.layout import RUN_FILE, WIDTHS_FILE
@@ -65,7 +65,8 @@ def widths(
     """
     from geospec.spec.loading import load_spec
 
-    spec = load_spec(spec_path, overrides)
+    warn_broken_plugins()  # a spec naming its kind fails below with only a "did you mean"
+    spec = load_spec(spec_path, overrides, check_memory=False)
     profiles = None
     source = None
     if profiles_paths:
@@ -90,6 +91,16 @@ def widths(
         click.echo(json.dumps(result.to_json(), indent=2))
         return
     console = Console(soft_wrap=True)
+    if not spec.arms:  # a pruning spec: its arms' widths are solved at each pruned budget
+        console.print(
+            escape(
+                f"{spec.name} has no [[arms]]: it prunes the checkpoint, and geospec prune "
+                "prints every [prune] arm's widths at each keep fraction (flap and owl allocate "
+                "from the neuron scores of its calibration)"
+            ),
+            highlight=False,
+        )
+        return
     console.print(widths_table(spec, result))
     for arm, missing in result.pending.items():
         needs = ", ".join(repr(name) for name in missing)

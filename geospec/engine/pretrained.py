@@ -37,6 +37,7 @@ def load_pretrained(
     if dtype not in DTYPES:
         raise UsageError(f"reference.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     location, keywords = source.from_pretrained_args()
+    quiet_progress_bars(gguf="gguf_file" in keywords)
     low_memory = _low_memory_loading()
     if low_memory:  # transformers 5 always loads this way and ignores the flag; 4.x needs it
         keywords["low_cpu_mem_usage"] = True
@@ -55,6 +56,28 @@ def load_pretrained(
             f"{source.field}: cannot load {source} as a causal LM: {load_error(error)}"
         ) from None
     return (model if placed else model.to(device)).eval()  # type: ignore[arg-type]
+
+
+def quiet_progress_bars(gguf: bool = False) -> None:
+    """Keep transformers' progress bars (loading weights, writing shards; through it
+    huggingface_hub's downloads; with ``gguf``, de-quantising a GGUF file's tensors) out of
+    logs: off for the process unless stderr is a terminal, where a live bar is useful.
+    geospec's own lines say what each stage does."""
+    import sys
+
+    if sys.stderr.isatty():
+        return
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    if gguf:  # its bar is tqdm's own, which transformers' switch does not reach
+        import functools
+
+        from transformers import modeling_gguf_pytorch_utils as converting
+
+        bar = getattr(converting, "tqdm", None)
+        if bar is not None and not isinstance(bar, functools.partial):
+            converting.tqdm = functools.partial(bar, disable=True)
 
 
 def _low_memory_loading() -> bool:

@@ -100,7 +100,8 @@ class Trainer:
             from geospec.engine.distributed import context
             from geospec.pipeline.context import RunContext
 
-            self.context = RunContext(
-                self.run_dir, self.spec_dir, Console(), context(), self.device
-            )
+            self.context = RunContext(  # what a run does goes to stderr, as the stages' lines
+                self.run_dir, self.spec_dir, Console(stderr=True, soft_wrap=True), context(),
+                self.device,
+            )  # fmt: skip
         return self.context

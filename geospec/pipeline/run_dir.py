@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec.artifacts import json_problem, read_json
+from geospec.artifacts import json_problem, read_json, read_json_or_none
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import file_digest, sealed
 from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
@@ -39,6 +39,7 @@ from geospec.layout import (
     PRUNE_FILE,
     RUN_FILE,
     RUN_KEY_FILE,
+    STAGES_FILE,
     SUBMITTED_FILE,
 )
 from geospec.version import __version__
@@ -329,9 +330,25 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
             "seeds": list(spec.train.seeds),
             # the report reads the arms' eval.json files only when the spec evaluates them
             **({"eval": {"tasks": list(spec.eval.tasks)}} if spec.eval is not None else {}),
+            # status and the report list no runs of a spec that trains none
+            **({"probe_only": True} if spec.probe_only else {}),
             "geospec": __version__,
         },
     )
+
+
+def trains_nothing(run_dir: Path, record: Any = None) -> bool:
+    """Whether the run's spec trains no arm (``probe_only``: a probe-only or pruning spec), so
+    that status and the report list no runs and count none as pending: its run.json
+    (``record``, read here when None) says so, or, in a run directory from before run.json
+    said it, its train stage recorded the probe-only key."""
+    from geospec.pipeline.keys import PROBE_ONLY_TRAIN_KEY
+
+    if record is None:
+        record = read_json_or_none(run_dir / RUN_FILE)
+    if isinstance(record, dict) and record.get("probe_only") is True:
+        return True
+    return StageLog(run_dir / STAGES_FILE).keys().get("train") == PROBE_ONLY_TRAIN_KEY
 
 
 def pin_measures(spec: Spec, run_dir: Path, say: Callable[[str], None]) -> Spec:

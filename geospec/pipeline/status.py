@@ -6,7 +6,8 @@ record of its claim (:func:`geospec.locks.claim_holder`: running, or a stale cla
 died), ``failure.json`` (failed, with the last error line) and ``metrics.jsonl`` (the step a run
 has reached and its speed); ``launch/submitted.json`` for the runs the last train stage left
 queued on a scheduler (submitted, with the job), and ``eval.json`` where the spec evaluates the
-arms. The JSON form (:func:`status`) is stable: scripts may rely on its keys.
+arms. A spec that trains nothing (probe-only, pruning) has no runs: ``trains`` is false and the
+train stage is skipped. The JSON form (:func:`status`) is stable: scripts may rely on its keys.
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from geospec.layout import (
     arm_seed_dir,
 )
 from geospec.locks import claim_holder, holder_alive
-from geospec.pipeline.run_dir import StageLog, measure_all_note, read_failure, read_submissions
+from geospec.pipeline.run_dir import (
+    StageLog,
+    measure_all_note,
+    read_failure,
+    read_submissions,
+    trains_nothing,
+)
 
 #: The pipeline's stages in order (as geospec.pipeline.executor.STAGES, without importing it).
 STAGE_NAMES = (
@@ -52,10 +59,13 @@ RUN_STATES = ("done", "running", "stale", "failed", "submitted", "pending")
 def status(run_dir: Path) -> dict[str, Any]:
     """The state of every stage and run of ``run_dir`` (see the module docstring)."""
     record = _run_record(run_dir)
+    trains = not trains_nothing(run_dir, record["record"])
     keys = StageLog(run_dir / STAGES_FILE).keys()
     stages = []
     for index, name in enumerate(STAGE_NAMES):
         state = "done" if name in keys else "pending"
+        if name == "train" and not trains:
+            state = "skipped"  # it ran, and had nothing to do: no arm is trained
         if name == "report" and state == "done" and not (run_dir / REPORT_FILE).exists():
             state = "pending"
         if state == "pending" and any(later in keys for later in STAGE_NAMES[index + 1 :]):
@@ -63,7 +73,7 @@ def status(run_dir: Path) -> dict[str, Any]:
         stages.append({"name": name, "state": state})
     submissions = read_submissions(run_dir)
     runs = []
-    for seed in record["seeds"]:
+    for seed in record["seeds"] if trains else ():
         for arm in record["arms"]:
             entry = run_status(arm_seed_dir(run_dir, arm, seed), arm, seed, record["eval"])
             where = submissions["runs"].get(f"{arm}/seed-{seed}")
@@ -85,6 +95,7 @@ def status(run_dir: Path) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "name": record["name"],
         "stages": stages,
+        "trains": trains,
         "runs": runs,
         "counts": counts,
         "seconds_left": seconds_left(runs),
@@ -133,7 +144,13 @@ def _run_record(run_dir: Path) -> dict[str, Any]:
     data = json.loads((run_dir / RUN_FILE).read_text())
     arms = [a["name"] if isinstance(a, dict) else str(a) for a in data["arms"]]
     seeds = [int(s) for s in data["seeds"]]
-    return {"name": data["name"], "arms": arms, "seeds": seeds, "eval": bool(data.get("eval"))}
+    return {
+        "name": data["name"],
+        "arms": arms,
+        "seeds": seeds,
+        "eval": bool(data.get("eval")),
+        "record": data,
+    }
 
 
 def run_status(directory: Path, arm: str, seed: int, evaluates: bool = False) -> dict[str, Any]:

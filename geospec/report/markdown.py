@@ -194,15 +194,23 @@ PLOT_TITLES = {
 
 def markdown(results: dict[str, Any], images: list[str]) -> str:
     lines = [f"# geospec report: {results['name']}", ""]
-    lines.append(
-        "Final validation loss per arm. "
-        f"Δ is the paired difference against `{results['baseline']}` (negative = better), "
-        "averaged over seeds, with a t-interval (and a bootstrap interval with 5 or more seeds), "
-        "the exact two-sided sign-flip p-value of the paired differences and that p-value "
-        "Holm-adjusted across the arms."
-    )
-    lines.append("")
-    lines += markdown_table(headers(results), table_rows(results))
+    if results.get("probe_only"):  # nothing trained: no loss table of runs that never exist
+        lines.append(
+            "No arm is trained (a probe-only spec): the widths each schedule gives are below."
+            if results["arms"]
+            else "No arm is trained: the spec measures and prunes the reference (below)."
+        )
+        lines.append("")
+    else:
+        lines.append(
+            "Final validation loss per arm. "
+            f"Δ is the paired difference against `{results['baseline']}` (negative = better), "
+            "averaged over seeds, with a t-interval (and a bootstrap interval with 5 or more "
+            "seeds), the exact two-sided sign-flip p-value of the paired differences and that "
+            "p-value Holm-adjusted across the arms."
+        )
+        lines.append("")
+        lines += markdown_table(headers(results), table_rows(results))
     derived = source_rows(results)
     if derived:
         lines += [
@@ -229,8 +237,9 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
     if any(value is not None for value in checks.values()):
         marks = [f"{CHECKS[k]} {'✓' if v else '✗ (**not so**)'}" for k, v in checks.items()]
         lines += ["Checked on every run's record: " + "; ".join(marks) + ".", ""]
-    lines.append("## FFN widths per arm")
-    lines.append("")
+    if results["arms"]:
+        lines.append("## FFN widths per arm")
+        lines.append("")
     marked = False
     for name, arm in results["arms"].items():
         widths = arm["widths"]
@@ -238,7 +247,8 @@ def markdown(results: dict[str, Any], images: list[str]) -> str:
         marked = marked or at_bounds is not None
         tail = f" ({at_bounds})" if at_bounds else ""
         lines.append(f"- `{name}`: {' '.join(map(str, widths)) if widths else '(pending)'}{tail}")
-    lines.append("")
+    if results["arms"]:
+        lines.append("")
     if marked:
         lines += [
             "Layers are counted from 0. A layer at its schedule's bound (the solver's `min_ratio` "

@@ -48,6 +48,7 @@ from geospec.engine.model_size import Shape, count_params, total_ffn_params
 from geospec.engine.run_files import CONFIG_FILE, METRICS_FILE, RESULT_FILE
 from geospec.errors import GeospecError, UsageError
 from geospec.layout import PROFILES_FILE, RUN_FILE, WIDTHS_FILE, arm_seed_dir
+from geospec.pipeline.run_dir import trains_nothing
 from geospec.report.evaluation import eval_results
 from geospec.solve.widths import bounds_problems
 from geospec.stats import (
@@ -132,6 +133,7 @@ def build_results(run_dir: Path) -> dict[str, Any]:
             f"{run_dir / RUN_FILE}: does not hold what geospec writes; run the spec again "
             "(geospec run rewrites it)"
         )
+    probe_only = trains_nothing(run_dir, resolved)
     planned_arms = planned_widths(run_dir / WIDTHS_FILE)
     profiles = (read_json(run_dir / PROFILES_FILE) or {}).get("profiles", {})
     baseline = resolved["baseline"]
@@ -208,7 +210,8 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         "arms": arms,
         "comparisons": comparisons,
         "profiles": profiles,
-        "notes": unfinished_notes(arms, resolved["seeds"])
+        # a spec that trains nothing has no runs to wait for
+        "notes": ([] if probe_only else unfinished_notes(arms, resolved["seeds"]))
         + exact_test_notes(arms, 1 - confidence)
         + holm_floor_notes(families, 1 - confidence)
         + reliability_notes(reliability, {name: r[1] for name, r in reads.items()})
@@ -217,6 +220,8 @@ def build_results(run_dir: Path) -> dict[str, Any]:
             name: {str(r.seed): r.curve for r in seed_runs} for name, seed_runs in runs.items()
         },
     }
+    if probe_only:  # the widths are the schedules' answer; no model was to be trained
+        results["probe_only"] = True
     if reliability is not None:
         results["reliability"] = reliability
     if resolved.get("eval"):  # the spec evaluates the arms with lm-eval (the eval stage)

@@ -40,7 +40,8 @@ def print_table(results: dict[str, Any]) -> None:
     console = Console()
     if not console.is_terminal:
         console = Console(width=140)  # logs and pipes: don't wrap the table at 80 columns
-    console.print(table)
+    if not results.get("probe_only"):  # nothing trained: no table of losses that never exist
+        console.print(table)
     for title, columns, rows in (
         ("derived arms against their source", SOURCE_HEADERS, source_rows(results)),
         ("the spec's own comparisons (report.compare)", CHOSEN_HEADERS, chosen_rows(results)),

@@ -299,3 +299,100 @@ def fill_model(
                 f"{given!r} contradicts the checkpoint: {shape.described} says {says}; "
                 "remove the value (it is read from the checkpoint) or fix it",
             )
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    """What a checkpoint's config.json or GGUF metadata says beyond ``[model]``'s shape, for the
+    checks ``geospec validate`` makes against it (:mod:`geospec.spec.file_checks`)."""
+
+    described: str
+    """What was read (``config.json of /models/llama``), for messages."""
+    family: str | None
+    """config.json's ``model_type``, or the GGUF file's ``general.architecture``."""
+    architectures: tuple[str, ...] = ()
+    """config.json's ``architectures`` (``Phi3ForCausalLM``)."""
+    positions: int | None = None
+    """The most positions the model was built for (None: the checkpoint does not say)."""
+    positions_key: str = ""
+    """The key ``positions`` was read from (``max_position_embeddings``)."""
+    vocab_size: int | None = None
+    experts: int = 0
+    """Experts per FFN (a mixture of experts; 0 for a dense FFN)."""
+
+
+#: config.json keys holding a model's maximum positions, in the order transformers' families use.
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def facts_from_config(config: Mapping[str, Any], described: str) -> CheckpointFacts:
+    """The facts a transformers ``config.json`` gives."""
+    key = next((k for k in _POSITION_KEYS if isinstance(config.get(k), int)), "")
+    experts = next((config[k] for k in _EXPERT_KEYS if isinstance(config.get(k), int)), 0)
+    vocab = config.get("vocab_size")
+    return CheckpointFacts(
+        described,
+        config.get("model_type") if isinstance(config.get("model_type"), str) else None,
+        tuple(a for a in config.get("architectures") or () if isinstance(a, str)),
+        config[key] if key else None,
+        key,
+        vocab if isinstance(vocab, int) else None,
+        experts,
+    )
+
+
+def facts_from_gguf(path: Path) -> CheckpointFacts:
+    """The facts a GGUF file's metadata gives."""
+    metadata, _ = read_gguf_header(path)
+    arch = metadata.get("general.architecture")
+    arch = arch if isinstance(arch, str) else None
+    key = f"{arch}.context_length"
+    positions = metadata.get(key)
+    vocab = metadata.get(f"{arch}.vocab_size", metadata.get("tokenizer.ggml.tokens"))
+    experts = metadata.get(f"{arch}.expert_count", 0)
+    return CheckpointFacts(
+        f"the GGUF metadata of {path}",
+        arch,
+        (),
+        positions if isinstance(positions, int) else None,
+        key,
+        vocab if isinstance(vocab, int) else None,
+        experts if isinstance(experts, int) else 0,
+    )
+
+
+def read_checkpoint_facts(
+    checkpoint: str, revision: str | None, spec_dir: Path
+) -> CheckpointFacts | None:
+    """The facts of ``reference.checkpoint``, or None where they cannot be read (a missing or
+    unreadable checkpoint is said by :func:`read_checkpoint_shape`'s caller already)."""
+    if revision is not None:
+        from geospec.engine.hub import Source, check_hub_files
+        from geospec.errors import UsageError
+        from geospec.spec.sections import COMMIT, HUB_ID
+
+        if not (HUB_ID.match(checkpoint) and COMMIT.match(revision)):
+            return None
+        try:
+            cached = check_hub_files(
+                Source(checkpoint, "reference.checkpoint", revision=revision), "config.json"
+            )
+        except UsageError:
+            return None
+        path, described = Path(cached), f"config.json of {checkpoint} at {revision[:12]}"
+    else:
+        from geospec.engine.hub import spec_path
+
+        local = spec_path(checkpoint, spec_dir)
+        if local.is_file() and local.suffix == ".gguf":
+            try:
+                return facts_from_gguf(local)
+            except (GGUFFormatError, OSError):
+                return None
+        path, described = local / "config.json", f"config.json of {local}"
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return facts_from_config(config, described) if isinstance(config, dict) else None

@@ -7,7 +7,8 @@ import difflib
 from pydantic import BaseModel
 
 from geospec.engine.model_size import attention_problems, kv_head_problems
-from geospec.kinds import ModelDims, reads_scores
+from geospec.kinds import reads_scores
+from geospec.prune.allocate import keep_problem, pruned_dims
 from geospec.registry.loading import get_registries
 from geospec.solve.widths import dependency_cycle
 from geospec.spec.resolve import measures, model_dims
@@ -42,6 +43,11 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
     if spec.prune is None:
         return []
     problems = []
+    for i, fraction in enumerate(spec.prune.fractions):
+        problem = keep_problem(fraction, spec.model.ffn_width, spec.model.multiple_of)
+        if problem is not None:
+            where = f"prune.keep[{i}]" if isinstance(spec.prune.keep, list) else "prune.keep"
+            problems.append((where, problem))
     if spec.reference.checkpoint is None:
         problems.append(
             (
@@ -56,17 +62,16 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
     if spec.demand.enabled:
         available |= set(demand_profile_names(spec.demand))
     registries = get_registries()
-    budgets = _pruned_dims(spec)
-    for k, fraction in enumerate(spec.prune.fractions):
-        if fraction not in budgets:
-            m = spec.model
-            problems.append(
-                (
-                    f"prune.keep[{k}]" if isinstance(spec.prune.keep, list) else "prune.keep",
-                    f"{fraction:g} of {m.ffn_width} neurons rounds below one multiple "
-                    f"({m.multiple_of}) per layer; raise keep or lower model.multiple_of",
-                )
-            )
+    m = spec.model
+    # the model every arm is solved for at each sound keep fraction ([model] is the checkpoint's
+    # shape in a pruning spec, its ffn_width the pretrained width): the prune stage's own
+    budgets = {
+        fraction: pruned_dims(
+            m.n_layers, m.d_model, m.ffn_width, m.multiple_of, fraction, m.activation
+        )
+        for fraction in spec.prune.fractions
+        if keep_problem(fraction, m.ffn_width, m.multiple_of) is None
+    }
     for i, arm in enumerate(spec.prune.arms):
         schedule = registries.create("schedule", arm.schedule)
         # a schedule's own problems at every pruned budget (protect's layers that no longer
@@ -93,27 +98,6 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
     return problems
 
 
-def _pruned_dims(spec: Spec) -> dict[float, ModelDims]:
-    """The model every prune arm is solved for at each keep fraction that keeps at least one
-    multiple per layer: [model] is the checkpoint's shape in a pruning spec, its ffn_width the
-    pretrained width W; the budget is geospec.prune.allocate.pruned_dims's (kept equal by
-    tests/test_protect.py), round(keep x W / m) x m a layer."""
-    m = spec.model
-    dims = {}
-    for fraction in spec.prune.fractions if spec.prune else []:
-        uniform = round(fraction * m.ffn_width / m.multiple_of) * m.multiple_of
-        if uniform >= m.multiple_of:
-            dims[fraction] = ModelDims(
-                m.n_layers,
-                m.d_model,
-                min(uniform, m.ffn_width),
-                m.multiple_of,
-                m.activation,
-                max_width=m.ffn_width,
-            )
-    return dims
-
-
 def cross_check(spec: Spec) -> list[tuple[str, str]]:
     """Problems that span sections, as (dotted path, message) pairs; empty when sound."""
     problems: list[tuple[str, str]] = []
@@ -137,6 +121,14 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 "model.vocab_size",
                 f"{m.vocab_size} is smaller than data.tokenizer.vocab_size "
                 f"{tok.vocab_size}; remove model.vocab_size to take it from the tokenizer",
+            )
+        )
+    if not spec.arms and not (spec.prune is not None and spec.probe_only):
+        problems.append(
+            (
+                "arms",
+                "lists no arm; add an [[arms]] table (only a spec that prunes a "
+                "reference.checkpoint with [prune] and trains nothing may leave them out)",
             )
         )
     seen: dict[str, int] = {}

@@ -102,9 +102,13 @@ def _duplicate_key(source: str, text: str, message: str) -> tuple[str, list[str]
     return source, [problem]
 
 
-def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
+def load_spec(
+    path: str | Path, overrides: Sequence[str] = (), *, check_memory: bool = True
+) -> Spec:
     """Read, validate and cross-check a spec file, with ``overrides`` (``--set`` values,
-    ``dotted.key=value``) applied to it first: validated exactly like the file."""
+    ``dotted.key=value``) applied to it first: validated exactly like the file; then checked
+    against the files it names and, with ``check_memory`` (commands that load the checkpoint,
+    and validate), whether this machine can hold the checkpoint."""
     path = Path(path)
     data = read_toml(path)
     apply_overrides(data, overrides)
@@ -124,6 +128,13 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> Spec:
         if unread:  # why [model]'s keys are missing is said once, by the checkpoint's line
             told = [p for p in told if not (p.startswith("model.") and p.endswith(_MISSING))]
         raise SpecError(error.source, told + problems) from None
+    if problems:
+        raise SpecError(str(path), problems)
+    from geospec.spec.file_checks import file_problems, loading_memory_problem
+
+    problems = file_problems(spec, path.parent)
+    if check_memory and (memory := loading_memory_problem(spec)) is not None:
+        problems.append(memory)
     if problems:
         raise SpecError(str(path), problems)
     return spec

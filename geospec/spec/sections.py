@@ -605,7 +605,9 @@ class Spec(Section):
     probe: ProbeSpec = Field(default_factory=ProbeSpec)
     measure: Annotated[list[MeasureSpec] | None, BeforeValidator(_all_means_none)] = None
     """A list of geometry x statistic tables, or "all" (the default): every registered pair."""
-    arms: list[ArmSpec] = Field(min_length=1, max_length=1000)
+    arms: list[ArmSpec] = Field(max_length=1000)
+    """The trained schedules: at least one, except in a spec that only prunes a
+    reference.checkpoint ([prune] without [[arms]]: nothing is trained)."""
     train: TrainSpec
     report: ReportSpec = Field(default_factory=ReportSpec)
     diagnose: DiagnoseSpec = Field(default_factory=DiagnoseSpec)
@@ -630,15 +632,36 @@ class Spec(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _probe_only_trains_nothing(cls, data: Any) -> Any:
-        """A probe-only spec of a pretrained checkpoint trains nothing at all: [train] may be left
-        out (its device and threads then take their defaults; steps is a placeholder nothing
-        reads). A spec whose reference is trained here still needs it."""
-        if not isinstance(data, dict) or data.get("probe_only") is not True or "train" in data:
+    def _pretrained_defaults(cls, data: Any) -> Any:
+        """What a spec of a pretrained reference.checkpoint may leave out.
+
+        - data.tokenizer: the checkpoint's own (the probe and the prune must feed the model its
+          own tokens), as if the spec named it, so a spec that names it keeps its keys.
+        - [[arms]] in a spec that prunes it ([prune]): nothing is trained (probe_only).
+        - [train] in a probe-only spec: its device and threads take their defaults; steps is a
+          placeholder nothing reads. A spec whose reference is trained here still needs it."""
+        if not isinstance(data, dict):
             return data
         reference = data.get("reference")
-        if isinstance(reference, dict) and reference.get("checkpoint"):
-            return {**data, "train": {"steps": 1}}
+        checkpoint = reference.get("checkpoint") if isinstance(reference, dict) else None
+        if not isinstance(checkpoint, str) or not checkpoint:
+            return data
+        assert isinstance(reference, dict)
+        data = dict(data)
+        table = data.get("data", {})
+        if isinstance(table, dict) and "tokenizer" not in table:
+            tokenizer: dict[str, Any] = {"kind": "pretrained", "path": checkpoint}
+            revision = reference.get("revision")
+            if isinstance(revision, str) and COMMIT.match(revision):  # else its own line says why
+                tokenizer["revision"] = revision
+            if reference.get("trust_remote_code") is True:
+                tokenizer["trust_remote_code"] = True
+            data["data"] = {**table, "tokenizer": tokenizer}
+        if "prune" in data and "arms" not in data:
+            data["arms"] = []
+            data.setdefault("probe_only", True)
+        if data.get("probe_only") is True and "train" not in data:
+            data["train"] = {"steps": 1}
         return data
 
     @property

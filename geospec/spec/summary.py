@@ -101,21 +101,24 @@ def spec_summary(spec: Spec) -> Group:
     if spec.eval is not None:
         limit = f", limit {spec.eval.limit}" if spec.eval.limit is not None else ""
         head.add_row("eval", f"lm-eval: {', '.join(spec.eval.tasks)}{limit}")
-    if spec.probe_only:
+    if spec.probe_only and not spec.arms:
+        head.add_row("probe only", "no arm is trained; the checkpoint is pruned (geospec prune)")
+    elif spec.probe_only:
         head.add_row("probe only", "no arm is trained; widths are computed and reported")
     arms = Table(title="arms", title_justify="left")
     arms.add_column("arm")
     arms.add_column("schedule")
     for arm in spec.arms:
         arms.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
+    shown = [arms] if spec.arms else []
     if spec.prune is None:
-        return Group(head, arms)
+        return Group(head, *shown)
     pruning = Table(title="prune arms", title_justify="left")
     pruning.add_column("arm")
     pruning.add_column("schedule")
     for arm in spec.prune.arms:
         pruning.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
-    return Group(head, arms, pruning)
+    return Group(head, *shown, pruning)
 
 
 def uncached_hub_notes(spec: Spec) -> list[str]:

@@ -1,0 +1,207 @@
+"""What only the files a spec names can tell, checked before anything is loaded: the pretrained
+checkpoint's positions, FFN layout and vocabulary against the spec, the prune's eval corpora,
+and the memory loading the checkpoint takes on this machine.
+
+Each would otherwise stop a run after the reference is loaded and probed (or end in a traceback
+deep in a forward pass); here each is one line naming the field and the fix. Torch-free:
+``geospec validate`` runs it, reading config.json, GGUF metadata and tokenizer.json as files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from geospec.engine.hub import spec_path
+from geospec.spec.checkpoint_shape import CheckpointFacts, read_checkpoint_facts
+from geospec.spec.sections import PretrainedTokenizer, Spec
+
+#: Families whose FFN geospec's cut (geospec.measure.cut) cannot remove neurons from, by
+#: config.json model_type and GGUF architecture, with what their FFN is instead. The cut handles
+#: gated MLPs with separate gate_proj/up_proj/down_proj and GPT-2's c_fc/c_proj.
+UNCUTTABLE = {
+    "phi3": "fuses the gate and up projections into one gate_up_proj",
+    "phi": "is fc1/fc2",
+    "phi2": "is fc1/fc2",
+    "gpt_neox": "is dense_h_to_4h/dense_4h_to_h",
+    "gptneox": "is dense_h_to_4h/dense_4h_to_h",
+    "falcon": "is dense_h_to_4h/dense_4h_to_h",
+    "bloom": "is dense_h_to_4h/dense_4h_to_h",
+    "gptj": "is fc_in/fc_out beside the attention (a parallel block)",
+    "opt": "is fc1/fc2 in the decoder layer itself",
+    "starcoder2": "is c_fc/c_proj as linear layers",
+}
+CUTTABLE = (
+    "geospec cuts gated MLPs with separate gate_proj/up_proj/down_proj (Llama, Mistral, Qwen2, "
+    "Gemma 2, SmolLM2) and GPT-2's c_fc/c_proj"
+)
+
+
+def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
+    """Problems of ``spec`` against the files it names (``field: message`` lines; empty when
+    sound). The checkpoint's own readability is checked where [model] is filled from it."""
+    problems = _corpus_problems(spec, spec_dir)
+    checkpoint = spec.reference.checkpoint
+    if checkpoint is None:
+        return problems
+    facts = read_checkpoint_facts(checkpoint, spec.reference.revision, spec_dir)
+    if facts is None:
+        return problems
+    if facts.positions is not None and spec.model.seq_len > facts.positions:
+        problems.append(
+            f"model.seq_len: {spec.model.seq_len} is beyond the checkpoint's "
+            f"{facts.positions} positions ({facts.positions_key} in {facts.described}); "
+            f"lower it to at most {facts.positions}"
+        )
+    cuts = spec.prune is not None or spec.demand.enabled
+    if cuts and (layout := _layout_problem(facts)) is not None:
+        uses = "[prune]" if spec.prune is not None else "[demand]"
+        problems.append(f"reference.checkpoint: {uses} cannot cut {layout}")
+    if (vocabulary := _vocabulary_problem(spec, spec_dir, facts)) is not None:
+        problems.append(vocabulary)
+    return problems
+
+
+def _layout_problem(facts: CheckpointFacts) -> str | None:
+    """The FFN neurons of this checkpoint geospec's cut cannot remove, said as ``the FFN of
+    <family>: why (where it was read); what geospec cuts``, or None."""
+    named = facts.family or "?"
+    if facts.architectures:
+        named += f" ({', '.join(facts.architectures)})"
+    if facts.experts:
+        why = f"a mixture of {facts.experts} experts, not one FFN"
+    elif facts.family in UNCUTTABLE:
+        why = f"it {UNCUTTABLE[facts.family]}"
+    else:
+        return None
+    return f"the FFN of {named}: {why} ({facts.described}); {CUTTABLE}"
+
+
+def tokenizer_vocabulary(directory: Path) -> int | None:
+    """The number of token ids a tokenizer directory's tokenizer.json defines (its largest id
+    plus one, added tokens included), or None without a readable tokenizer.json."""
+    try:
+        tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(tokenizer, dict):
+        return None
+    vocab = (tokenizer.get("model") or {}).get("vocab")
+    ids: list[int] = []
+    if isinstance(vocab, dict):
+        ids += [i for i in vocab.values() if isinstance(i, int)]
+    elif isinstance(vocab, list):  # Unigram: [piece, score] pairs, ids by position
+        ids.append(len(vocab) - 1)
+    ids += [t["id"] for t in tokenizer.get("added_tokens") or () if isinstance(t.get("id"), int)]
+    return max(ids) + 1 if ids else None
+
+
+def _vocabulary_problem(spec: Spec, spec_dir: Path, facts: CheckpointFacts) -> str | None:
+    tokenizer = spec.data.tokenizer
+    if not isinstance(tokenizer, PretrainedTokenizer) or tokenizer.revision is not None:
+        return None
+    directory = spec_path(tokenizer.path, spec_dir)
+    model_vocab = spec.model.vocab_size or facts.vocab_size
+    defined, read = None, "tokenizer.json"
+    if directory.is_dir():
+        defined = tokenizer_vocabulary(directory)
+    elif directory.is_file() and directory.suffix == ".gguf":
+        defined, read = _gguf_tokens(directory), "tokenizer.ggml.tokens"
+    if model_vocab is None or defined is None or defined <= model_vocab:
+        return None
+    own = spec_path(spec.reference.checkpoint or "", spec_dir) == directory
+    fix = (
+        "the checkpoint's own tokenizer does not fit its own model; fix its files"
+        if own
+        else "use the checkpoint's own tokenizer (leave data.tokenizer out)"
+    )
+    return (
+        f"data.tokenizer.path: the tokenizer in {directory} has {defined:,} token ids "
+        f"({read}), more than the checkpoint's vocab_size {model_vocab:,} "
+        f"({facts.described}): ids from {model_vocab:,} on have no embedding; {fix}"
+    )
+
+
+def _gguf_tokens(path: Path) -> int | None:
+    """How many tokens a GGUF file's embedded tokenizer has, or None where it does not say."""
+    from geospec.spec.checkpoint_shape import GGUFFormatError, read_gguf_header
+
+    try:
+        metadata, _ = read_gguf_header(path)
+    except (GGUFFormatError, OSError):
+        return None
+    tokens = metadata.get("tokenizer.ggml.tokens")  # a string array, given as its length
+    return tokens if isinstance(tokens, int) else None
+
+
+def _corpus_problems(spec: Spec, spec_dir: Path) -> list[str]:
+    """Eval corpora of [prune] that name a file (relative to the spec file) that is not there."""
+    if spec.prune is None:
+        return []
+    problems = []
+    for i, corpus in enumerate(spec.prune.eval.corpora):
+        if corpus.startswith("bundled:") or corpus == spec.data.source:
+            continue
+        path = spec_path(corpus, spec_dir)
+        if not path.exists():
+            problems.append(
+                f"prune.eval.corpora[{i}]: {path} does not exist; give a .txt or .jsonl file "
+                "(relative to the spec file) or a bundled corpus (bundled:austen, "
+                "bundled:shakespeare)"
+            )
+    return problems
+
+
+#: Bytes per weight as the checkpoint is loaded (reference.dtype).
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def loading_memory_problem(spec: Spec) -> str | None:
+    """Why this machine cannot hold the pretrained checkpoint's weights (one line naming
+    reference.dtype and the fixes), or None: where it fits, where the weights go to a GPU (whose
+    free memory only torch can tell), where [model]'s size is unknown, or with
+    GEOSPEC_SKIP_MEMORY_CHECK=1."""
+    from geospec.engine.memory import host_available
+    from geospec.engine.model_size import count_params
+    from geospec.spec.resolve import declared_vocab_size, model_shape
+
+    if spec.reference.checkpoint is None or os.environ.get("GEOSPEC_SKIP_MEMORY_CHECK") == "1":
+        return None
+    if not _loads_on_host(spec.train.device):
+        return None
+    vocab = declared_vocab_size(spec)
+    if vocab is None:
+        return None
+    m = spec.model
+    params = count_params(model_shape(spec, vocab), [m.ffn_width] * m.n_layers)
+    dtype = spec.reference.dtype
+    weights = params * _DTYPE_BYTES[dtype]
+    # exporting a pruned model builds its padded copy beside the reference
+    copies = 2 if spec.prune is not None and spec.prune.export else 1
+    free = host_available()
+    if free is None or weights * copies <= free:
+        return None
+    from geospec.disk import size
+
+    needs = f"{size(weights * copies)} ({params:,} parameters in {dtype}"
+    if copies == 2:
+        needs += ", twice: the reference and a pruned copy while it is exported"
+    needs += ")"
+    fixes = ['set reference.dtype = "bfloat16" (half)'] if dtype == "float32" else []
+    if copies == 2:
+        fixes.append("set prune.export = false")
+    fixes.append("run where more memory is free (GEOSPEC_SKIP_MEMORY_CHECK=1 skips this check)")
+    return (
+        f"reference.dtype: loading {spec.reference.checkpoint} needs at least {needs}, and this "
+        f"machine has {size(free)} free; " + "; ".join(fixes)
+    )
+
+
+def _loads_on_host(device: str) -> bool:
+    """Whether the reference's weights land in host memory: on the CPU (or Apple's unified
+    memory), and under "auto" on a machine without an NVIDIA GPU."""
+    if device == "auto":
+        gpus = Path("/proc/driver/nvidia/gpus")
+        return not (gpus.is_dir() and any(gpus.iterdir()))
+    return not device.startswith("cuda")
