@@ -50,6 +50,26 @@ def gemma2(seed: int = 0) -> torch.nn.Module:
     return hf.Gemma2ForCausalLM(config).eval()
 
 
+def gemma3(seed: int = 0) -> torch.nn.Module:
+    """Gemma 3's text model (gemma-3-270m's family): sandwich norms, q/k norms, a sliding window
+    on all but every sixth layer, a tanh-GELU gate."""
+    torch.manual_seed(seed)
+    config = hf.Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        intermediate_size=64,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        sliding_window=8,
+        pad_token_id=2,
+        **SPECIAL_IDS,
+    )
+    return hf.Gemma3ForCausalLM(config).eval()
+
+
 def mistral(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = hf.MistralConfig(

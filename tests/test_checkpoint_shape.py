@@ -66,7 +66,7 @@ def shape_of(model: object) -> dict[str, object]:
     }
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma2", "gemma3", "mistral", "qwen2"])
 def test_model_is_filled_from_the_checkpoint_config(tmp_path: Path, family: str) -> None:
     model = getattr(hf_models, family)()
     model.save_pretrained(tmp_path / "model")

@@ -70,6 +70,7 @@ FAMILIES: dict[str, Callable[[], tuple[nn.Module, int]]] = {
     "mistral": lambda: (hf_models.mistral(), hf_models.WIDTH),
     "qwen2": lambda: (hf_models.qwen2(), hf_models.WIDTH),
     "gemma2": lambda: (hf_models.gemma2(), hf_models.WIDTH),
+    "gemma3": lambda: (hf_models.gemma3(), hf_models.WIDTH),
 }
 
 

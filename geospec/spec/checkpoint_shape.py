@@ -38,7 +38,16 @@ CHECKPOINT_FIELDS = (
 )
 
 #: transformers' default ``tie_word_embeddings`` per family, for a config.json that leaves it out.
-_TIED_BY_DEFAULT = {"llama": False, "mistral": False, "qwen2": False, "gemma": True, "gemma2": True}
+_TIED_BY_DEFAULT = {
+    "llama": False,
+    "mistral": False,
+    "qwen2": False,
+    "gemma": True,
+    "gemma2": True,
+    "gemma3_text": True,  # Gemma 3's text models (gemma-3-270m, -1b); a GGUF names it gemma3
+}
+#: GGUF architectures of the gated families (their metadata keys are prefixed by this name).
+GGUF_GATED_ARCHITECTURES = ("llama", "mistral", "qwen2", "gemma", "gemma2", "gemma3")
 #: Families with a gated FFN (three matrices: geospec's ``swiglu`` layout, whatever the gate's
 #: nonlinearity), rmsnorm and rotary positions.
 GATED_FAMILIES = frozenset(_TIED_BY_DEFAULT)
@@ -122,7 +131,7 @@ def shape_from_gguf(path: Path) -> CheckpointShape | None:
     """The shape a GGUF file's metadata gives (Llama-layout architectures), or None."""
     metadata, tensors = read_gguf_header(path)
     arch = metadata.get("general.architecture")
-    if arch not in ("llama", "mistral", "qwen2", "gemma", "gemma2"):
+    if arch not in GGUF_GATED_ARCHITECTURES:
         return None
     heads = metadata[f"{arch}.attention.head_count"]
     kv_heads = metadata.get(f"{arch}.attention.head_count_kv", heads)
