@@ -616,3 +616,30 @@ def test_a_probe_only_run_with_arms_reports_no_pending_runs(pruned_run: Path) ->
     assert found["trains"] is False and found["counts"]["pending"] == 0
     invoke("report", str(run_dir))
     assert "planned runs" not in (run_dir / "report.md").read_text()
+
+
+def test_the_stages_share_one_loaded_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe and the prune read the same pretrained reference: it is loaded once per
+    process (a GGUF is de-quantised once), and a later pipeline loads it afresh."""
+    import geospec.engine.pretrained as pretrained
+
+    real = pretrained.load_pretrained
+    loads: list[str] = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        loads.append(str(args[0]))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pretrained, "load_pretrained", counted)
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "shift", "schedule": {"kind": "geometric", "profile": "shift/spherical"}},
+    ]
+    settings = {"keep": 0.5, "calibration": {"windows": 4, "seeds": [0]}, "arms": arms}
+    spec = prune_spec(tmp_path, export=False, **settings)
+    invoke("prune", str(spec))
+    assert len(loads) == 1  # probed, then pruned: one load
+    invoke("prune", str(spec), "--from", "prune")
+    assert len(loads) == 2

@@ -32,7 +32,7 @@ from geospec.pipeline.stages.eval import Eval
 from geospec.pipeline.stages.measure import Measure
 from geospec.pipeline.stages.probe import Probe
 from geospec.pipeline.stages.prune import PruneStage
-from geospec.pipeline.stages.reference import Reference
+from geospec.pipeline.stages.reference import Reference, release_reference
 from geospec.pipeline.stages.report import Report
 from geospec.pipeline.stages.solve import Solve
 from geospec.pipeline.stages.train import Train
@@ -116,40 +116,45 @@ def run_pipeline(
         log = StageLog(run.run_dir / STAGES_FILE)
         done: dict[str, Done] = {}
         partial = False  # a stage did part of its work: the later ones ran on part of it too
-        for index, stage_type in enumerate(STAGE_TYPES[: last + 1]):
-            stage = stage_type.from_spec(spec)
-            upstream = Upstream(stage.name, stage.reads, done)
-            plan = stage.plan(run, upstream, forced=index >= first)
-            works_here = run.is_main or not plan.main_only
-            if plan.key is None:  # the stage does not apply to this spec
-                done[stage.name] = Done(None)
-                continue
-            current = plan.current
-            if current is None:
-                current = (
-                    index < first
-                    and log.keys().get(stage.name) == plan.key
-                    and all(path.exists() for path in plan.artifacts)
-                )
-                if current and plan.problem is not None:
-                    run.say(f"[yellow]![/] {stage.name}: {plan.problem}; running it again")
-                    current = False
-            if current:
-                run.say(
-                    plan.note
-                    if plan.note is not None
-                    else f"[dim]✓ {stage.name}: up to date (skipped)[/]"
-                )
-            output = (plan.load if current else plan.run)() if works_here else None
-            wait_for_main(run.dist)  # rank 0 may work alone for hours (demand, prune)
-            if not works_here:
-                output = plan.load()  # rank 0 has written the stage's artifacts
-            partial = partial or output is INCOMPLETE
-            if run.is_main and not partial:  # recorded: skipped next time
-                log.record(stage.name, plan.key)
-            elif run.is_main:  # an older record would skip it next time
-                log.forget(stage.name)
-            done[stage.name] = Done(plan.key, output, ran=not current)
+        try:
+            for index, stage_type in enumerate(STAGE_TYPES[: last + 1]):
+                stage = stage_type.from_spec(spec)
+                if stage.name == "train":  # no later stage reads the reference model: free it
+                    release_reference()
+                upstream = Upstream(stage.name, stage.reads, done)
+                plan = stage.plan(run, upstream, forced=index >= first)
+                works_here = run.is_main or not plan.main_only
+                if plan.key is None:  # the stage does not apply to this spec
+                    done[stage.name] = Done(None)
+                    continue
+                current = plan.current
+                if current is None:
+                    current = (
+                        index < first
+                        and log.keys().get(stage.name) == plan.key
+                        and all(path.exists() for path in plan.artifacts)
+                    )
+                    if current and plan.problem is not None:
+                        run.say(f"[yellow]![/] {stage.name}: {plan.problem}; running it again")
+                        current = False
+                if current:
+                    run.say(
+                        plan.note
+                        if plan.note is not None
+                        else f"[dim]✓ {stage.name}: up to date (skipped)[/]"
+                    )
+                output = (plan.load if current else plan.run)() if works_here else None
+                wait_for_main(run.dist)  # rank 0 may work alone for hours (demand, prune)
+                if not works_here:
+                    output = plan.load()  # rank 0 has written the stage's artifacts
+                partial = partial or output is INCOMPLETE
+                if run.is_main and not partial:  # recorded: skipped next time
+                    log.record(stage.name, plan.key)
+                elif run.is_main:  # an older record would skip it next time
+                    log.forget(stage.name)
+                done[stage.name] = Done(plan.key, output, ran=not current)
+        finally:  # a later pipeline in this process (a test, a notebook) loads afresh
+            release_reference()
         ran = [name for name, stage_done in done.items() if stage_done.ran]
         if not ran:
             run.say("[green]nothing to do:[/] every stage is up to date")

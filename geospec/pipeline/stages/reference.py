@@ -112,8 +112,15 @@ class Reference:
             )
 
 
+#: The pretrained reference this process loaded last, by what it was loaded from: the probe,
+#: diagnose, demand and prune stages share one copy (loading a GGUF de-quantises it for minutes).
+#: Every stage that changes the model (hooks, cuts, perturbations) restores it on leaving.
+_loaded: dict[tuple[object, ...], tuple[nn.Module, int]] = {}
+
+
 def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module, int]:
-    """The reference model on the run's device, and its residual width."""
+    """The reference model on the run's device, and its residual width; a pretrained one is
+    loaded once per process (until :func:`release_reference`)."""
     from geospec.engine.train import resolve_device
 
     device = resolve_device(run.device, run.dist.local_rank)  # under torchrun: this rank's GPU
@@ -121,12 +128,25 @@ def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module
         from geospec.engine.pretrained import hidden_width, load_pretrained
 
         source = checkpoint_source(run.spec_dir, reference)
-        model = load_pretrained(source, str(device), reference.trust_remote_code, reference.dtype)
-        return model, hidden_width(model)
+        local = [] if source.on_hub else _files(source.path)
+        files = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in local)
+        wanted = (str(source), str(device), reference.trust_remote_code, reference.dtype, files)
+        if wanted not in _loaded:
+            _loaded.clear()  # one at a time: a run has one reference
+            model = load_pretrained(
+                source, str(device), reference.trust_remote_code, reference.dtype
+            )
+            _loaded[wanted] = (model, hidden_width(model))
+        return _loaded[wanted]
     from geospec.engine.checkpoint import load_model
 
     model = load_model(run.run_dir / REFERENCE_DIR).to(device).eval()
     return model, model.config.d_model
+
+
+def release_reference() -> None:
+    """Forget the loaded pretrained reference (its memory is needed: training comes next)."""
+    _loaded.clear()
 
 
 def checkpoint_source(spec_dir: Path, reference: ReferenceSpec) -> Source:
