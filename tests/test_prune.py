@@ -232,13 +232,20 @@ def test_a_model_with_a_down_projection_bias_is_not_imported_silently() -> None:
 # geospec prune end to end, on a small pretrained Llama checkpoint
 
 
-def word_checkpoint(directory: Path) -> Path:
-    """A tiny Llama with a word-level tokenizer, saved as a Hugging Face checkpoint."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def word_checkpoint(directory: Path, bos: bool = False) -> Path:
+    """A tiny Llama with a word-level tokenizer (with ``bos``, one that starts every text with
+    <s>, as Gemma's does), saved as a Hugging Face checkpoint."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     vocab = {"[UNK]": 0, "</s>": 1} | {f"w{i}": i + 2 for i in range(95)}
+    if bos:  # the model has 97 ids: w94 gives its id to <s> (and reads as [UNK])
+        vocab = {word: i for word, i in vocab.items() if word != "w94"} | {"<s>": 96}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", 96)]
+        )
     hf.PreTrainedTokenizerFast(
         tokenizer_object=backend, eos_token="</s>", unk_token="[UNK]"
     ).save_pretrained(directory)
@@ -274,10 +281,10 @@ PRUNE_SPEC = {
 }
 
 
-def prune_spec(directory: Path, **changes: object) -> Path:
+def prune_spec(directory: Path, bos: bool = False, **changes: object) -> Path:
     from geospec.testing import minimal_spec
 
-    word_checkpoint(directory / "model")
+    word_checkpoint(directory / "model", bos)
     word_corpus(directory / "docs.jsonl", 0)
     word_corpus(directory / "other.jsonl", 1, lines=40)
     spec = minimal_spec(
@@ -643,3 +650,30 @@ def test_the_stages_share_one_loaded_checkpoint(
     assert len(loads) == 1  # probed, then pruned: one load
     invoke("prune", str(spec), "--from", "prune")
     assert len(loads) == 2
+
+
+def test_a_tokenizer_with_a_bos_starts_every_scored_window_with_it(tmp_path: Path) -> None:
+    """A checkpoint whose tokenizer starts every text with <s> (as Gemma's does) is scored
+    as it reads text: plain transformers on the exported model, each window of docs.jsonl's
+    validation split read after <s> and scoring its own 16 tokens, gives the recorded loss."""
+    from geospec.engine.token_data import prepare_data
+    from geospec.spec.loading import load_spec
+
+    arms = [{"name": "uniform", "schedule": {"kind": "uniform"}}]
+    settings = {"keep": 0.5, "calibration": {"windows": 4, "seeds": [0]}, "arms": arms}
+    invoke("prune", str(prune_spec(tmp_path, bos=True, **settings)))
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    recorded = record["budgets"][0]["arms"]["uniform"]["loss"]["docs.jsonl"]["0"]
+    data = prepare_data(
+        load_spec(tmp_path / "spec.toml").data, tmp_path / "cache", spec_dir=tmp_path
+    )
+    tokens = np.asarray(data.val[:-1] if int(data.val[-1]) == data.eot_id else data.val)
+    windows = tokens[: 6 * 16].astype(np.int64).reshape(6, 16)
+    x = torch.as_tensor(np.concatenate([np.full((6, 1), 96), windows[:, :-1]], axis=1))
+    from geospec.prune.true_width import load_pruned
+
+    model = load_pruned(tmp_path / "run" / "prune" / "keep-0.5" / "uniform" / "seed-0" / "model")
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+    loss = float(F.cross_entropy(logits.flatten(0, 1).float(), torch.as_tensor(windows).flatten()))
+    assert loss == pytest.approx(recorded, rel=1e-5)

@@ -10,6 +10,8 @@ Evaluation reads the first windows of the validation tokens, identical for every
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -66,11 +68,36 @@ def window_batch(
 
 
 def window_tensors(
-    tokens: np.ndarray, windows: np.ndarray, seq_len: int
+    tokens: np.ndarray, windows: np.ndarray, seq_len: int, bos: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and targets (each windows x seq_len, int64) of the given windows."""
+    """Inputs and targets (each windows x seq_len, int64) of the given windows.
+
+    With ``bos`` (a tokenizer that starts every text with it: ``TokenData.bos_id``) each window's
+    inputs start with it and its first token is predicted from it: window k still scores
+    seq_len tokens, those from ``k x seq_len`` on, each text token of the windows exactly once."""
     chunk = window_batch(tokens, windows, seq_len)
-    return chunk[:, :-1], chunk[:, 1:]
+    if bos is None:
+        return chunk[:, :-1], chunk[:, 1:]
+    return with_bos(chunk[:, :-2], bos), chunk[:, :-1]
+
+
+def with_bos(ids: torch.Tensor, bos: int | None) -> torch.Tensor:
+    """Windows of token ids (windows x n) with ``bos`` put before each (windows x (n + 1)); the
+    same tensor when ``bos`` is None."""
+    if bos is None:
+        return ids
+    return torch.cat([ids.new_full((len(ids), 1), bos), ids], dim=1)
+
+
+def input_windows(
+    tokens: np.ndarray, starts: Sequence[int] | np.ndarray, seq_len: int, bos: int | None = None
+) -> torch.Tensor:
+    """The model inputs of the windows of ``seq_len`` tokens at ``starts`` (windows x seq_len,
+    int64): with ``bos``, each starts with it and holds the window's first seq_len - 1 tokens,
+    as :func:`window_tensors` feeds them."""
+    length = seq_len if bos is None else seq_len - 1
+    ids = torch.from_numpy(np.stack([tokens[s : s + length].astype(np.int64) for s in starts]))
+    return with_bos(ids, bos)
 
 
 class StepBatches:

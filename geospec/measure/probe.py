@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from geospec.engine.batches import with_bos
 from geospec.engine.distributed import DistContext, spread_over_ranks
 from geospec.errors import GeospecError
 
@@ -250,6 +251,7 @@ def probe_clouds(
     forward: Callable[[nn.Module, torch.Tensor], Any] | None = None,
     progress: Callable[[int], None] | None = None,
     dist: DistContext | None = None,
+    bos: int | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run the model over the sampled windows and return one (x, y) cloud pair per layer.
 
@@ -262,18 +264,24 @@ def probe_clouds(
     tokens in the order of one process; the other ranks return an empty list (the clouds of a
     large model are large: only the rank that writes them holds them all). A batch is the same
     windows on any rank, so the clouds are those of one process.
+
+    ``bos`` (a tokenizer's BOS, ``TokenData.bos_id``): each window is read with it before its
+    first token, as the model reads text; the sampled tokens are the same, one position later.
     """
     if site not in ("residual", "ffn"):
         raise ProbeError(f"unknown probe site {site!r} (residual or ffn)")
     device = next(model.parameters()).device
     run = forward or _default_forward
-    windows = torch.as_tensor(
-        np.stack([tokens[w : w + seq_len].astype(np.int64) for w in sample.windows]), device=device
-    )
+    windows = with_bos(
+        torch.as_tensor(
+            np.stack([tokens[w : w + seq_len].astype(np.int64) for w in sample.windows])
+        ),
+        bos,
+    ).to(device)
     sites = find_ffn_sites(model, width, lambda: run(model, windows[:1]))
     model.eval()
     window_index = torch.as_tensor(sample.window_index)
-    positions = torch.as_tensor(sample.positions)
+    positions = torch.as_tensor(sample.positions) + (0 if bos is None else 1)
     batches = []
     for start in range(0, len(windows), batch_size):
         stop = min(start + batch_size, len(windows))

@@ -63,15 +63,21 @@ def scored_text(tokens: np.ndarray, eot: int | None) -> np.ndarray:
 
 
 def loss_batches(
-    tokens: np.ndarray, seq_len: int, windows: int, batch_size: int, device: torch.device
+    tokens: np.ndarray,
+    seq_len: int,
+    windows: int,
+    batch_size: int,
+    device: torch.device,
+    bos: int | None = None,
 ) -> list[Batch]:
-    """The first ``windows`` validation windows (inputs, next-token targets), in batches."""
+    """The first ``windows`` validation windows (inputs, next-token targets), in batches; with
+    ``bos``, each window's inputs start with it (:func:`geospec.engine.batches.window_tensors`)."""
     from geospec.engine.batches import validation_windows, window_tensors
 
     chosen = validation_windows(len(tokens), seq_len, windows * seq_len)
     batches = []
     for start in range(0, len(chosen), batch_size):
-        x, y = window_tensors(tokens, chosen[start : start + batch_size], seq_len)
+        x, y = window_tensors(tokens, chosen[start : start + batch_size], seq_len, bos)
         batches.append((x.to(device), y.to(device)))
     return batches
 

@@ -66,17 +66,21 @@ def calibration_stats(
     starts: np.ndarray,
     seq_len: int,
     batch_size: int,
+    bos: int | None = None,
 ) -> list[ActivationStats]:
     """Every layer's hidden-activation statistics (signed mean, mean |a|, mean square per
     neuron, float64 on the CPU) over the calibration windows of ``seq_len`` tokens at
     ``starts``, run through the unpruned ``model`` in batches of ``batch_size``: what importance
     scores that need activations read and what bias compensation puts in place of a cut
-    neuron (``[s.mean for s in stats]``)."""
+    neuron (``[s.mean for s in stats]``). With ``bos`` each window starts with it, as the
+    model reads text (its position counts among the tokens, as in FLAP's calibration)."""
+    from geospec.engine.batches import input_windows
+
     device = next(model.parameters()).device
-    ids = np.stack([tokens[s : s + seq_len].astype(np.int64) for s in starts])
+    ids = input_windows(tokens, starts, seq_len, bos)
     with torch.no_grad(), activation_stats([site.ffn for site in sites]) as stats:
         for start in range(0, len(ids), batch_size):
-            logits_of(model, torch.as_tensor(ids[start : start + batch_size], device=device))
+            logits_of(model, ids[start : start + batch_size].to(device))
         return stats()
 
 
@@ -89,6 +93,7 @@ def neuron_scores(
     seq_len: int,
     batch_size: int,
     stats: Sequence[ActivationStats] | None = None,
+    bos: int | None = None,
 ) -> tuple[list[list[float]], list[list[int]]]:
     """Every layer's neuron scores by ``importance`` and the orderings they give. An importance
     that needs activations gets ``stats`` (from :func:`calibration_stats`), or, when they are
@@ -97,7 +102,7 @@ def neuron_scores(
     layers: list[ActivationStats | None] = [None] * len(sites)
     if importance.needs_activations:
         if stats is None:
-            stats = calibration_stats(model, sites, tokens, starts, seq_len, batch_size)
+            stats = calibration_stats(model, sites, tokens, starts, seq_len, batch_size, bos)
         if len(stats) != len(sites):
             raise ValueError(f"statistics of {len(stats)} layers for {len(sites)} FFNs")
         layers = list(stats)

@@ -46,6 +46,6 @@ def eval_batches(
                 "prune.eval.windows or use a longer text"
             )
         result[corpus] = loss_batches(
-            tokens, seq_len, settings.windows, settings.batch_size, device
+            tokens, seq_len, settings.windows, settings.batch_size, device, tokens_of.bos_id
         )
     return result

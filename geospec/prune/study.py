@@ -59,6 +59,8 @@ class PruneInputs:
     activation: str
     profiles: Mapping[str, Sequence[float]]
     """The profiles the arms' schedules read."""
+    bos: int | None = None
+    """The token every window starts with (the tokenizer's BOS, ``TokenData.bos_id``), or None."""
 
 
 def prune_units(
@@ -139,13 +141,15 @@ def prune_units(
                 )
                 batch = prune.calibration.batch_size
                 stats = (
-                    calibration_stats(model, sites, train_tokens, starts, inputs.seq_len, batch)
+                    calibration_stats(
+                        model, sites, train_tokens, starts, inputs.seq_len, batch, inputs.bos
+                    )
                     if importance.needs_activations or compensate
                     else None
                 )
                 scores, orders = neuron_scores(
                     model, sites, importance, train_tokens, starts, inputs.seq_len, batch,
-                    stats=stats,
+                    stats=stats, bos=inputs.bos,
                 )  # fmt: skip
                 means = [s.mean for s in stats] if compensate and stats is not None else None
                 scored[unit.seed] = Scored(scores, orders, means)

@@ -204,6 +204,7 @@ class DemandStage:
         import numpy as np
         import torch
 
+        from geospec.engine.batches import with_bos
         from geospec.engine.progress import stage_progress
         from geospec.measure.cut import activation_stats
         from geospec.measure.sensitivity import logits_of
@@ -212,14 +213,15 @@ class DemandStage:
         sample = self.probe.sample(data)
         seq_len, batch = self.probe.seq_len, self.probe.probe.batch_size
         device = next(model.parameters()).device
-        windows = np.stack([data.val[w : w + seq_len].astype(np.int64) for w in sample.windows])
+        read = np.stack([data.val[w : w + seq_len].astype(np.int64) for w in sample.windows])
+        windows = with_bos(torch.as_tensor(read), data.bos_id)  # the probe's windows, as it reads
         with (
             stage_progress(run.console, run.say, "calibrating", len(windows)) as advance,
             torch.no_grad(),
             activation_stats([site.ffn for site in sites]) as means,
         ):
             for start in range(0, len(windows), batch):
-                ids = torch.as_tensor(windows[start : start + batch], device=device)
+                ids = windows[start : start + batch].to(device)
                 logits_of(model, ids)
                 advance(len(ids))
             return means()

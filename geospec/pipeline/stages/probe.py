@@ -137,7 +137,7 @@ class Probe:
         model, width = load_reference(run, self.reference)
         device = next(model.parameters()).device
         val = scored_text(data.val, data.eot_id if self.data.end_of_text else None)
-        batches = loss_batches(val, self.seq_len, windows, batch_size, device)
+        batches = loss_batches(val, self.seq_len, windows, batch_size, device, data.bos_id)
         sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
         return LossSetup(model, width, data, batches, sites)
 
@@ -183,6 +183,7 @@ class Probe:
             batch_size=self.probe.batch_size,
             progress=progress,
             dist=dist,
+            bos=data.bos_id,
         )
 
 

@@ -98,11 +98,18 @@ class PruneStage:
         check_healable(model, prune.heal)
         device = next(model.parameters()).device
         corpora = eval_batches(prune.eval, self.data, self.model.seq_len, run.token_data, device)
+        data = run.token_data(self.data)
         inputs = PruneInputs(
-            prune, key, self.model.seq_len, self.model.multiple_of, self.model.activation, profiles
+            prune,
+            key,
+            self.model.seq_len,
+            self.model.multiple_of,
+            self.model.activation,
+            profiles,
+            data.bos_id,
         )
         record = prune_units(
-            model, d_model, inputs, run.token_data(self.data).train, corpora, run.run_dir,
+            model, d_model, inputs, data.train, corpora, run.run_dir,
             console=run.console, say=run.say,
             heal=self.healer(run, corpora) if prune.heal.steps > 0 else None,
         )  # fmt: skip
