@@ -101,7 +101,7 @@ def test_an_exported_pruned_model_is_a_plain_checkpoint_that_computes_the_same(
         expected = logits_of(model, ids[:, :-1])
         loss = eval_loss(model, batches)
         kept = ffn_parameters(sites)
-        export_pruned(model, sites, widths, tmp_path / "pruned")
+        export_pruned(model, sites, widths, tmp_path / "pruned", padded=True)
     assert ffn_parameters(sites) > kept  # put back
     reloaded = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").eval()
     assert reloaded.config.geospec["ffn_widths"] == widths
@@ -220,19 +220,20 @@ def test_prune_writes_every_arm_budget_and_seed(pruned_run: Path) -> None:
 def test_a_pruned_checkpoint_loads_with_plain_transformers_to_the_recorded_loss(
     pruned_run: Path,
 ) -> None:
-    """Independent of geospec: AutoModelForCausalLM reads the exported owl model, and plain
-    cross-entropy on the same validation windows (geospec's data pipeline gives the tokens)
-    equals the loss geospec recorded."""
+    """The exported owl model (true widths) read by geospec.load_pruned is a plain
+    LlamaForCausalLM, and plain cross-entropy of its logits on the same validation windows
+    (geospec's data pipeline gives the tokens) equals the loss geospec recorded."""
+    import geospec
     from geospec.engine.batches import validation_windows, window_tensors
     from geospec.engine.token_data import prepare_data
     from geospec.spec.loading import load_spec
 
     record = json.loads((pruned_run / "run" / "prune.json").read_text())
     unit = pruned_run / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
-    model = hf.AutoModelForCausalLM.from_pretrained(unit / "model").eval()
+    model = geospec.load_pruned(unit / "model")
     widths = record["budgets"][1]["arms"]["owl"]["widths"]["1"]
-    assert model.config.geospec["ffn_widths"] == widths
-    assert model.config.intermediate_size == max(widths)
+    assert type(model) is hf.LlamaForCausalLM and model.config.geospec["ffn_widths"] == widths
+    assert [layer.mlp.down_proj.in_features for layer in model.model.layers] == widths
     spec = load_spec(pruned_run / "spec.toml")
     data = prepare_data(spec.data, pruned_run / "cache", spec_dir=pruned_run)
     tokens = data.val[:-1] if int(data.val[-1]) == data.eot_id else data.val

@@ -1,13 +1,16 @@
 """Pruning applied: calibration scores, every layer cut to its width, held-out losses, and the
-pruned model exported as a plain transformers checkpoint.
+pruned model exported as a transformers checkpoint.
 
 A pruned model is the reference with layer l keeping the ``widths[l]`` best neurons of its
-ordering (:mod:`geospec.measure.cut`: rows and columns removed exactly). Transformers' configs hold
-one FFN width for every layer, so the export pads each layer with zero neurons up to the widest
-pruned layer (a zero row of the gate, up or input projection and a zero column of the output
-projection contribute exactly nothing: the exported model computes what the pruned one does) and
-records the true widths in ``config.json`` (``geospec.ffn_widths``, as ``geospec export`` does);
-it loads with ``AutoModelForCausalLM.from_pretrained`` and no remote code.
+ordering (:mod:`geospec.measure.cut`: rows and columns removed exactly). The export stores it at
+its true per-layer widths by default (:mod:`geospec.prune.true_width`; read back with
+:func:`geospec.load_pruned`). Transformers' configs hold one FFN width for every layer, so for
+tools that need one ``intermediate_size`` the padded export pads each layer with zero neurons up
+to the widest pruned layer (a zero row of the gate, up or input projection and a zero column of
+the output projection contribute exactly nothing: the exported model computes what the pruned one
+does); it loads with ``AutoModelForCausalLM.from_pretrained`` and no remote code, but stores and
+computes the padding. Both record the true widths in ``config.json`` (``geospec.ffn_widths``, as
+``geospec export`` does).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from geospec.measure.cut import (
 )
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, mean_loss
+from geospec.prune.true_width import Stored
 from geospec.version import __version__
 
 
@@ -98,17 +102,35 @@ def ffn_parameters(sites: Sequence[FFNSite]) -> int:
 
 
 def export_pruned(
-    model: nn.Module, sites: Sequence[FFNSite], widths: Sequence[int], directory: Path
-) -> None:
-    """Save the (currently pruned) Hugging Face ``model`` as a transformers checkpoint padded to
-    its widest layer, the true widths in ``config.json`` (see the module docstring)."""
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    widths: Sequence[int],
+    directory: Path,
+    padded: bool = False,
+) -> Stored:
+    """Save the (currently pruned) Hugging Face ``model`` to the new ``directory``, atomically (a
+    staging directory renamed into place), the true widths in ``config.json``'s geospec block.
+
+    ``padded=False`` (the default): every layer's FFN at its true width, read back by
+    :func:`geospec.load_pruned`. ``padded=True``: every FFN zero-padded to the widest layer, for
+    tools that need one ``intermediate_size`` (``AutoModelForCausalLM.from_pretrained``); the
+    returned :class:`Stored`'s ``note`` says what the padding costs."""
     from transformers import AutoModelForCausalLM
 
+    from geospec.atomic import atomic_directory
+    from geospec.prune.true_width import parameter_counts, save_true_width, width_key
+
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise UsageError(f"{directory}: already exists and is not empty; give a new directory")
+    if not padded:
+        note = "pruned by geospec prune; FFN layers stored at their true widths (load with "
+        note += "geospec.load_pruned)"
+        return save_true_width(model, widths, directory, note)
+    true, padded_parameters = parameter_counts(model, widths)
     original: Any = model.config
     config = type(original).from_dict(original.to_dict())
     padded_width = max(widths)
-    width_key = "intermediate_size" if hasattr(config, "intermediate_size") else "n_inner"
-    setattr(config, width_key, padded_width)
+    setattr(config, width_key(config), padded_width)
     config.geospec = {  # as geospec export records a trained model's widths
         "version": __version__,
         "ffn_widths": [int(w) for w in widths],
@@ -139,8 +161,12 @@ def export_pruned(
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"export: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     exported.tie_weights()
-    directory.mkdir(parents=True, exist_ok=True)
-    exported.save_pretrained(directory)
+    with atomic_directory(directory) as work:
+        exported.save_pretrained(work)
+    stored = sum(p.numel() for p in exported.parameters())
+    return Stored(
+        directory, [int(w) for w in widths], padded_width, stored, true, padded_parameters
+    )
 
 
 def _pad(tensor: torch.Tensor, axis: int, extra: int) -> torch.Tensor:
