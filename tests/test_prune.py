@@ -3,6 +3,7 @@ transformers checkpoint (reloaded and recomputed with transformers alone), and i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -243,6 +244,37 @@ def test_a_pruned_checkpoint_loads_with_plain_transformers_to_the_recorded_loss(
     loss = float(F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()))
     recorded = record["budgets"][1]["arms"]["owl"]["loss"]["docs.jsonl"]["1"]
     assert loss == pytest.approx(recorded, rel=1e-5)
+
+
+def test_geospec_export_writes_a_prune_unit_or_says_why_not(
+    pruned_run: Path, tmp_path: Path
+) -> None:
+    """geospec export on a prune unit (it used to say "no readable result.json"): --format hf
+    copies the unit's checkpoint; GGUF needs a BPE tokenizer (this run's is word-level: one
+    line); a unit pruned without export is one line naming the setting."""
+    import shutil
+
+    import geospec
+
+    unit = pruned_run / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
+    result = CliRunner().invoke(cli, ["export", str(unit), "--to", str(tmp_path / "owl")])
+    assert result.exit_code == 0, result.output
+    widths = json.loads((unit / "result.json").read_text())["widths"]
+    assert f"widths {' '.join(map(str, widths))}" in result.output
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        copied = geospec.load_pruned(tmp_path / "owl")(ids).logits
+        torch.testing.assert_close(copied, geospec.load_pruned(unit / "model")(ids).logits)
+    if importlib.util.find_spec("gguf") is not None:
+        out = tmp_path / "owl.gguf"
+        words = CliRunner().invoke(cli, ["export", str(unit), "--to", str(out), "--format", "gguf"])
+        assert words.exit_code == 2 and "not a byte-level BPE" in words.output
+        assert len(words.output.strip().splitlines()) == 1 and not out.exists()
+    bare = tmp_path / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
+    shutil.copytree(unit, bare, ignore=shutil.ignore_patterns("model"))
+    missing = CliRunner().invoke(cli, ["export", str(bare), "--to", str(tmp_path / "none")])
+    assert missing.exit_code == 2 and "export = true" in missing.output
+    assert "no readable" not in missing.output and not (tmp_path / "none").exists()
 
 
 def test_a_rerun_reuses_every_pruned_model(pruned_run: Path) -> None:
