@@ -179,3 +179,29 @@ def test_llamacpp_computes_smollm2_pruned_to_uneven_widths() -> None:
     )
     assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == ids
     assert n_params == sum(p.numel() for p in model.parameters())
+
+
+def test_llamacpp_computes_a_trained_llama_arm_as_geospec_does(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A 2-step geospec run of the Llama family at widths 24, 80, 40, exported by geospec export
+    --format gguf: llama.cpp's log-probabilities equal geospec's own model's."""
+    from click.testing import CliRunner
+    from test_export import train
+
+    from geospec.cli import cli
+    from geospec.engine.checkpoint import load_model
+
+    tmp = tmp_path_factory.mktemp("arm")
+    run = train(tmp, "llama", "24,80,40")
+    out = tmp / "arm.gguf"
+    args = ["export", str(run), "--to", str(out), "--format", "gguf", "--dtype", "f32"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    ids = list(range(5, 21))
+    ours = llamacpp_log_probs(load(out), ids)
+    model = load_model(run).eval()
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([ids]))
+    theirs = torch.log_softmax(logits[0].double(), dim=-1).numpy()
+    assert np.abs(ours - theirs).max() < 1e-4
