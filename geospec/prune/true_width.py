@@ -231,17 +231,26 @@ def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str 
     config: Any = AutoConfig.from_pretrained(str(directory), local_files_only=True)
     state = _read_weights(directory)
     stored = next((t.dtype for t in state.values() if t.is_floating_point()), torch.float32)
-    model: Any = AutoModelForCausalLM.from_config(config, dtype=dtype or stored)
+    dtype = dtype or stored
+    # Built without initialising (its tensors untouched, so not resident) and with its MLPs on
+    # the meta device at their true widths; the loaded tensors are assigned in place of all of
+    # them, so the peak memory is about one copy of the weights.
+    with _no_init():
+        model: Any = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    for mlp in mlps(model):
+        mlp.to("meta")
     set_widths(model, widths)
     expected = model.state_dict()
     config_file = directory / CONFIG_FILE
     for name, tensor in list(state.items()):
         want = expected.get(name)
+        if tensor.is_floating_point() and tensor.dtype != dtype:
+            tensor = state[name] = tensor.to(dtype)
         if want is None or tuple(want.shape) == tuple(tensor.shape):
             continue
         state[name] = _unpadded(tensor, tuple(want.shape), name, config_file)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if set(missing) - tied or unexpected:
         raise UsageError(
             f"{directory}: the weights do not match {config_file} (missing "
@@ -250,7 +259,28 @@ def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str 
         )
     if tied:
         model.tie_weights()
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise UsageError(
+            f"{directory}: no weights for {left[:3]} in {WEIGHTS_FILE}; export it again"
+        )
     return model.to(device).eval()
+
+
+def _no_init() -> Any:
+    """transformers' context that builds a model without initialising its weights (transformers
+    5: ``transformers.initialization``; 4.x: ``modeling_utils``)."""
+    import contextlib
+    import importlib
+
+    for module in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            context = getattr(importlib.import_module(module), "no_init_weights", None)
+        except ImportError:
+            continue
+        if context is not None:
+            return context()
+    return contextlib.nullcontext()
 
 
 def _unpadded(
