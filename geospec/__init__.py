@@ -9,12 +9,17 @@ from geospec.version import __version__
 
 if TYPE_CHECKING:
     from geospec.measure.work import measure_profiles, measure_work
+    from geospec.prune.true_width import load_pruned
 
-__all__ = ["__version__", "hookimpl", "measure_profiles", "measure_work"]
+__all__ = ["__version__", "hookimpl", "load_pruned", "measure_profiles", "measure_work"]
 
 # Public functions of engine modules, imported on first use so that `import geospec` (and
 # `geospec validate`) stays free of torch.
-_LAZY = {"measure_work": "geospec.measure.work", "measure_profiles": "geospec.measure.work"}
+_LAZY = {
+    "measure_work": "geospec.measure.work",
+    "measure_profiles": "geospec.measure.work",
+    "load_pruned": "geospec.prune.true_width",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -64,3 +64,27 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | Path) -> Iterator[Path]:
+    """Yield a new staging directory beside ``path``; on success it is renamed to ``path`` (which
+    must not exist, or be empty), so a reader sees the whole directory or none of it. On failure
+    the staging directory is removed, and a full disk is :class:`geospec.errors.OutOfSpace`."""
+    import shutil
+
+    path = Path(path)
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(
+            tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+        )
+    try:
+        staging.chmod(0o777 & ~_umask())  # mkdtemp makes it private; an artifact is ordinary
+        with writing(path):
+            yield staging
+        if path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+        os.replace(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already after a successful rename

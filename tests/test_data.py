@@ -418,3 +418,29 @@ def test_specs_with_the_same_data_share_one_token_cache(
     monkeypatch.delenv("GEOSPEC_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert shared_cache_dir() == tmp_path / "xdg" / "geospec" / "tokens"
+
+
+def test_another_tokenizer_at_the_same_path_is_tokenized_again(tmp_path: Path) -> None:
+    """Two projects' ./model (or a checkpoint replaced in place) hold different tokenizers at
+    the same relative path: the second must not reuse the first one's tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from geospec.engine.token_data import prepare_data
+    from geospec.spec.sections import DataSpec
+
+    text = tmp_path / "docs.txt"
+    text.write_text("\n\n".join("a b c a b" for _ in range(50)))
+    tokens = {}
+    for order in ("abc", "cba"):
+        project = tmp_path / order
+        vocab = {"[UNK]": 0, "</s>": 1} | {word: i + 2 for i, word in enumerate(order)}
+        backend = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>").save_pretrained(
+            project / "model"
+        )
+        data = DataSpec(files=[str(text)], tokenizer={"kind": "pretrained", "path": "model"})
+        prepared = prepare_data(data, tmp_path / "cache", spec_dir=project)
+        tokens[order] = list(prepared.train[:3]) + list(prepared.val[:3])
+    assert tokens["abc"][:3] == [2, 3, 4] and tokens["cba"][:3] == [4, 3, 2]

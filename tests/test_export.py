@@ -183,3 +183,29 @@ def test_unfinished_run_and_damaged_weights_are_refused(
     assert unfinished.exit_code == 2 and "has not finished" in unfinished.output
     assert len(unfinished.output.strip().splitlines()) == 1
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_trained_llama_arm_exports_as_gguf_at_its_true_widths(
+    tmp_path: Path, runs: dict[str, Path]
+) -> None:
+    """--format gguf: the Llama-family run at widths 24, 80, 40 (no padding in the file), its
+    tokenizer as llama.cpp's gpt2 BPE; a GPT-2-family run is one line naming the fix."""
+    gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install 'geospec[gguf]'")
+    from geospec.prune.gguf_export import gguf_widths
+
+    out = tmp_path / "llama.gguf"
+    args = ["export", str(runs["llama"]), "--to", str(out), "--format", "gguf", "--dtype", "f32"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert gguf_widths(out) == [24, 80, 40] and "FFN widths 24 80 40" in result.output
+    reader = gguf.GGUFReader(str(out))
+    assert reader.fields["tokenizer.ggml.pre"].contents() == "gpt-2"
+    model = load_model(runs["llama"])
+    stored = sum(int(t.n_elements) for t in reader.tensors)
+    assert stored == sum(p.numel() for p in model.parameters())  # nothing padded
+    gpt2 = tmp_path / "gpt2.gguf"
+    refused = CliRunner().invoke(
+        cli, ["export", str(runs["gpt2"]), "--to", str(gpt2), "--format", "gguf"]
+    )
+    assert refused.exit_code == 2 and "--format hf" in refused.output
+    assert len(refused.output.strip().splitlines()) == 1 and not gpt2.exists()

@@ -3,6 +3,7 @@ transformers checkpoint (reloaded and recomputed with transformers alone), and i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 import transformers as hf
 from click.testing import CliRunner
 
+import geospec
 from geospec.cli import cli
 from geospec.errors import UsageError
 from geospec.measure.probe import find_ffn_sites
@@ -104,7 +106,7 @@ def test_an_exported_pruned_model_is_a_plain_checkpoint_that_computes_the_same(
         expected = logits_of(model, ids[:, :-1])
         loss = eval_loss(model, batches)
         kept = ffn_parameters(sites)
-        export_pruned(model, sites, widths, tmp_path / "pruned")
+        export_pruned(model, sites, widths, tmp_path / "pruned", padded=True)
     assert ffn_parameters(sites) > kept  # put back
     reloaded = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").eval()
     assert reloaded.config.geospec["ffn_widths"] == widths
@@ -165,21 +167,24 @@ def test_a_compensated_pruned_model_puts_removed_neurons_at_their_calibration_me
             uncompensated = logits_of(model, ids[:, :-1])
         with pruned(sites, orders, widths, compensation=means):
             compensated = logits_of(model, ids[:, :-1])
-            export_pruned(model, sites, widths, tmp_path / "pruned")
+            export_pruned(model, sites, widths, tmp_path / "padded", padded=True)
+            export_pruned(model, sites, widths, tmp_path / "true")
     torch.testing.assert_close(compensated, reference, atol=5e-5, rtol=1e-5)
     assert (compensated - uncompensated).abs().max() > 1e-2
     if family == "llama":  # put back: no bias left on the reference
         assert all(s.ffn.down_proj.bias is None for s in sites)
-    reloaded = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").eval()
-    if family == "llama":
-        assert reloaded.config.mlp_bias is True
-        mlp = reloaded.model.layers[0].mlp
-        assert not mlp.gate_proj.bias.any() and not mlp.up_proj.bias.any()
-        assert not reloaded.model.layers[2].mlp.down_proj.bias.any()  # uncut: zero bias
-    assert reloaded.config.geospec["ffn_widths"] == widths
-    with torch.no_grad():
-        got = reloaded(input_ids=ids[:, :-1]).logits
-    torch.testing.assert_close(got, compensated, atol=1e-5, rtol=1e-5)
+    padded = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "padded").eval()
+    true = geospec.load_pruned(tmp_path / "true")  # each layer's FFN at its own width
+    for reloaded in (padded, true):
+        if family == "llama":
+            assert reloaded.config.mlp_bias is True
+            mlp = reloaded.model.layers[0].mlp
+            assert not mlp.gate_proj.bias.any() and not mlp.up_proj.bias.any()
+            assert not reloaded.model.layers[2].mlp.down_proj.bias.any()  # uncut: zero bias
+        assert reloaded.config.geospec["ffn_widths"] == widths
+        with torch.no_grad():
+            got = reloaded(input_ids=ids[:, :-1]).logits
+        torch.testing.assert_close(got, compensated, atol=1e-5, rtol=1e-5)
 
 
 def test_a_compensated_export_without_an_mlp_bias_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -339,14 +344,15 @@ def test_prune_writes_every_arm_budget_and_seed(pruned_run: Path) -> None:
 
 
 def plain_loss(directory: Path, model_dir: Path) -> float:
-    """Independent of geospec's cut: AutoModelForCausalLM reads the exported model, and plain
-    cross-entropy on the first 6 validation windows of docs.jsonl (geospec's data pipeline gives
-    the tokens)."""
+    """Plain transformers on the exported model (read at its true widths by geospec.load_pruned:
+    a LlamaForCausalLM) and plain cross-entropy on the first 6 validation windows of
+    docs.jsonl (geospec's data pipeline gives the tokens)."""
+    import geospec
     from geospec.engine.batches import validation_windows, window_tensors
     from geospec.engine.token_data import prepare_data
     from geospec.spec.loading import load_spec
 
-    model = hf.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model = geospec.load_pruned(model_dir)
     spec = load_spec(directory / "spec.toml")
     data = prepare_data(spec.data, directory / "cache", spec_dir=directory)
     tokens = data.val[:-1] if int(data.val[-1]) == data.eot_id else data.val
@@ -359,12 +365,16 @@ def plain_loss(directory: Path, model_dir: Path) -> float:
 def test_a_pruned_checkpoint_loads_with_plain_transformers_to_the_recorded_loss(
     pruned_run: Path,
 ) -> None:
+    """The exported owl model (true widths) read by geospec.load_pruned is a plain
+    LlamaForCausalLM at its widths, and it scores the loss geospec recorded."""
+    import geospec
+
     record = json.loads((pruned_run / "run" / "prune.json").read_text())
     unit = pruned_run / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
-    model = hf.AutoModelForCausalLM.from_pretrained(unit / "model")
+    model = geospec.load_pruned(unit / "model")
     widths = record["budgets"][1]["arms"]["owl"]["widths"]["1"]
-    assert model.config.geospec["ffn_widths"] == widths
-    assert model.config.intermediate_size == max(widths)
+    assert type(model) is hf.LlamaForCausalLM and model.config.geospec["ffn_widths"] == widths
+    assert [layer.mlp.down_proj.in_features for layer in model.model.layers] == widths
     recorded = record["budgets"][1]["arms"]["owl"]["loss"]["docs.jsonl"]["1"]
     assert plain_loss(pruned_run, unit / "model") == pytest.approx(recorded, rel=1e-5)
 
@@ -385,6 +395,37 @@ def test_a_compensated_prune_exports_the_model_it_scored(tmp_path: Path) -> None
         unit = directory / "run" / "prune" / "keep-0.5" / "uniform" / "seed-0" / "model"
         assert plain_loss(directory, unit) == pytest.approx(losses[compensate], rel=1e-5)
     assert losses["mean"] != losses["none"]
+
+
+def test_geospec_export_writes_a_prune_unit_or_says_why_not(
+    pruned_run: Path, tmp_path: Path
+) -> None:
+    """geospec export on a prune unit (it used to say "no readable result.json"): --format hf
+    copies the unit's checkpoint; GGUF needs a BPE tokenizer (this run's is word-level: one
+    line); a unit pruned without export is one line naming the setting."""
+    import shutil
+
+    import geospec
+
+    unit = pruned_run / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
+    result = CliRunner().invoke(cli, ["export", str(unit), "--to", str(tmp_path / "owl")])
+    assert result.exit_code == 0, result.output
+    widths = json.loads((unit / "result.json").read_text())["widths"]
+    assert f"widths {' '.join(map(str, widths))}" in result.output
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        copied = geospec.load_pruned(tmp_path / "owl")(ids).logits
+        torch.testing.assert_close(copied, geospec.load_pruned(unit / "model")(ids).logits)
+    if importlib.util.find_spec("gguf") is not None:
+        out = tmp_path / "owl.gguf"
+        words = CliRunner().invoke(cli, ["export", str(unit), "--to", str(out), "--format", "gguf"])
+        assert words.exit_code == 2 and "not a byte-level BPE" in words.output
+        assert len(words.output.strip().splitlines()) == 1 and not out.exists()
+    bare = tmp_path / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
+    shutil.copytree(unit, bare, ignore=shutil.ignore_patterns("model"))
+    missing = CliRunner().invoke(cli, ["export", str(bare), "--to", str(tmp_path / "none")])
+    assert missing.exit_code == 2 and "export = true" in missing.output
+    assert "no readable" not in missing.output and not (tmp_path / "none").exists()
 
 
 def test_a_rerun_reuses_every_pruned_model(pruned_run: Path) -> None:

@@ -1,4 +1,5 @@
-"""``geospec export TRAINING_DIR --to DIR``: a trained model as a Hugging Face checkpoint."""
+"""``geospec export DIR --to OUT``: a trained run's or a prune unit's model as a Hugging Face
+checkpoint or a GGUF file."""
 
 from __future__ import annotations
 
@@ -8,27 +9,53 @@ import click
 
 
 @click.command()
-@click.argument("training_dir", metavar="RUN_DIR/arms/ARM/seed-K", type=click.Path(path_type=Path))
-@click.option("--to", "to", required=True, type=click.Path(path_type=Path), help="New directory.")
+@click.argument(
+    "training_dir",
+    metavar="RUN_DIR/arms/ARM/seed-K | RUN_DIR/prune/keep-F/ARM/seed-K",
+    type=click.Path(path_type=Path),
+)
+@click.option(
+    "--to", "to", required=True, type=click.Path(path_type=Path), help="New directory or file."
+)
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["hf"]),
+    type=click.Choice(["hf", "gguf"]),
     default="hf",
     show_default=True,
-    help="hf: a transformers checkpoint (AutoModelForCausalLM.from_pretrained loads it).",
+    help="hf: a transformers checkpoint directory; gguf: one .gguf file that llama.cpp loads "
+    "with the true per-layer FFN widths (Llama-family models; the gguf extra).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["f32", "f16", "q8_0"]),
+    default="f16",
+    show_default=True,
+    help="gguf: the weights' type (norms stay f32).",
 )
 @click.option(
     "--tokenizer",
     "tokenizer_dir",
     type=click.Path(path_type=Path),
-    help="A token cache directory holding the run's tokenizer.json (default: found by its key).",
+    help="A trained run: a token cache directory holding its tokenizer.json (default: found by "
+    "its key). A prune unit (gguf): a .gguf file or a directory with tokenizer.json (default: "
+    "the run's reference checkpoint).",
 )
-def export(training_dir: Path, to: Path, fmt: str, tokenizer_dir: Path | None) -> None:
-    """Write a finished run's model and tokenizer to DIR as a transformers checkpoint: GPT-2
-    (learned positions, layernorm, gelu) or Llama (rope, rmsnorm, swiglu). Per-layer FFN widths
-    are zero-padded to the widest (exactly the same function; the true widths are in config.json's
-    "geospec" block)."""
+def export(training_dir: Path, to: Path, fmt: str, dtype: str, tokenizer_dir: Path | None) -> None:
+    """Write a finished run's model to OUT. A trained run: its model and tokenizer as a
+    transformers checkpoint, GPT-2 (learned positions, layernorm, gelu) or Llama (rope, rmsnorm,
+    swiglu), per-layer FFN widths zero-padded to the widest (the same function; the true widths
+    in config.json's "geospec" block), or a GGUF file at the true widths. A prune unit: the
+    checkpoint the prune exported (geospec.load_pruned reads it), or a GGUF file at the true
+    widths with the reference's tokenizer."""
+    from geospec.prune.exports import export_prune_unit, export_training_gguf, is_prune_unit
+
+    if is_prune_unit(training_dir):
+        click.echo(export_prune_unit(training_dir, to, fmt, dtype, tokenizer_dir))
+        return
+    if fmt == "gguf":
+        click.echo(export_training_gguf(training_dir, to, dtype, tokenizer_dir))
+        return
     from geospec.engine.export import export_training_dir
 
     exported = export_training_dir(training_dir, to, tokenizer_dir)

@@ -341,15 +341,13 @@ def run_tokenizer(training_dir: Path) -> tuple[Tokenizer, int]:
     )
 
 
-def export_training_dir(
-    training_dir: Path, to: Path, tokenizer_dir: Path | None = None
-) -> Exported:
-    """Write the finished run in ``training_dir`` to the new directory ``to`` as a transformers
-    checkpoint (config.json, model.safetensors, tokenizer files). The weights are checked against
-    the hash in its result.json; an unfinished run is refused."""
+def training_model(
+    training_dir: Path, tokenizer_dir: Path | None = None
+) -> tuple[Exported, Tokenizer, int]:
+    """The finished run in ``training_dir`` as a transformers model (:func:`to_transformers`), its
+    tokenizer and end-of-text id. The weights are checked against the hash in its result.json;
+    an unfinished run is refused, and a prune unit is pointed to what exports it."""
     import json
-    import shutil
-    import tempfile
 
     from geospec.engine.checkpoint import DamagedCheckpoint, load_model
     from geospec.engine.run_files import MODEL_FILE, RESULT_FILE
@@ -364,8 +362,6 @@ def export_training_dir(
         )
     if not (training_dir / MODEL_FILE).is_file():
         raise UsageError(f"{training_dir}: no {MODEL_FILE}")
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
-        raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
     if tokenizer_dir is not None:
         if not (tokenizer_dir / "tokenizer.json").is_file():
             raise UsageError(f"--tokenizer {tokenizer_dir}: no tokenizer.json there")
@@ -380,7 +376,20 @@ def export_training_dir(
         model = load_model(training_dir)  # checks the weights against result.json's hash
     except DamagedCheckpoint as error:
         raise UsageError(f"{error}; refusing to export it") from None
-    exported = to_transformers(model, eot)
+    return to_transformers(model, eot), tokenizer, eot
+
+
+def export_training_dir(
+    training_dir: Path, to: Path, tokenizer_dir: Path | None = None
+) -> Exported:
+    """Write the finished run in ``training_dir`` to the new directory ``to`` as a transformers
+    checkpoint (config.json, model.safetensors, tokenizer files); see :func:`training_model`."""
+    import shutil
+    import tempfile
+
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+    exported, tokenizer, eot = training_model(training_dir, tokenizer_dir)
     with writing(to):  # a full disk: one line, and the scratch directory goes
         to.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{to.name}.", dir=to.parent))

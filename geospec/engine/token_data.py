@@ -170,6 +170,41 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+#: A local pretrained tokenizer's files, hashed into the token cache's key (a directory holds
+#: some of them).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+def tokenizer_digests(data: DataSpec, spec_dir: Path | None) -> list[str]:
+    """The content hashes of a local pretrained tokenizer's files (none for a hub tokenizer,
+    which its commit names, nor for the bundled and trained ones, which the section names): the
+    same path holding another tokenizer (a checkpoint replaced, two projects' ``./model``)
+    must not reuse the tokens of the first."""
+    from geospec.digests import file_digest
+    from geospec.engine.hub import locate
+    from geospec.spec.sections import PretrainedTokenizer
+
+    spec = data.tokenizer
+    if not isinstance(spec, PretrainedTokenizer):
+        return []
+    source = locate(spec.path, spec.revision, spec_dir or Path.cwd(), "data.tokenizer.path")
+    if source.on_hub:
+        return []
+    path = source.path
+    if path.is_file():  # a GGUF of many GB: named by its size and time, as the reference is
+        stat = path.stat()
+        return [f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"]
+    files = [path / name for name in TOKENIZER_FILES]
+    return [f"{file.name}:{file_digest(file)}" for file in files if file.is_file()]
+
+
 def cache_key(data: DataSpec, digests: list[str]) -> str:
     payload = json.dumps(
         {"format": FORMAT_VERSION, "data": data.key_form(), "files": digests},
@@ -212,7 +247,7 @@ def prepare_data(
     ETA and the size the cache will take). A build that was killed resumes where it stopped.
     """
     corpus = Corpus(data, spec_dir)
-    key = cache_key(data, corpus.digests())
+    key = cache_key(data, corpus.digests() + tokenizer_digests(data, spec_dir))
     for directory in earlier:
         if (Path(directory) / key / META_FILE).exists():
             try:

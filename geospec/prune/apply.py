@@ -1,13 +1,16 @@
 """Pruning applied: calibration scores, every layer cut to its width, held-out losses, and the
-pruned model exported as a plain transformers checkpoint.
+pruned model exported as a transformers checkpoint.
 
 A pruned model is the reference with layer l keeping the ``widths[l]`` best neurons of its
-ordering (:mod:`geospec.measure.cut`: rows and columns removed exactly). Transformers' configs hold
-one FFN width for every layer, so the export pads each layer with zero neurons up to the widest
-pruned layer (a zero row of the gate, up or input projection and a zero column of the output
-projection contribute exactly nothing: the exported model computes what the pruned one does) and
-records the true widths in ``config.json`` (``geospec.ffn_widths``, as ``geospec export`` does);
-it loads with ``AutoModelForCausalLM.from_pretrained`` and no remote code.
+ordering (:mod:`geospec.measure.cut`: rows and columns removed exactly). The export stores it at
+its true per-layer widths by default (:mod:`geospec.prune.true_width`; read back with
+:func:`geospec.load_pruned`). Transformers' configs hold one FFN width for every layer, so for
+tools that need one ``intermediate_size`` the padded export pads each layer with zero neurons up
+to the widest pruned layer (a zero row of the gate, up or input projection and a zero column of
+the output projection contribute exactly nothing: the exported model computes what the pruned one
+does); it loads with ``AutoModelForCausalLM.from_pretrained`` and no remote code, but stores and
+computes the padding. Both record the true widths in ``config.json`` (``geospec.ffn_widths``, as
+``geospec export`` does).
 
 Bias compensation (``prune.compensate = "mean"``, FLAP's): the calibration pass records every
 neuron's signed mean activation (:func:`calibration_stats`), and each cut layer's output
@@ -43,6 +46,7 @@ from geospec.measure.cut import (
 )
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, mean_loss
+from geospec.prune.true_width import Stored
 from geospec.version import __version__
 
 
@@ -158,21 +162,71 @@ def compensated_export_problem(model: nn.Module) -> str | None:
     )
 
 
+def compensation_biases(model: nn.Module, sites: Sequence[FFNSite]) -> dict[str, torch.Tensor]:
+    """The zero biases a compensated Llama-family export adds (gate, up, and the down projection
+    of a layer that kept every neuron), by state-dict key, so that its config can say
+    ``mlp_bias = True``; empty when no output projection carries a bias the config lacks (an
+    uncompensated cut, GPT-2's c_proj). A family without an MLP bias is a :class:`UsageError`."""
+    config: Any = model.config
+    biased = [
+        getattr(site.ffn, ffn_layout(site.ffn).output).bias is not None
+        for site in sites
+        if not ffn_layout(site.ffn).transposed  # GPT-2's c_proj always has its bias
+    ]
+    if not any(biased) or getattr(config, "mlp_bias", False):
+        return {}
+    problem = compensated_export_problem(model)
+    if problem is not None:
+        raise UsageError(
+            f"prune.export: the pruned model's FFN output projections carry a bias "
+            f"(prune.compensate) but {problem}; set prune.export = false or prune.compensate "
+            '= "none"'
+        )
+    names = {id(module): name for name, module in model.named_modules()}
+    zeros = {}
+    for site in sites:
+        prefix = names[id(site.ffn)]
+        for name, module in site.ffn.named_children():
+            weight = getattr(module, "weight", None)
+            if isinstance(weight, torch.Tensor) and getattr(module, "bias", None) is None:
+                zeros[f"{prefix}.{name}.bias"] = weight.new_zeros(weight.shape[0]).detach()
+    return zeros
+
+
 def export_pruned(
-    model: nn.Module, sites: Sequence[FFNSite], widths: Sequence[int], directory: Path
-) -> None:
-    """Save the (currently pruned) Hugging Face ``model`` as a transformers checkpoint padded to
-    its widest layer, the true widths in ``config.json`` (see the module docstring). A bias the
-    cut gave an output projection (compensation) is carried: a Llama-family config is saved with
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    widths: Sequence[int],
+    directory: Path,
+    padded: bool = False,
+) -> Stored:
+    """Save the (currently pruned) Hugging Face ``model`` to the new ``directory``, atomically (a
+    staging directory renamed into place), the true widths in ``config.json``'s geospec block.
+
+    ``padded=False`` (the default): every layer's FFN at its true width, read back by
+    :func:`geospec.load_pruned`. ``padded=True``: every FFN zero-padded to the widest layer, for
+    tools that need one ``intermediate_size`` (``AutoModelForCausalLM.from_pretrained``); the
+    returned :class:`Stored`'s ``note`` says what the padding costs. A bias the cut gave an
+    output projection (compensation) is carried: a Llama-family config is saved with
     ``mlp_bias = True`` and zero biases where the model has none; a config without an MLP bias
     is a :class:`UsageError` (:func:`compensated_export_problem`)."""
     from transformers import AutoModelForCausalLM
 
+    from geospec.atomic import atomic_directory
+    from geospec.prune.true_width import parameter_counts, save_true_width, width_key
+
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise UsageError(f"{directory}: already exists and is not empty; give a new directory")
+    zero_biases = compensation_biases(model, sites)
+    if not padded:
+        note = "pruned by geospec prune; FFN layers stored at their true widths (load with "
+        note += "geospec.load_pruned)"
+        return save_true_width(model, widths, directory, note, zero_biases)
+    true, padded_parameters = parameter_counts(model, widths)
     original: Any = model.config
     config = type(original).from_dict(original.to_dict())
     padded_width = max(widths)
-    width_key = "intermediate_size" if hasattr(config, "intermediate_size") else "n_inner"
-    setattr(config, width_key, padded_width)
+    setattr(config, width_key(config), padded_width)
     config.geospec = {  # as geospec export records a trained model's widths
         "version": __version__,
         "ffn_widths": [int(w) for w in widths],
@@ -183,26 +237,9 @@ def export_pruned(
     }
     names = {id(module): name for name, module in model.named_modules()}
     state = {key: value.detach().clone() for key, value in model.state_dict().items()}
-    biased = [
-        getattr(site.ffn, ffn_layout(site.ffn).output).bias is not None
-        for site in sites
-        if not ffn_layout(site.ffn).transposed  # GPT-2's c_proj always has its bias
-    ]
-    if any(biased) and not getattr(config, "mlp_bias", False):
-        problem = compensated_export_problem(model)
-        if problem is not None:
-            raise UsageError(
-                f"prune.export: the pruned model's FFN output projections carry a bias "
-                f"(prune.compensate) but {problem}; set prune.export = false or prune.compensate "
-                '= "none"'
-            )
+    if zero_biases:
         config.mlp_bias = True  # transformers' Llama: a bias on gate, up and down
-        for site in sites:
-            prefix = names[id(site.ffn)]
-            for name, module in site.ffn.named_children():
-                weight = getattr(module, "weight", None)
-                if isinstance(weight, torch.Tensor) and f"{prefix}.{name}.bias" not in state:
-                    state[f"{prefix}.{name}.bias"] = weight.new_zeros(weight.shape[0]).detach()
+        state |= zero_biases
     for site, width in zip(sites, widths, strict=True):
         layout = ffn_layout(site.ffn)
         prefix = names[id(site.ffn)]
@@ -223,8 +260,12 @@ def export_pruned(
     if set(missing) - tied or unexpected:
         raise RuntimeError(f"export: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
     exported.tie_weights()
-    directory.mkdir(parents=True, exist_ok=True)
-    exported.save_pretrained(directory)
+    with atomic_directory(directory) as work:
+        exported.save_pretrained(work)
+    stored = sum(p.numel() for p in exported.parameters())
+    return Stored(
+        directory, [int(w) for w in widths], padded_width, stored, true, padded_parameters
+    )
 
 
 def _pad(tensor: torch.Tensor, axis: int, extra: int) -> torch.Tensor:

@@ -209,17 +209,10 @@ def pruned_unit(
 def export_unit(
     model: nn.Module, sites: Sequence[FFNSite], widths: Sequence[int], directory: Path
 ) -> None:
-    """Export the pruned model into ``directory`` whole or not at all: it is written beside it
-    and renamed into place (a full disk: one line, the partial copy removed)."""
+    """Export the pruned model into ``directory`` (at its true widths), replacing an older
+    export of the unit; the write is whole or nothing (a full disk: one line)."""
     from geospec.prune.apply import export_pruned
 
-    staging = directory.with_name(directory.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(directory, ignore_errors=True)  # from other inputs: the unit is recomputed
     with writing(directory):
-        try:
-            export_pruned(model, sites, widths, staging)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)  # its space is needed
-            raise
-    shutil.rmtree(directory, ignore_errors=True)
-    staging.rename(directory)
+        export_pruned(model, sites, widths, directory)

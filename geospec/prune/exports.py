@@ -1,0 +1,145 @@
+"""What ``geospec export`` writes from a prune unit (``RUN/prune/keep-F/ARM/seed-K``) and, as a
+GGUF file, from a trained arm: the formats' writers (:mod:`geospec.prune.true_width`,
+:mod:`geospec.prune.gguf_export`) applied to a finished run's own files, its tokenizer found
+where the run recorded it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from geospec.errors import UsageError
+
+#: A prune unit's record and its exported model (as the prune stage writes them).
+UNIT_FILE = "result.json"
+UNIT_MODEL = "model"
+
+
+def is_prune_unit(directory: Path) -> bool:
+    """``RUN/prune/keep-F/ARM/seed-K``: a prune unit's directory (its record may be missing)."""
+    parts = directory.resolve().parts
+    return (
+        len(parts) >= 4
+        and parts[-4] == "prune"
+        and parts[-3].startswith("keep-")
+        and parts[-1].startswith("seed-")
+    )
+
+
+def unit_model(unit: Path) -> Path:
+    """The unit's exported model directory, or one line saying why there is none."""
+    from geospec.pipeline.run_dir import json_problem
+
+    if (problem := json_problem(unit / UNIT_FILE, "widths", "loss")) is not None:
+        raise UsageError(
+            f"{unit}: the prune unit has not finished ({problem}); run geospec prune again"
+        )
+    model = unit / UNIT_MODEL
+    if not (model / "config.json").is_file():
+        raise UsageError(
+            f"{unit}: no exported model ({UNIT_MODEL}/); set [prune] export = true in the spec "
+            "and run geospec prune again (finished units are exported, not recomputed)"
+        )
+    return model
+
+
+def run_tokenizer_source(unit: Path) -> Path | None:
+    """Where the unit's reference checkpoint keeps its tokenizer: the ``.gguf`` file, or the
+    checkpoint directory when it holds tokenizer.json (read from the run's spec.resolved.toml,
+    relative paths from the spec file's directory); None when the run does not say."""
+    import tomllib
+
+    from geospec.engine.hub import spec_path
+
+    run_dir = unit.resolve().parents[3]
+    try:
+        resolved = tomllib.loads((run_dir / "spec.resolved.toml").read_text())
+        spec_file = Path(json.loads((run_dir / "run.json").read_text())["spec"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    reference = resolved.get("reference") or {}
+    checkpoint = reference.get("checkpoint")
+    if not isinstance(checkpoint, str) or reference.get("revision"):
+        return None  # a hub checkpoint: its tokenizer is in the Hugging Face cache, not here
+    path = spec_path(checkpoint, spec_file.parent)
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if (path / "tokenizer.json").is_file():
+        return path
+    return None
+
+
+def export_prune_unit(
+    unit: Path, to: Path, fmt: str, dtype: str = "f16", tokenizer: Path | None = None
+) -> str:
+    """Write a prune unit's model to ``to``: ``hf``, the unit's checkpoint as the prune stored it
+    (a directory, copied atomically); ``gguf``, a GGUF file at its true widths. The one line the
+    command prints."""
+    from geospec.atomic import atomic_directory
+    from geospec.prune.true_width import read_widths
+
+    model = unit_model(unit)
+    widths = read_widths(model)
+    if fmt == "hf":
+        if to.exists() and (not to.is_dir() or any(to.iterdir())):
+            raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+        with atomic_directory(to) as work:
+            shutil.copytree(model, work, dirs_exist_ok=True)
+        return f"exported {unit.parent.name} at widths {' '.join(map(str, widths))} -> {to}"
+    from geospec.prune.gguf_export import write_gguf
+
+    source = tokenizer or (model if (model / "tokenizer.json").is_file() else None)
+    source = source or run_tokenizer_source(unit)
+    if source is None:
+        raise UsageError(
+            f"{unit}: the run's reference checkpoint holds no tokenizer this command can find; "
+            "give --tokenizer (the checkpoint's .gguf file, or a directory with tokenizer.json)"
+        )
+    written = write_gguf(model, _gguf_target(to), dtype, tokenizer=source)
+    return _gguf_line(written)
+
+
+def export_training_gguf(
+    training_dir: Path, to: Path, dtype: str = "f16", tokenizer_dir: Path | None = None
+) -> str:
+    """A finished trained arm (a Llama-family geospec model) as a GGUF file at its true widths,
+    with the run's tokenizer. The one line the command prints."""
+    from geospec.engine.export import LLAMA, save_tokenizer, training_model
+    from geospec.prune.gguf_export import write_gguf
+    from geospec.prune.true_width import set_widths
+
+    target = _gguf_target(to)
+    exported, tokenizer, eot = training_model(training_dir, tokenizer_dir)
+    if exported.family != LLAMA:
+        raise UsageError(
+            f"{training_dir}: a {exported.family} model; the GGUF writer maps Llama-family "
+            "models (rope, rmsnorm, swiglu) to llama.cpp's deci architecture; export this one "
+            "with --format hf"
+        )
+    model: Any = exported.model
+    set_widths(model, exported.widths)  # the padding sits after each layer's live units
+    with tempfile.TemporaryDirectory() as scratch:
+        save_tokenizer(tokenizer, eot, Path(scratch))
+        written = write_gguf(model, target, dtype, tokenizer=Path(scratch))
+    return _gguf_line(written)
+
+
+def _gguf_target(to: Path) -> Path:
+    if to.suffix != ".gguf":
+        raise UsageError(f"--to {to}: a GGUF file's name ends in .gguf (e.g. --to {to}.gguf)")
+    if to.exists():
+        raise UsageError(f"--to {to}: already exists; give a new file")
+    return to
+
+
+def _gguf_line(written: Any) -> str:
+    from geospec.disk import size
+
+    return (
+        f"exported GGUF ({written.dtype}, llama.cpp architecture deci, FFN widths "
+        f"{' '.join(map(str, written.widths))}): {written.parameters:,} parameters, "
+        f"{size(written.bytes)} -> {written.path}"
+    )

@@ -1,0 +1,380 @@
+"""A pruned (or trained) Llama-family model as a GGUF file that an unmodified llama.cpp loads with
+its true per-layer FFN widths.
+
+llama.cpp's ``llama`` architecture builds every layer's FFN at one width; its ``deci``
+architecture (written for NVIDIA's Nemotron-NAS models, src/models/deci.cpp) reads
+``deci.feed_forward_length`` as a per-layer array (``hparams.n_ff(i)``) and creates each layer's
+``ffn_gate``/``ffn_up``/``ffn_down`` at that width; with every layer's attention intact it
+computes exactly what ``llama`` does (rmsnorm, rotary attention of the same type, a SwiGLU FFN).
+The file is written as llama.cpp's own converter writes a Llama (convert_hf_to_gguf.py's
+``DeciModel`` and ``LlamaModel``): the same keys and tensor names, the query and key projections
+permuted from transformers' rotate-half order to llama.cpp's interleaved pairs, norms in f32,
+the token embedding reused as the output when the embeddings are tied.
+
+The tokenizer goes in with the weights: copied field by field from a GGUF file (a model pruned
+from SmolLM2's GGUF keeps that file's vocabulary, merges, special tokens and chat template), or
+built from a byte-level BPE ``tokenizer.json`` (GPT-2's and SmolLM's pre-tokenizers, as
+llama.cpp's ``gpt2`` tokenizer model reads them; the special tokens and chat template through
+gguf-py's ``SpecialVocab``). ``gguf`` (the ``gguf`` extra) is imported only inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from geospec.errors import UsageError
+
+#: The weight types written: f32, f16, and Q8_0 (gguf-py quantises it in numpy).
+DTYPES = ("f32", "f16", "q8_0")
+ARCH = "deci"
+#: transformers model types the writer maps to llama.cpp's deci (Llama's layer, nothing else).
+FAMILIES = ("llama", "mistral")
+
+
+@dataclass(frozen=True)
+class Written:
+    """What :func:`write_gguf` wrote."""
+
+    path: Path
+    widths: list[int]
+    dtype: str
+    parameters: int
+    """Parameters in the file (a tied embedding once)."""
+    bytes: int
+
+
+def write_gguf(
+    source: Path | Any,
+    path: Path,
+    dtype: str = "f16",
+    tokenizer: Path | None = None,
+    name: str | None = None,
+) -> Written:
+    """Write ``source`` as the GGUF file ``path`` (atomically: a temporary file renamed into place).
+
+    ``source``: a directory geospec exported (read with :func:`geospec.load_pruned`; its own
+    tokenizer.json is the default tokenizer) or a transformers model object (its MLPs at any
+    widths: cut, loaded by ``load_pruned``, or padded with zero units, which are written as they
+    are). ``tokenizer``: a ``.gguf`` file whose tokenizer fields are copied, or a directory holding
+    ``tokenizer.json``. ``dtype``: one of :data:`DTYPES` for the matrices (norms stay f32)."""
+    from geospec.atomic import atomic_path
+    from geospec.prune.true_width import load_pruned
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype!r}: the GGUF writer writes {', '.join(DTYPES)}")
+    gguf = _import_gguf()
+    directory = Path(source) if isinstance(source, (str, Path)) else None
+    if directory is not None:
+        if tokenizer is None and (directory / "tokenizer.json").is_file():
+            tokenizer = directory
+        model: Any = load_pruned(directory, dtype=torch.float32)
+    else:
+        model = source
+    config = model.config
+    _check_family(model)
+    if tokenizer is None:
+        raise UsageError(
+            f"{directory or type(model).__name__}: no tokenizer to write into the GGUF file; give "
+            "--tokenizer (a .gguf file, or a directory with tokenizer.json)"
+        )
+    vocab_size = int(model.get_input_embeddings().weight.shape[0])
+    tensors, widths = _tensors(model)
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        writer = gguf.GGUFWriter(str(tmp), ARCH)
+        writer.add_name(name or path.stem)
+        _hyperparameters(writer, config, widths, vocab_size, dtype, gguf)
+        _tokenizer(writer, tokenizer, vocab_size, gguf)
+        writer.add_array("geospec.ffn_widths", widths)
+        parameters = 0
+        for tensor_name, tensor in tensors:
+            parameters += tensor.size
+            _add_tensor(writer, tensor_name, tensor, dtype, gguf)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    return Written(path, widths, dtype, parameters, path.stat().st_size)
+
+
+def _import_gguf() -> Any:
+    try:
+        import gguf
+    except ImportError:
+        raise UsageError(
+            "--format gguf needs the gguf library: pip install 'geospec[gguf]'"
+        ) from None
+    return gguf
+
+
+def _check_family(model: Any) -> None:
+    """Llama's decoder layer exactly, or one line naming what is not mapped and the fix."""
+    config = model.config
+    kind = getattr(config, "model_type", type(model).__name__)
+    problem = None
+    rope = _rope(config)
+    if kind not in FAMILIES:
+        problem = f"its family {kind!r} is not mapped"
+    elif getattr(config, "sliding_window", None) not in (None, 0):
+        problem = "its sliding-window attention is not mapped"
+    elif getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        problem = "its biases are not mapped"
+    elif getattr(config, "hidden_act", "silu") != "silu":
+        problem = f"its activation {config.hidden_act!r} is not SwiGLU's silu"
+    elif rope.get("rope_type", "default") not in ("default", None):
+        problem = f"its RoPE scaling {rope.get('rope_type')!r} is not mapped"
+    if problem is not None:
+        raise UsageError(
+            f"{type(model).__name__}: {problem}; the GGUF writer maps Llama-family models "
+            f"({', '.join(FAMILIES)}: rmsnorm, SwiGLU, plain RoPE, no biases) to llama.cpp's "
+            "deci architecture; export this one with --format hf"
+        )
+
+
+def _rope(config: Any) -> dict[str, Any]:
+    """RoPE's type and theta: transformers 5's ``rope_parameters``, or 4.x's attributes."""
+    parameters = getattr(config, "rope_parameters", None)
+    if isinstance(parameters, dict) and parameters:
+        return dict(parameters)
+    scaling = getattr(config, "rope_scaling", None) or {}
+    return {
+        "rope_type": scaling.get("rope_type", scaling.get("type", "default")),
+        "rope_theta": getattr(config, "rope_theta", 10000.0),
+    }
+
+
+def _head_dim(config: Any) -> int:
+    return int(
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
+
+
+def _hyperparameters(
+    writer: Any, config: Any, widths: list[int], vocab: int, dtype: str, gguf: Any
+) -> None:
+    """The keys llama.cpp's deci loader reads (as convert_hf_to_gguf.py writes a Llama)."""
+    head_dim = _head_dim(config)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(widths)  # per layer: deci reads hparams.n_ff(i)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(
+        getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    )
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(float(_rope(config).get("rope_theta", 10000.0)))
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_vocab_size(vocab)
+    file_type = {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }[dtype]
+    writer.add_file_type(int(file_type))
+
+
+def _tensors(model: Any) -> tuple[list[tuple[str, np.ndarray]], list[int]]:
+    """Every tensor under its GGUF name (float32 numpy, transformers' out x in layout, which GGUF
+    stores as ne = (in, out)), and each layer's FFN width read from its tensors."""
+    from geospec.measure.cut import ffn_width
+    from geospec.prune.true_width import mlps
+
+    config = model.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    inner = model.model
+
+    def array(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().to("cpu", torch.float32).contiguous().numpy()
+
+    out: list[tuple[str, np.ndarray]] = [
+        ("token_embd.weight", array(inner.embed_tokens.weight)),
+        ("output_norm.weight", array(inner.norm.weight)),
+    ]
+    embedding = inner.embed_tokens.weight
+    head = model.get_output_embeddings().weight
+    if head.data_ptr() != embedding.data_ptr():  # untied: llama.cpp reuses token_embd otherwise
+        out.append(("output.weight", array(head)))
+    widths = [ffn_width(mlp) for mlp in mlps(model)]
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        out += [
+            (f"blk.{i}.attn_norm.weight", array(layer.input_layernorm.weight)),
+            (f"blk.{i}.attn_q.weight", _permute(array(attn.q_proj.weight), heads)),
+            (f"blk.{i}.attn_k.weight", _permute(array(attn.k_proj.weight), kv_heads)),
+            (f"blk.{i}.attn_v.weight", array(attn.v_proj.weight)),
+            (f"blk.{i}.attn_output.weight", array(attn.o_proj.weight)),
+            (f"blk.{i}.ffn_norm.weight", array(layer.post_attention_layernorm.weight)),
+            (f"blk.{i}.ffn_gate.weight", array(mlp.gate_proj.weight)),
+            (f"blk.{i}.ffn_up.weight", array(mlp.up_proj.weight)),
+            (f"blk.{i}.ffn_down.weight", array(mlp.down_proj.weight)),
+        ]
+    return out, widths
+
+
+def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """transformers' rotate-half rows (each head's first half, then its second) to llama.cpp's
+    interleaved pairs (convert_hf_to_gguf.py's ``LlamaModel.permute``)."""
+    rows = weights.shape[0]
+    return (
+        weights.reshape(heads, 2, rows // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def _add_tensor(writer: Any, name: str, tensor: np.ndarray, dtype: str, gguf: Any) -> None:
+    """Vectors in f32 (as llama.cpp's converter keeps norms); matrices in ``dtype``; a matrix whose
+    rows do not split into Q8_0 blocks of 32 falls back to f16, as the converter does."""
+    kind = gguf.GGMLQuantizationType
+    if tensor.ndim == 1 or dtype == "f32":
+        writer.add_tensor(name, tensor.astype(np.float32))
+        return
+    if dtype == "q8_0" and tensor.shape[-1] % gguf.GGML_QUANT_SIZES[kind.Q8_0][0] == 0:
+        packed = gguf.quants.quantize(tensor, kind.Q8_0)
+        writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=kind.Q8_0)
+        return
+    writer.add_tensor(name, tensor.astype(np.float16))
+
+
+def _tokenizer(writer: Any, source: Path, vocab_size: int, gguf: Any) -> None:
+    source = Path(source)
+    if source.is_file() and source.suffix == ".gguf":
+        _copy_tokenizer(writer, source, vocab_size, gguf)
+    elif (source / "tokenizer.json").is_file():
+        _bpe_tokenizer(writer, source, vocab_size, gguf)
+    else:
+        raise UsageError(
+            f"--tokenizer {source}: neither a .gguf file nor a directory with tokenizer.json"
+        )
+
+
+def _copy_tokenizer(writer: Any, source: Path, vocab_size: int, gguf: Any) -> None:
+    """Every ``tokenizer.*`` field of the GGUF file ``source``, as it is there."""
+    reader = gguf.GGUFReader(str(source))
+    fields = {key: field for key, field in reader.fields.items() if key.startswith("tokenizer.")}
+    tokens = fields.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise UsageError(f"--tokenizer {source}: the GGUF file holds no tokenizer")
+    if len(tokens.data) != vocab_size:
+        raise UsageError(
+            f"--tokenizer {source}: its {len(tokens.data)} tokens are not the model's vocabulary "
+            f"of {vocab_size}; give the tokenizer the model was pruned or trained with"
+        )
+    kind = gguf.GGUFValueType
+    for key, field in fields.items():
+        main = field.types[0]
+        if main == kind.ARRAY:
+            values = [_scalar(field, field.parts[i], field.types[-1], kind) for i in field.data]
+            writer.add_array(key, values)  # element type as llama.cpp's converter infers it
+        else:
+            writer.add_key_value(key, _scalar(field, field.parts[field.data[0]], main, kind), main)
+
+
+def _scalar(field: Any, part: np.ndarray, value_type: Any, kind: Any) -> Any:
+    if value_type == kind.STRING:
+        return bytes(part).decode("utf-8")
+    if value_type == kind.BOOL:
+        return bool(part[0])
+    value = part[0]
+    return float(value) if value_type in (kind.FLOAT32, kind.FLOAT64) else int(value)
+
+
+#: llama.cpp's names of the byte-level BPE pre-tokenizers this writer recognises in a
+#: tokenizer.json (src/llama-vocab.cpp): GPT-2's regex alone, and SmolLM's digits split first.
+PRE_TOKENIZERS = {("ByteLevel",): "gpt-2", ("Digits", "ByteLevel"): "smollm"}
+
+
+def _bpe_tokenizer(writer: Any, directory: Path, vocab_size: int, gguf: Any) -> None:
+    """A byte-level BPE tokenizer.json as llama.cpp's ``gpt2`` tokenizer model (tokens in id
+    order, special ones as control tokens, merges, special ids and the chat template)."""
+    file = directory / "tokenizer.json"
+    try:
+        spec = json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{file}: unreadable ({error})") from None
+    model = spec.get("model") or {}
+    pre = _pre_tokenizer(spec.get("pre_tokenizer"))
+    if model.get("type") != "BPE" or pre is None:
+        raise UsageError(
+            f"{file}: not a byte-level BPE tokenizer of a kind the GGUF writer maps (GPT-2's, "
+            "SmolLM's); give --tokenizer a .gguf file holding the model's tokenizer"
+        )
+    vocab: dict[str, int] = dict(model["vocab"])
+    special = {t["content"]: t for t in spec.get("added_tokens", [])}
+    for content, token in special.items():
+        vocab[content] = int(token["id"])
+    if max(vocab.values()) >= vocab_size:
+        raise UsageError(
+            f"{file}: token id {max(vocab.values())} is beyond the model's vocabulary of "
+            f"{vocab_size}; give the tokenizer the model was pruned or trained with"
+        )
+    by_id = {i: t for t, i in vocab.items()}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        token = by_id.get(i)
+        if token is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif token in special:
+            tokens.append(token)
+            control = special[token].get("special", True)
+            types.append(gguf.TokenType.CONTROL if control else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(token)
+            types.append(gguf.TokenType.NORMAL)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    gguf.SpecialVocab(directory, load_merges=True, n_vocab=vocab_size).add_to_gguf(
+        writer, quiet=True
+    )
+
+
+def _pre_tokenizer(pre: Any) -> str | None:
+    """llama.cpp's name for the pre-tokenizer, or None when it is not one it would reproduce."""
+    if not isinstance(pre, dict):
+        return None
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    for step in steps:
+        if step.get("type") == "ByteLevel" and (
+            step.get("add_prefix_space") or not step.get("use_regex", True)
+        ):
+            return None  # llama.cpp's gpt2 pre-tokenizers add no prefix space and split by regex
+        if step.get("type") == "Digits" and not step.get("individual_digits"):
+            return None
+    return PRE_TOKENIZERS.get(tuple(str(step.get("type")) for step in steps))
+
+
+def gguf_widths(path: Path) -> list[int]:
+    """The per-layer FFN widths of a deci GGUF file, checked against its tensors: one line naming
+    the file when ``deci.feed_forward_length`` disagrees with a layer's ``ffn_gate``."""
+    gguf = _import_gguf()
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (OSError, ValueError) as error:
+        raise UsageError(f"{path}: not a readable GGUF file ({error})") from None
+    field = reader.fields.get(f"{ARCH}.feed_forward_length")
+    if field is None:
+        raise UsageError(f"{path}: no {ARCH}.feed_forward_length; not a per-layer-width GGUF file")
+    widths = [int(field.parts[i][0]) for i in field.data]
+    shapes = {t.name: [int(n) for n in t.shape] for t in reader.tensors}
+    for layer, width in enumerate(widths):
+        shape = shapes.get(f"blk.{layer}.ffn_gate.weight")
+        if shape is None or shape[1] != width:
+            raise UsageError(
+                f"{path}: {ARCH}.feed_forward_length gives layer {layer} width {width} but its "
+                f"ffn_gate tensor has shape {shape}; the per-layer widths disagree with the "
+                "tensors: write the file again"
+            )
+    return widths

@@ -1,0 +1,223 @@
+"""The GGUF writer (geospec.prune.gguf_export) read back with gguf-py's own reader: llama.cpp's
+deci keys with the per-layer widths, the tensors at those widths, the tokenizer; what it does not
+map is one line and no file. llama.cpp itself reads the files in tests/test_llamacpp.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf_models
+import hf_models
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from geospec.cli import cli
+from geospec.errors import UsageError
+from geospec.prune.apply import export_pruned
+
+pytestmark = [pytest.mark.torch, pytest.mark.gguf, pytest.mark.usefixtures("one_torch_thread")]
+gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install 'geospec[gguf]'")
+
+from geospec.prune.gguf_export import gguf_widths, write_gguf  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("tokenizer")
+    gguf_models.bpe_tokenizer(directory)
+    return directory
+
+
+def eos_of(tokenizer_dir: Path) -> int:
+    return int(json.loads((tokenizer_dir / "tokenizer.json").read_text())["added_tokens"][0]["id"])
+
+
+def fields(path: Path) -> dict[str, object]:
+    reader = gguf.GGUFReader(str(path))
+    return {key: field.contents() for key, field in reader.fields.items()}
+
+
+def test_the_file_holds_deci_keys_per_layer_widths_and_true_shapes(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    model = gguf_models.llama(eos_of(tokenizer_dir))
+    written = write_gguf(model, tmp_path / "m.gguf", "f32", tokenizer=tokenizer_dir)
+    values = fields(written.path)
+    assert values["general.architecture"] == "deci"
+    assert values["deci.feed_forward_length"] == gguf_models.WIDTHS
+    assert values["deci.block_count"] == 3 and values["deci.embedding_length"] == 64
+    assert values["deci.attention.head_count"] == 4 and values["deci.attention.head_count_kv"] == 2
+    assert values["deci.rope.freq_base"] == 500.0 and values["deci.rope.dimension_count"] == 16
+    assert values["deci.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+    assert gguf_widths(written.path) == gguf_models.WIDTHS
+    reader = gguf.GGUFReader(str(written.path))
+    tensors = {t.name: t for t in reader.tensors}
+    for layer, width in enumerate(gguf_models.WIDTHS):  # GGUF lists ne: (in, out)
+        assert list(tensors[f"blk.{layer}.ffn_gate.weight"].shape) == [64, width]
+        assert list(tensors[f"blk.{layer}.ffn_down.weight"].shape) == [width, 64]
+        # the FFN's values are transformers' own (unpermuted); the down matrix as it is
+        down = model.model.layers[layer].mlp.down_proj.weight.detach().numpy()
+        np.testing.assert_array_equal(tensors[f"blk.{layer}.ffn_down.weight"].data, down)
+    assert written.parameters == sum(p.numel() for p in model.parameters())
+    assert written.parameters == sum(int(t.n_elements) for t in reader.tensors)
+    # the query rows are permuted per head into llama.cpp's interleaved rope pairs: row j of
+    # head h's half k goes to row 2 j + k (head size 16)
+    q = model.model.layers[0].self_attn.q_proj.weight.detach().numpy()
+    stored = tensors["blk.0.attn_q.weight"].data
+    for head in range(4):
+        for k in range(2):
+            for j in range(8):
+                np.testing.assert_array_equal(
+                    stored[16 * head + 2 * j + k], q[16 * head + 8 * k + j]
+                )
+    # the tokenizer: llama.cpp's gpt2 BPE with GPT-2's pre-tokenizer, every token and merge
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    tokens = values["tokenizer.ggml.tokens"]
+    assert values["tokenizer.ggml.model"] == "gpt2" and values["tokenizer.ggml.pre"] == "gpt-2"
+    assert isinstance(tokens, list) and len(tokens) == gguf_models.VOCAB
+    assert all(tokens[i] == t for t, i in vocab["model"]["vocab"].items())
+    merges = values["tokenizer.ggml.merges"]
+    assert isinstance(merges, list) and len(merges) == len(vocab["model"]["merges"])
+    assert values["tokenizer.ggml.eos_token_id"] == eos_of(tokenizer_dir)
+    assert "output.weight" in tensors  # untied
+
+
+def test_a_tied_model_reuses_the_embedding_and_q8_0_quantises_matrices(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    model = gguf_models.llama(eos_of(tokenizer_dir), tied=True)
+    path = write_gguf(model, tmp_path / "q.gguf", "q8_0", tokenizer=tokenizer_dir).path
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    assert "output.weight" not in tensors
+    kind = gguf.GGMLQuantizationType
+    assert tensors["blk.1.ffn_up.weight"].tensor_type == kind.Q8_0
+    assert tensors["blk.1.ffn_norm.weight"].tensor_type == kind.F32
+    # Q8_0 keeps each block of 32 to 1/127 of its largest value (gguf-py's own dequantiser)
+    up = model.model.layers[1].mlp.up_proj.weight.detach().numpy()
+    back = gguf.quants.dequantize(tensors["blk.1.ffn_up.weight"].data, kind.Q8_0)
+    blocks = np.abs(up).reshape(-1, 32).max(axis=1).repeat(32).reshape(up.shape)
+    assert (np.abs(back - up) <= blocks / 127 + 1e-7).all()
+    f16 = write_gguf(model, tmp_path / "h.gguf", "f16", tokenizer=tokenizer_dir).path
+    half = {t.name: t for t in gguf.GGUFReader(str(f16)).tensors}
+    assert half["blk.1.ffn_up.weight"].tensor_type == kind.F16
+    np.testing.assert_array_equal(half["blk.1.ffn_up.weight"].data, up.astype(np.float16))
+
+
+def test_a_true_width_export_directory_is_written_with_its_own_tokenizer(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """write_gguf(directory) reads the export with load_pruned; a padded export gives the same
+    file's widths (its zero units are dropped)."""
+    import shutil
+
+    from geospec.measure.probe import find_ffn_sites
+    from geospec.measure.sensitivity import logits_of
+    from geospec.prune.apply import pruned
+
+    eos = eos_of(tokenizer_dir)
+    model = gguf_models.llama(eos, widths=None)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    sites = find_ffn_sites(model, 64, lambda: logits_of(model, ids))
+    with torch.no_grad(), pruned(sites, [list(range(96))[::-1]] * 3, gguf_models.WIDTHS):
+        export_pruned(model, sites, gguf_models.WIDTHS, tmp_path / "true")
+        export_pruned(model, sites, gguf_models.WIDTHS, tmp_path / "padded", padded=True)
+    for name in ("true", "padded"):
+        for file in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(tokenizer_dir / file, tmp_path / name / file)
+        written = write_gguf(tmp_path / name, tmp_path / f"{name}.gguf", "f32", name="m")
+        assert written.widths == gguf_models.WIDTHS
+    assert (tmp_path / "true.gguf").read_bytes() == (tmp_path / "padded.gguf").read_bytes()
+
+
+def test_what_the_writer_does_not_map_is_one_line_and_no_file(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    import transformers as hf
+
+    cases = [
+        (hf_models.gpt2(), "family 'gpt2' is not mapped"),
+        (hf_models.qwen2(), "family 'qwen2' is not mapped"),
+        (hf.LlamaForCausalLM(hf.LlamaConfig(**_tiny(), attention_bias=True)), "biases"),
+    ]
+    for model, words in cases:
+        with pytest.raises(UsageError) as caught:
+            write_gguf(model, tmp_path / "x.gguf", "f16", tokenizer=tokenizer_dir)
+        message = str(caught.value)
+        assert words in message and "--format hf" in message and "\n" not in message
+    words = tmp_path / "words"
+    hf_models.save_with_words(hf_models.llama(), words)  # a word-level tokenizer
+    with pytest.raises(UsageError, match=r"tokenizer\.json: not a byte-level BPE"):
+        write_gguf(hf_models.llama(), tmp_path / "x.gguf", "f16", tokenizer=words)
+    with pytest.raises(UsageError, match="writes f32, f16, q8_0"):
+        write_gguf(hf_models.llama(), tmp_path / "x.gguf", "q4_k", tokenizer=words)
+    assert list(tmp_path.iterdir()) == [words]  # nothing half-written
+
+
+def _tiny() -> dict[str, int]:
+    return {"vocab_size": 400, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4}  # fmt: skip
+
+
+def test_a_file_whose_widths_disagree_with_its_tensors_is_refused(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """A hand-made deci file whose feed_forward_length lies about layer 1."""
+    writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "deci")
+    writer.add_feed_forward_length([8, 16])
+    for layer, width in enumerate([8, 24]):
+        writer.add_tensor(f"blk.{layer}.ffn_gate.weight", np.zeros((width, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UsageError) as caught:
+        gguf_widths(tmp_path / "bad.gguf")
+    assert "layer 1 width 16" in str(caught.value) and "[4, 24]" in str(caught.value)
+    assert "disagree" in str(caught.value) and str(tmp_path / "bad.gguf") in str(caught.value)
+
+
+def hand_made_prune_unit(root: Path, tokenizer_dir: Path) -> Path:
+    """A run directory as the prune stage leaves it (one unit exported at its true widths), its
+    reference checkpoint a directory holding the BPE tokenizer, named relative to the spec."""
+    import shutil
+
+    from geospec.measure.probe import find_ffn_sites
+    from geospec.measure.sensitivity import logits_of
+    from geospec.prune.apply import pruned
+
+    checkpoint = root / "checkpoint"
+    shutil.copytree(tokenizer_dir, checkpoint)
+    model = gguf_models.llama(eos_of(tokenizer_dir), widths=None)
+    model.save_pretrained(checkpoint)
+    run = root / "run"
+    unit = run / "prune" / "keep-0.667" / "flap" / "seed-0"
+    unit.mkdir(parents=True)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    sites = find_ffn_sites(model, 64, lambda: logits_of(model, ids))
+    with torch.no_grad(), pruned(sites, [list(range(96))] * 3, gguf_models.WIDTHS):
+        export_pruned(model, sites, gguf_models.WIDTHS, unit / "model")
+    (unit / "result.json").write_text(json.dumps({"widths": gguf_models.WIDTHS, "loss": {}}))
+    (run / "spec.resolved.toml").write_text('[reference]\ncheckpoint = "checkpoint"\n')
+    (run / "run.json").write_text(json.dumps({"spec": str(root / "spec.toml")}))
+    return unit
+
+
+def test_geospec_export_writes_a_prune_unit_as_gguf_with_its_reference_tokenizer(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    unit = hand_made_prune_unit(tmp_path, tokenizer_dir)
+    out = tmp_path / "flap.gguf"
+    args = ["export", str(unit), "--to", str(out), "--format", "gguf", "--dtype", "f32"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "FFN widths 32 96 64" in result.output and str(out) in result.output
+    assert gguf_widths(out) == gguf_models.WIDTHS
+    assert fields(out)["tokenizer.ggml.pre"] == "gpt-2"
+    again = CliRunner().invoke(cli, args)  # the file exists now
+    assert again.exit_code == 2 and "already exists" in again.output
+    no_suffix = CliRunner().invoke(cli, [*args[:3], str(tmp_path / "flap"), *args[4:]])
+    assert no_suffix.exit_code == 2 and "ends in .gguf" in no_suffix.output
