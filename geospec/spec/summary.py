@@ -70,6 +70,12 @@ def spec_summary(spec: Spec) -> Group:
             f"tokens (the solver uses their mean; flagged below split-half "
             f"{spec.report.min_reliability:g})",
         )
+    if spec.probe.calibration_split == "train":
+        head.add_row(
+            "calibration",
+            "probe, diagnose and demand read the training split (probe.calibration_split): "
+            "no eval window sets a width",
+        )
     if spec.report.compare:
         head.add_row("compare", ", ".join(f"{a} vs {b}" for a, b in spec.report.compare))
     if spec.diagnose.enabled:

@@ -143,8 +143,8 @@ class DemandStage:
         run.say(
             f"[bold]demand[/]: {len(sites)} layers x {len(settings.keep)} keep fractions "
             f"({', '.join(f'{f:g}' for f in settings.keep)}) and {len(pairs)} pairs, "
-            f"{importance.kind_name()} ordering, loss on {windows} validation windows of "
-            f"{seq_len} tokens"
+            f"{importance.kind_name()} ordering, loss on {windows} {self.probe.split_name} "
+            f"windows of {seq_len} tokens"
         )
         total = len(batches) * (len(sites) * (len(settings.keep) + 1) + len(pairs))
         # counted in forward passes (a batch through one cut), the unit the work is done in
@@ -212,7 +212,8 @@ class DemandStage:
         sample = self.probe.sample(data)
         seq_len, batch = self.probe.seq_len, self.probe.probe.batch_size
         device = next(model.parameters()).device
-        windows = np.stack([data.val[w : w + seq_len].astype(np.int64) for w in sample.windows])
+        tokens = self.probe.tokens(data)  # the probe's split: training text in a prune
+        windows = np.stack([tokens[w : w + seq_len].astype(np.int64) for w in sample.windows])
         with (
             stage_progress(run.console, run.say, "calibrating", len(windows)) as advance,
             torch.no_grad(),

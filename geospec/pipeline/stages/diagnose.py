@@ -137,7 +137,8 @@ class Diagnose:
         pairs = sample_pairs(len(sites), settings.pairs, settings.seed)
         windows = setup.windows
         run.say(
-            f"[bold]diagnose[/]: {len(sites)} layers, loss on {windows} validation windows of "
+            f"[bold]diagnose[/]: {len(sites)} layers, loss on {windows} "
+            f"{self.probe.split_name} windows of "
             f"{seq_len} tokens, eps {settings.eps}, {len(pairs)} layer pairs"
         )
         if len(clouds) != len(sites):

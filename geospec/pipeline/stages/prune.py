@@ -6,11 +6,18 @@ which writes each unit's ``prune/keep-<f>/<arm>/seed-<k>/result.json`` as it fin
 interrupted prune resumes) and its record: ``prune.json`` (sealed) gathers the units with the
 unpruned reference's losses. Healing trains through :func:`geospec.pipeline.training.train_into`,
 like every training run (claimed, resumable, a failure recorded in the unit's ``heal/``).
+
+With ``prune.allocation_seeds``, calibration seed k re-draws the probe's token sample (as
+``probe.seed = k`` draws it, from the probe's calibration split) and measures the arms' measured
+profiles on it again (:meth:`PruneStage.redrawn_profiles`), so the geometric arms' widths move
+with the seed; the key then also holds the measure stage's (the probe's settings and the
+measures').
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,10 +29,20 @@ from geospec.layout import PRUNE_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section
 from geospec.pipeline.run_dir import PRUNE_KEYS
-from geospec.spec.sections import DataSpec, ModelSpec, PruneSpec, ReferenceSpec, Spec
+from geospec.pipeline.stages.probe import Probe
+from geospec.spec.resolve import measures
+from geospec.spec.sections import (
+    DataSpec,
+    MeasureSpec,
+    ModelSpec,
+    PruneSpec,
+    ReferenceSpec,
+    Spec,
+)
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from geospec.engine.model import GPT, GPTConfig
     from geospec.prune.study import Healer
@@ -43,10 +60,17 @@ class PruneStage:
     reference: ReferenceSpec
     threads: int | None = None
     """train.threads: torch's CPU threads while healing."""
+    probe: Probe | None = None
+    """The probe's settings, which prune.allocation_seeds draws again for every seed."""
+    entries: tuple[MeasureSpec, ...] = ()
+    """The measures in effect, which prune.allocation_seeds measures again for every seed."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> PruneStage:
-        return cls(spec.prune, spec.data, spec.model, spec.reference, spec.train.threads)
+        return cls(
+            spec.prune, spec.data, spec.model, spec.reference, spec.train.threads,
+            Probe.from_spec(spec), tuple(measures(spec)),
+        )  # fmt: skip
 
     def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         if self.prune is None:
@@ -54,6 +78,9 @@ class PruneStage:
         every = upstream.profiles()
         # keyed by the profiles the arms read: a profile no arm uses changes no pruned model
         profiles = {name: every[name] for name in self.needed_profiles() if name in every}
+        # re-drawn profiles depend on the probe's settings and the measures: the measure key
+        # holds both (only then, so that the keys of prunes without the option are unchanged)
+        redrawn = [upstream.key("measure")] if self.prune.allocation_seeds else []
         key = digest(
             "prune",
             section(self.prune),
@@ -62,6 +89,7 @@ class PruneStage:
             self.model.seq_len,
             self.model.multiple_of,
             {name: list(values) for name, values in sorted(profiles.items())},
+            *redrawn,
         )
         path = run.run_dir / PRUNE_FILE
         return Plan(
@@ -98,9 +126,15 @@ class PruneStage:
         check_healable(model, prune.heal)
         device = next(model.parameters()).device
         corpora = eval_batches(prune.eval, self.data, self.model.seq_len, run.token_data, device)
-        inputs = PruneInputs(
-            prune, key, self.model.seq_len, self.model.multiple_of, self.model.activation, profiles
+        redraw = (
+            self.redrawn_profiles(run, model, d_model, set(profiles))
+            if prune.allocation_seeds
+            else None
         )
+        inputs = PruneInputs(
+            prune, key, self.model.seq_len, self.model.multiple_of, self.model.activation,
+            profiles, redraw,
+        )  # fmt: skip
         record = prune_units(
             model, d_model, inputs, run.token_data(self.data).train, corpora, run.run_dir,
             console=run.console, say=run.say,
@@ -108,6 +142,41 @@ class PruneStage:
         )  # fmt: skip
         atomic_write_json(run.run_dir / PRUNE_FILE, sealed({**record, "key": key}))
         return record
+
+    def redrawn_profiles(
+        self, run: RunContext, model: nn.Module, width: int, needed: set[str]
+    ) -> Callable[[int], dict[str, list[float]]]:
+        """Calibration seed k's measured profiles (those of ``needed`` the measures compute):
+        the probe's sample drawn as ``probe.seed = k`` draws it (from the probe's calibration
+        split), probed on ``model`` and measured as the measure stage measures (the mean over
+        replicates), so the probe's own seed gives the run's profiles back."""
+        from geospec.engine.train import resolve_device
+        from geospec.measure.work import measure_profiles, measure_replicates
+
+        assert self.probe is not None
+        entries = [entry for entry in self.entries if entry.profile in needed]
+        data = run.token_data(self.data)
+        device = resolve_device(run.device, run.dist.local_rank)
+
+        def profiles(seed: int) -> dict[str, list[float]]:
+            if not entries:
+                return {}
+            assert self.probe is not None
+            probe = replace(self.probe, probe=self.probe.probe.model_copy(update={"seed": seed}))
+            clouds = probe.clouds(model, width, data, probe.sample(data))
+            replicates = probe.probe.replicates
+            run.say(f"prune: seed {seed}: {len(entries)} profiles measured on its own sample")
+            if replicates == 1:
+                return measure_profiles(clouds, entries, progress=False, device=device)
+            measured = measure_replicates(
+                clouds, replicates, entries, progress=False, device=device
+            )
+            return {
+                name: [sum(layer) / len(layer) for layer in zip(*values, strict=True)]
+                for name, values in measured.items()
+            }
+
+        return profiles
 
     def healer(self, run: RunContext, corpora: dict[str, list[Any]]) -> Healer:
         """How a unit's pruned model is healed: trained into its ``heal/`` like any run."""
