@@ -42,7 +42,7 @@ def leak_spec(directory: Path, split: str | None = None) -> Path:
     spec = tomlkit.parse(path.read_text())
     spec["diagnose"], spec["demand"] = DIAGNOSE, DEMAND
     if split is not None:
-        spec["probe"]["calibration_split"] = split  # type: ignore[index]
+        spec["probe"]["calibration_split"] = split
     path.write_text(tomlkit.dumps(spec))
     return path
 
@@ -209,6 +209,8 @@ def test_a_prune_spec_defaults_to_the_training_split_and_training_studies_keep_t
     kept = load_spec(leak_spec(tmp_path / "val", "val"))
     assert kept.probe.calibration_split == "val"
     assert section(kept.probe) == section(study.probe.model_copy(update={"tokens": 64}))
+    assert pruned.prune is not None and not pruned.prune.allocation_seeds
+    assert "allocation_seeds" not in section(pruned.prune)  # existing prune keys: unchanged
 
 
 def test_a_prune_without_training_text_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -218,7 +220,7 @@ def test_a_prune_without_training_text_is_refused_in_one_line(tmp_path: Path) ->
 
     spec = leak_spec(tmp_path)
     data = tomlkit.parse(spec.read_text())
-    data["data"]["val_fraction"] = 1.0  # type: ignore[index]
+    data["data"]["val_fraction"] = 1.0
     spec.write_text(tomlkit.dumps(data))
     result = CliRunner().invoke(cli, ["validate", str(spec)])
     assert result.exit_code == 2 and "Traceback" not in result.output
@@ -237,8 +239,8 @@ def seeded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         calibration={"windows": 8, "seeds": [0, 1, 2, 3]},
     )  # fmt: skip
     data = tomlkit.parse(spec.read_text())
-    data["probe"]["tokens"] = 24  # type: ignore[index]  # a small sample: a noisy profile
-    data["model"]["multiple_of"] = 1  # type: ignore[index]  # widths free to move by one neuron
+    data["probe"]["tokens"] = 24  # a small sample: a noisy profile
+    data["model"]["multiple_of"] = 1  # widths free to move by one neuron
     spec.write_text(tomlkit.dumps(data))
     invoke("prune", str(spec))
     return directory
@@ -264,8 +266,8 @@ def test_the_probe_seed_draws_the_runs_own_profiles_back(seeded_run: Path) -> No
     spec = copy / "spec.toml"
     data = tomlkit.parse(spec.read_text())
     data["out"] = str(copy / "run")
-    data["prune"]["allocation_seeds"] = False  # type: ignore[index]
-    data["prune"]["calibration"]["seeds"] = [0]  # type: ignore[index]
+    data["prune"]["allocation_seeds"] = False
+    data["prune"]["calibration"]["seeds"] = [0]
     spec.write_text(tomlkit.dumps(data))
     invoke("prune", str(spec))
     off = json.loads((copy / "run" / "prune.json").read_text())
