@@ -233,7 +233,7 @@ def test_a_prune_without_training_text_is_refused_in_one_line(tmp_path: Path) ->
 @pytest.fixture(scope="module")
 def seeded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("allocation-seeds")
-    arms = [ARMS[0], ARMS[2]]  # uniform and shift/spherical
+    arms = [ARMS[0], ARMS[2], ARMS[3]]  # uniform, shift/spherical, residual_norm/mean
     spec = prune_spec(
         directory, arms=arms, keep=[0.75, 0.5], export=False, allocation_seeds=True,
         calibration={"windows": 8, "seeds": [0, 1, 2, 3]},
@@ -241,25 +241,71 @@ def seeded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = tomlkit.parse(spec.read_text())
     data["probe"]["tokens"] = 24  # a small sample: a noisy profile
     data["model"]["multiple_of"] = 1  # widths free to move by one neuron
+    data["diagnose"] = DIAGNOSE
     spec.write_text(tomlkit.dumps(data))
     invoke("prune", str(spec))
     return directory
 
 
-def test_allocation_seeds_move_the_geometric_widths(seeded_run: Path) -> None:
+def test_allocation_seeds_move_the_widths_and_the_profiles(seeded_run: Path) -> None:
+    """Each seed's widths keep the budget; the measured arm's (shift/spherical) are not the
+    same on every seed; each unit records the profiles its seed measured, the measured and the
+    diagnostic one (residual_norm/mean, whose 3% spread over seeds moves no width of this tiny
+    model), and they differ between seeds."""
     record = json.loads((seeded_run / "run" / "prune.json").read_text())
     moved = []
     for budget in record["budgets"]:
-        shift = budget["arms"]["shift"]["widths"]
-        assert all(sum(w) == budget["budget"] for w in shift.values())
-        moved.append(len({tuple(w) for w in shift.values()}) > 1)
+        for name in ("shift", "norm"):
+            widths = budget["arms"][name]["widths"]
+            assert all(sum(w) == budget["budget"] for w in widths.values())
+        moved.append(len({tuple(w) for w in budget["arms"]["shift"]["widths"].values()}) > 1)
         assert len({tuple(w) for w in budget["arms"]["uniform"]["widths"].values()}) == 1
     assert any(moved)
+    units = seeded_run / "run" / "prune" / "keep-0.5" / "norm"
+    measured = [json.loads((units / f"seed-{k}" / "result.json").read_text()) for k in range(4)]
+    for name in ("shift/spherical", "residual_norm/mean"):
+        assert len({tuple(unit["profiles"][name]) for unit in measured}) == 4, name
+
+
+def test_a_seeded_loss_draw_reads_distinct_training_windows(prune_dir: Path) -> None:
+    """Probe.loss_seed: the diagnose and demand losses of allocation seed k are measured on
+    windows drawn with k, each one a window of the training split, other windows for another
+    seed; without it, the first training windows."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from geospec.engine.distributed import DistContext
+    from geospec.pipeline.context import RunContext
+    from geospec.pipeline.stages.probe import Probe
+
+    spec = load_spec(prune_dir / "spec.toml")
+    run = RunContext(prune_dir / "run", prune_dir, Console(quiet=True), DistContext(), "cpu")
+    data = tokens(prune_dir)
+    train = torch.as_tensor(data.train.astype(np.int64))
+    windows = train[: (len(train) - 1) // 16 * 16].view(-1, 16)  # every training window
+    drawn = {}
+    for seed in (None, 1, 2):
+        probe = replace(Probe.from_spec(spec), loss_seed=seed)
+        setup = probe.loss_setup(run, windows=6, batch_size=4)
+        x = torch.cat([inputs for inputs, _ in setup.batches])
+        matches = (x[:, None, :] == windows[None, :, :]).all(dim=2)
+        assert matches.any(dim=1).all()  # every input row is a training window
+        drawn[seed] = [int(i) for i in matches.float().argmax(dim=1)]
+    assert drawn[None] == list(range(6))
+    assert len(set(drawn[1])) == 6 and drawn[1] == sorted(drawn[1])
+    assert drawn[1] != drawn[2] and drawn[1] != drawn[None]
+
+
+@pytest.fixture
+def prune_dir(tmp_path: Path) -> Path:
+    leak_spec(tmp_path)
+    return tmp_path
 
 
 def test_the_probe_seed_draws_the_runs_own_profiles_back(seeded_run: Path) -> None:
-    """Seed 0 re-draws the sample probe.seed = 0 drew for the run: its widths are those the
-    same prune solves from the run's profiles without allocation seeds."""
+    """Seed 0 re-draws the sample probe.seed = 0 drew for the run: the widths of the arms read
+    from it are those the same prune solves from the run's profiles without allocation seeds."""
     record = json.loads((seeded_run / "run" / "prune.json").read_text())
     copy = seeded_run.parent / "allocation-seeds-off"
     shutil.copytree(seeded_run, copy, ignore=shutil.ignore_patterns("run"))
@@ -272,5 +318,6 @@ def test_the_probe_seed_draws_the_runs_own_profiles_back(seeded_run: Path) -> No
     invoke("prune", str(spec))
     off = json.loads((copy / "run" / "prune.json").read_text())
     for on_budget, off_budget in zip(record["budgets"], off["budgets"], strict=True):
-        seeded = on_budget["arms"]["shift"]["widths"]["0"]
-        assert seeded == off_budget["arms"]["shift"]["widths"]["0"]
+        for name in ("shift", "norm"):  # residual norms: from the same clouds
+            seeded = on_budget["arms"][name]["widths"]["0"]
+            assert seeded == off_budget["arms"][name]["widths"]["0"], name

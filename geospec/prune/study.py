@@ -174,6 +174,8 @@ def prune_units(
                 unit, unit_dir, unit_key, inputs, heal, means,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
+            if inputs.redraw is not None:  # what this seed's allocation was solved from
+                result["profiles"] = {k: list(v) for k, v in profiles[unit.seed].items()}
             result["key"] = unit_key
             atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
             results[unit] = result

@@ -113,8 +113,11 @@ class Diagnose:
             diagnostic_plots(run.run_dir, diagnostics)
         return dict(diagnostics["profiles"])
 
-    def measure_reference(self, run: RunContext) -> dict[str, Any]:
-        """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity."""
+    def measure_reference(
+        self, run: RunContext, clouds: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    ) -> dict[str, Any]:
+        """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity;
+        on ``clouds`` (default: the probe stage's, from the run directory)."""
         from geospec.engine.distributed import spread_over_ranks
         from geospec.engine.progress import stage_progress
         from geospec.measure.intrinsic_dimension import two_nn
@@ -133,7 +136,8 @@ class Diagnose:
             setup.batches,
             setup.sites,
         )
-        clouds = load_clouds(run.run_dir / CLOUDS_DIR)
+        if clouds is None:
+            clouds = load_clouds(run.run_dir / CLOUDS_DIR)
         pairs = sample_pairs(len(sites), settings.pairs, settings.seed)
         windows = setup.windows
         run.say(

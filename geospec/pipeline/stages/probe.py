@@ -66,6 +66,9 @@ class Probe:
     seq_len: int
     reference: ReferenceSpec
     """Which model is probed: a pretrained checkpoint, or the run's own reference/."""
+    loss_seed: int | None = None
+    """None: diagnose and demand measure their losses on the first windows of the calibration
+    split; k: on windows drawn with seed k (prune.allocation_seeds' seed k)."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Probe:
@@ -147,17 +150,27 @@ class Probe:
 
     def loss_setup(self, run: RunContext, windows: int, batch_size: int) -> LossSetup:
         """The reference model with its FFN sites and the first ``windows`` windows of the
-        calibration split (:meth:`tokens`) in batches: what the diagnose and demand stages
-        measure losses on."""
+        calibration split (:meth:`tokens`; drawn with ``loss_seed`` when it is set) in batches:
+        what the diagnose and demand stages measure losses on."""
         from geospec.measure.probe import find_ffn_sites
-        from geospec.measure.sensitivity import logits_of, loss_batches, scored_text
+        from geospec.measure.sensitivity import (
+            drawn_loss_batches,
+            logits_of,
+            loss_batches,
+            scored_text,
+        )
         from geospec.pipeline.stages.reference import load_reference
 
         data = run.token_data(self.data)
         model, width = load_reference(run, self.reference)
         device = next(model.parameters()).device
         text = scored_text(self.tokens(data), data.eot_id if self.data.end_of_text else None)
-        batches = loss_batches(text, self.seq_len, windows, batch_size, device)
+        if self.loss_seed is None:
+            batches = loss_batches(text, self.seq_len, windows, batch_size, device)
+        else:
+            batches = drawn_loss_batches(
+                text, self.seq_len, windows, batch_size, device, self.loss_seed
+            )
         sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
         return LossSetup(model, width, data, batches, sites)
 
