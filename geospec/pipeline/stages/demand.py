@@ -166,7 +166,12 @@ class DemandStage:
             for layer in range(len(sites))
         ]
         return {
-            "loss": {"base": demand.base, "windows": windows, "tokens": windows * seq_len},
+            "loss": {
+                "base": demand.base,
+                "windows": windows,
+                "tokens": windows * seq_len,
+                "split": self.probe.probe.calibration_split,
+            },
             "importance": settings.importance.model_dump(mode="json"),
             "keep": list(demand.keep),
             "multiple": self.multiple,

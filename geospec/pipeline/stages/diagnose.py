@@ -205,6 +205,7 @@ class Diagnose:
                 "windows": windows,
                 "tokens": windows * seq_len,
                 "eps": settings.eps,
+                "split": self.probe.probe.calibration_split,
             },
             "layers": layers,
             "additivity": {
