@@ -180,6 +180,14 @@ def test_probe_diagnose_and_demand_read_the_training_split(leak_runs: dict[str, 
         expected = plain_loss(model, data.train, windows, data.eot_id)
         assert base["base"] == pytest.approx(expected, rel=1e-5), name
         assert base["base"] != pytest.approx(plain_loss(model, data.val, windows, data.eot_id))
+    from geospec.report import demand as demand_report
+    from geospec.report import diagnostics as diagnose_report
+
+    for lines in (
+        diagnose_report.summary_lines(json.loads((run / "diagnostics.json").read_text())),
+        demand_report.summary_lines(json.loads((run / "demand.json").read_text())),
+    ):
+        assert "training windows" in lines[0] and "validation" not in lines[0]
     meta = json.loads((run / "clouds" / "meta.json").read_text())
     assert meta["split"] == "train" and max(meta["windows"]) + 16 > len(data.val)  # past val
     cloud = load_file(str(run / "clouds" / "layer-000.safetensors"))["x"]
