@@ -100,7 +100,8 @@ def spec_summary(spec: Spec) -> Group:
                 f"{plugin_call(p.importance.model_dump(mode='json'))}"
                 f"{'; bias compensated by the calibration means' if p.compensate == 'mean' else ''}"
                 "; calibration seeds "
-                f"{p.calibration.seeds} x {p.calibration.windows} windows; eval "
+                f"{p.calibration.seeds} x {p.calibration.windows} windows"
+                f"{' (each also re-draws the profiles)' if p.allocation_seeds else ''}; eval "
                 f"{', '.join(p.eval.corpora)} x {p.eval.windows} windows; baseline {p.baseline}"
             ),
         )
