@@ -143,10 +143,12 @@ def sample_tokens(
     skip_first: int = 0,
     skip_ids: Sequence[int] = (),
     replicates: int = 1,
+    split: str = "validation",
 ) -> TokenSample:
     """Deterministically choose ``n_tokens`` token positions from non-overlapping windows.
 
-    Windows of ``seq_len`` tokens are drawn without overlap from ``tokens`` (the validation split);
+    Windows of ``seq_len`` tokens are drawn without overlap from ``tokens`` (the ``split`` its
+    messages name: the validation split, or the training split in a prune);
     positions before ``skip_first`` and tokens in ``skip_ids`` (special tokens) are never chosen.
     By default about a quarter of each window's eligible positions are used, so clouds span many
     contexts.
@@ -169,7 +171,7 @@ def sample_tokens(
             else (f"probe.replicates {replicates} x {max(sequences, 1)} windows")
         )
         raise ProbeError(
-            f"{wanted} exceeds the {available} validation windows of {seq_len} "
+            f"{wanted} exceeds the {available} {split} windows of {seq_len} "
             "tokens; lower it or use more data"
         )
     rng = np.random.default_rng(seed)

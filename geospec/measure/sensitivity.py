@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from geospec.engine.distributed import DistContext, spread_over_ranks
+from geospec.errors import UsageError
 from geospec.measure.probe import FFNSite
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -75,6 +76,35 @@ def loss_batches(
     from geospec.engine.batches import validation_windows, window_tensors
 
     chosen = validation_windows(len(tokens), seq_len, windows * seq_len)
+    batches = []
+    for start in range(0, len(chosen), batch_size):
+        x, y = window_tensors(tokens, chosen[start : start + batch_size], seq_len, bos)
+        batches.append((x.to(device), y.to(device)))
+    return batches
+
+
+def drawn_loss_batches(
+    tokens: np.ndarray,
+    seq_len: int,
+    windows: int,
+    batch_size: int,
+    device: torch.device,
+    seed: int,
+    bos: int | None = None,
+) -> list[Batch]:
+    """``windows`` windows (inputs, next-token targets) drawn without overlap with ``seed``, in
+    the order of the text, in batches: a seeded draw where :func:`loss_batches` takes the first
+    ones (prune.allocation_seeds' seed k measures its losses on its own windows); ``bos`` as
+    :func:`loss_batches` takes it."""
+    from geospec.engine.batches import window_count, window_tensors
+
+    available = window_count(len(tokens), seq_len)
+    if available == 0:
+        raise UsageError(
+            f"{len(tokens)} tokens are fewer than model.seq_len + 1 = {seq_len + 1}; use more data"
+        )
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(available, size=min(windows, available), replace=False))
     batches = []
     for start in range(0, len(chosen), batch_size):
         x, y = window_tensors(tokens, chosen[start : start + batch_size], seq_len, bos)

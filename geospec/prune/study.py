@@ -3,8 +3,9 @@ run directory's ``prune/`` (docs/prune.md).
 
 For calibration seed k the importance scores (and each layer's neuron ordering) come from
 calibration sample k of the training split; every arm's widths at each keep fraction come from
-:func:`geospec.prune.allocate.allocate` (the run's profiles for schedules that read them, the
-scores for flap and owl); the reference keeps, in layer l, the ``widths[l]`` best neurons, and
+:func:`geospec.prune.allocate.allocate` (the run's profiles for schedules that read them, or,
+with ``prune.allocation_seeds``, the measured profiles re-drawn for seed k; the scores for flap
+and owl); the reference keeps, in layer l, the ``widths[l]`` best neurons, and
 its mean next-token loss is measured on every eval corpus's held-out windows. A unit whose
 record holds its key is reused (:mod:`geospec.prune.units`), so an interrupted prune resumes.
 """
@@ -59,6 +60,18 @@ class PruneInputs:
     activation: str
     profiles: Mapping[str, Sequence[float]]
     """The profiles the arms' schedules read."""
+    redraw: Callable[[int], Mapping[str, Sequence[float]]] | None = None
+    """With ``prune.allocation_seeds``: calibration seed k's own measurement of the profiles it
+    can re-draw (a probe sample drawn with seed k, measured again); they replace the run's
+    profiles of the same names for seed k's units. None: every seed reads ``profiles``."""
+
+    def seed_profiles(self, seed: int) -> Mapping[str, Sequence[float]]:
+        """The profiles calibration seed ``seed``'s allocations are solved from."""
+        if self.redraw is None:
+            return self.profiles
+        redrawn = self.redraw(seed)
+        return {name: redrawn.get(name, values) for name, values in self.profiles.items()}
+
     bos: int | None = None
     """The token every window starts with (the tokenizer's BOS, ``TokenData.bos_id``), or None."""
 
@@ -125,6 +138,7 @@ def prune_units(
     units = units_of(prune)
     results: dict[Unit, dict[str, Any]] = {}
     scored: dict[int, Scored] = {}  # by calibration seed
+    profiles: dict[int, Mapping[str, Sequence[float]]] = {}  # by calibration seed, when needed
     widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
     with stage_progress(console, say, "pruned models", len(units)) as advance:
         for unit in units:
@@ -155,14 +169,18 @@ def prune_units(
                 scored[unit.seed] = Scored(scores, orders, means)
             scores, orders, means = scored[unit.seed]
             if (unit.seed, unit.keep) not in widths:
+                if unit.seed not in profiles:
+                    profiles[unit.seed] = inputs.seed_profiles(unit.seed)
                 widths[(unit.seed, unit.keep)] = allocate(
-                    prune.arms, dims[unit.keep], inputs.profiles, scores
+                    prune.arms, dims[unit.keep], profiles[unit.seed], scores
                 )
             result = pruned_unit(
                 model, sites, orders, widths[(unit.seed, unit.keep)][unit.arm], corpora,
                 unit, unit_dir, unit_key, inputs, heal, means,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
+            if inputs.redraw is not None:  # what this seed's allocation was solved from
+                result["profiles"] = {k: list(v) for k, v in profiles[unit.seed].items()}
             result["key"] = unit_key
             atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
             results[unit] = result

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from geospec.report.diagnostics import number
+from geospec.report.diagnostics import number, split_name
 
 
 def layer_headers(demand: Mapping[str, Any]) -> list[str]:
@@ -74,7 +74,7 @@ def summary_lines(demand: Mapping[str, Any]) -> list[str]:
     lines = [
         f"Each layer's FFN alone keeps a fraction of its neurons (the {importance} ordering's "
         f"best, in multiples of {demand['multiple']}); Δloss is the increase of the loss on "
-        f"{loss['windows']} validation windows ({loss['tokens']:,} tokens) over the uncut "
+        f"{loss['windows']} {split_name(loss)} windows ({loss['tokens']:,} tokens) over the uncut "
         f"{loss['base']:.4f}. Fit: Δloss = λ ((w/W)^-a - 1).",
     ]
     missing = [row["layer"] for row in demand["layers"] if not row["fit"]["power_law"]]

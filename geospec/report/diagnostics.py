@@ -82,12 +82,17 @@ def pair_rows(diagnostics: Mapping[str, Any]) -> list[list[str]]:
     ]
 
 
+def split_name(loss: Mapping[str, Any]) -> str:
+    """Which split a recorded loss was measured on (records without ``split``: validation)."""
+    return "training" if loss.get("split") == "train" else "validation"
+
+
 def summary_lines(diagnostics: Mapping[str, Any]) -> list[str]:
     loss = diagnostics["loss"]
     additivity = diagnostics["additivity"]
     r2 = additivity["r2"]
     lines = [
-        f"Loss on {loss['windows']} validation windows ({loss['tokens']:,} tokens): "
+        f"Loss on {loss['windows']} {split_name(loss)} windows ({loss['tokens']:,} tokens): "
         f"{loss['base']:.4f}. Δloss scaled: the loss increase when the layer's FFN sub-layer "
         f"output is multiplied by 1 - eps = {1 - loss['eps']:g}; removed: multiplied by 0.",
         f"Local additivity over {len(additivity['pairs'])} layer pairs "

@@ -256,6 +256,14 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 "nothing)",
             )
         )
+    if spec.data.val_fraction >= 1.0 and spec.probe.calibration_split == "train":
+        problems.append(
+            (
+                "data.val_fraction",
+                "1.0 leaves no training text, and a prune calibrates on the training split "
+                "(probe.calibration_split, prune.calibration); use less than 1.0",
+            )
+        )
     if spec.eval is not None:
         problems += [("eval", message) for message in eval_problems(spec)]
     if len(spec.arms) > 1 and spec.report.baseline not in seen:

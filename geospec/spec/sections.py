@@ -275,7 +275,12 @@ class ProbeSpec(Section):
     """Sequences per forward pass while probing."""
     replicates: Annotated[int, ADDED_LATER, Field(ge=1, le=1000)] = 1
     """Measure every profile on this many disjoint token samples (each of `tokens` positions
-    from its own validation windows); the solver uses their mean and the report their spread."""
+    from its own windows); the solver uses their mean and the report their spread."""
+    calibration_split: Annotated[Literal["val", "train"], ADDED_LATER] = "val"
+    """The split of [data] the reference is measured on: the probe's tokens, the diagnose and
+    demand losses and demand's calibration. A spec with [prune] defaults to "train" (its eval
+    windows, the first validation windows of each corpus, then reach nothing but the pruned
+    models' scores); any other to "val"."""
 
 
 class MeasureSpec(Section):
@@ -500,6 +505,11 @@ class PruneSpec(Section):
     """Write every pruned model as a transformers checkpoint."""
     heal: Annotated[PruneHeal, ADDED_LATER] = Field(default_factory=PruneHeal)
     """Fine-tune every pruned model (steps > 0) and measure it again (docs/prune.md)."""
+    allocation_seeds: Annotated[bool, ADDED_LATER] = False
+    """Calibration seed k also re-draws what the allocations are measured from: the probe's
+    token sample (as probe.seed = k would draw it, from probe.calibration_split) and the
+    measured profiles on it, so a geometric arm's widths move with the seed (docs/prune.md).
+    false: every seed shares the run's profiles and only the neuron scores change."""
     compensate: Annotated[Literal["none", "mean"], ADDED_LATER] = "none"
     """FLAP's bias compensation, for every arm: "mean" gives each cut layer's output projection
     the bias sum over its removed neurons j of mean_j x W_out[:, j] (mean_j: neuron j's signed
@@ -662,6 +672,22 @@ class Spec(Section):
             data.setdefault("probe_only", True)
         if data.get("probe_only") is True and "train" not in data:
             data["train"] = {"steps": 1}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prune_calibrates_on_train(cls, data: Any) -> Any:
+        """The one place the calibration split's default is decided: "train" in a spec with
+        [prune] (whatever sets a width must never see an eval window), unless
+        probe.calibration_split says otherwise; "val" (the field's default) elsewhere, so that
+        no training study's key changes."""
+        if not isinstance(data, dict) or data.get("prune") is None:
+            return data
+        probe = data.get("probe", {})
+        if isinstance(probe, dict) and "calibration_split" not in probe:
+            return {**data, "probe": {**probe, "calibration_split": "train"}}
+        if isinstance(probe, ProbeSpec) and "calibration_split" not in probe.model_fields_set:
+            return {**data, "probe": probe.model_copy(update={"calibration_split": "train"})}
         return data
 
     @property

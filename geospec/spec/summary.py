@@ -70,6 +70,12 @@ def spec_summary(spec: Spec) -> Group:
             f"tokens (the solver uses their mean; flagged below split-half "
             f"{spec.report.min_reliability:g})",
         )
+    if spec.probe.calibration_split == "train":
+        head.add_row(
+            "calibration",
+            "probe, diagnose and demand read the training split (probe.calibration_split): "
+            "no eval window sets a width",
+        )
     if spec.report.compare:
         head.add_row("compare", ", ".join(f"{a} vs {b}" for a, b in spec.report.compare))
     if spec.diagnose.enabled:
@@ -94,7 +100,8 @@ def spec_summary(spec: Spec) -> Group:
                 f"{plugin_call(p.importance.model_dump(mode='json'))}"
                 f"{'; bias compensated by the calibration means' if p.compensate == 'mean' else ''}"
                 "; calibration seeds "
-                f"{p.calibration.seeds} x {p.calibration.windows} windows; eval "
+                f"{p.calibration.seeds} x {p.calibration.windows} windows"
+                f"{' (each also re-draws the profiles)' if p.allocation_seeds else ''}; eval "
                 f"{', '.join(p.eval.corpora)} x {p.eval.windows} windows; baseline {p.baseline}"
             ),
         )

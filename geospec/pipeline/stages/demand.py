@@ -143,8 +143,8 @@ class DemandStage:
         run.say(
             f"[bold]demand[/]: {len(sites)} layers x {len(settings.keep)} keep fractions "
             f"({', '.join(f'{f:g}' for f in settings.keep)}) and {len(pairs)} pairs, "
-            f"{importance.kind_name()} ordering, loss on {windows} validation windows of "
-            f"{seq_len} tokens"
+            f"{importance.kind_name()} ordering, loss on {windows} {self.probe.split_name} "
+            f"windows of {seq_len} tokens"
         )
         total = len(batches) * (len(sites) * (len(settings.keep) + 1) + len(pairs))
         # counted in forward passes (a batch through one cut), the unit the work is done in
@@ -166,7 +166,12 @@ class DemandStage:
             for layer in range(len(sites))
         ]
         return {
-            "loss": {"base": demand.base, "windows": windows, "tokens": windows * seq_len},
+            "loss": {
+                "base": demand.base,
+                "windows": windows,
+                "tokens": windows * seq_len,
+                "split": self.probe.probe.calibration_split,
+            },
             "importance": settings.importance.model_dump(mode="json"),
             "keep": list(demand.keep),
             "multiple": self.multiple,
@@ -213,7 +218,8 @@ class DemandStage:
         sample = self.probe.sample(data)
         seq_len, batch = self.probe.seq_len, self.probe.probe.batch_size
         device = next(model.parameters()).device
-        read = np.stack([data.val[w : w + seq_len].astype(np.int64) for w in sample.windows])
+        tokens = self.probe.tokens(data)  # the probe's split: training text in a prune
+        read = np.stack([tokens[w : w + seq_len].astype(np.int64) for w in sample.windows])
         windows = with_bos(torch.as_tensor(read), data.bos_id)  # the probe's windows, as it reads
         with (
             stage_progress(run.console, run.say, "calibrating", len(windows)) as advance,

@@ -113,8 +113,11 @@ class Diagnose:
             diagnostic_plots(run.run_dir, diagnostics)
         return dict(diagnostics["profiles"])
 
-    def measure_reference(self, run: RunContext) -> dict[str, Any]:
-        """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity."""
+    def measure_reference(
+        self, run: RunContext, clouds: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    ) -> dict[str, Any]:
+        """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity;
+        on ``clouds`` (default: the probe stage's, from the run directory)."""
         from geospec.engine.distributed import spread_over_ranks
         from geospec.engine.progress import stage_progress
         from geospec.measure.intrinsic_dimension import two_nn
@@ -133,11 +136,13 @@ class Diagnose:
             setup.batches,
             setup.sites,
         )
-        clouds = load_clouds(run.run_dir / CLOUDS_DIR)
+        if clouds is None:
+            clouds = load_clouds(run.run_dir / CLOUDS_DIR)
         pairs = sample_pairs(len(sites), settings.pairs, settings.seed)
         windows = setup.windows
         run.say(
-            f"[bold]diagnose[/]: {len(sites)} layers, loss on {windows} validation windows of "
+            f"[bold]diagnose[/]: {len(sites)} layers, loss on {windows} "
+            f"{self.probe.split_name} windows of "
             f"{seq_len} tokens, eps {settings.eps}, {len(pairs)} layer pairs"
         )
         if len(clouds) != len(sites):
@@ -200,6 +205,7 @@ class Diagnose:
                 "windows": windows,
                 "tokens": windows * seq_len,
                 "eps": settings.eps,
+                "split": self.probe.probe.calibration_split,
             },
             "layers": layers,
             "additivity": {

@@ -1,11 +1,17 @@
-"""The probe stage: sample validation tokens, capture every layer's clouds, store them.
+"""The probe stage: sample tokens, capture every layer's clouds, store them.
+
+The tokens come from ``probe.calibration_split`` of [data] (the validation split, or the
+training split in a spec with [prune], whose eval windows must reach nothing but the pruned
+models' scores): :meth:`Probe.tokens` is the one place that picks the split, for the probe and
+for the diagnose and demand stages, which measure through this stage's settings.
 
 Clouds are written as ``clouds/layer-XXX.safetensors`` (tensors ``x`` and ``y``, n x d float32)
 and ``clouds/meta.json`` last, so a directory without meta.json is never trusted. meta.json
 records the layer count, the shapes and each file's content hash; clouds that do not match it
 (a file deleted, cut or changed) are probed again, and :func:`load_clouds` refuses them. With
 ``probe.replicates`` R > 1 each cloud holds R disjoint token samples one after the other
-(meta.json records ``replicates``; its ``tokens`` counts every row).
+(meta.json records ``replicates``; its ``tokens`` counts every row). meta.json also records
+the ``split`` the windows' start offsets index.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from geospec.pipeline.keys import data_key, digest, section
 from geospec.spec.sections import DataSpec, ProbeSpec, ReferenceSpec, Spec
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from torch import nn
 
@@ -35,7 +42,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LossSetup:
-    """The reference and the validation batches its losses are measured on."""
+    """The reference and the batches its losses are measured on (the first windows of the
+    probe's calibration split)."""
 
     model: nn.Module
     width: int
@@ -58,6 +66,9 @@ class Probe:
     seq_len: int
     reference: ReferenceSpec
     """Which model is probed: a pretrained checkpoint, or the run's own reference/."""
+    loss_seed: int | None = None
+    """None: diagnose and demand measure their losses on the first windows of the calibration
+    split; k: on windows drawn with seed k (prune.allocation_seeds' seed k)."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Probe:
@@ -88,7 +99,7 @@ class Probe:
         samples = f"{probe.replicates} x " if probe.replicates > 1 else ""
         run.say(
             f"[bold]probe[/]: {samples}{probe.tokens} tokens from {len(sample.windows)} "
-            f"validation windows, site {probe.site}"
+            f"{self.split_name} windows, site {probe.site}"
         )
         with stage_progress(
             run.console, run.say, "probing", len(sample.windows), run.is_main
@@ -121,23 +132,45 @@ class Probe:
                 **replicates,
                 "width": width,
                 "site": probe.site,
+                "split": probe.calibration_split,
                 "windows": [int(w) for w in sample.windows],
                 "digests": digests,
             },
         )
 
+    @property
+    def split_name(self) -> str:
+        """The calibration split as messages name it."""
+        return "training" if self.probe.calibration_split == "train" else "validation"
+
+    def tokens(self, data: TokenData) -> np.ndarray:
+        """The tokens the reference is measured on: ``probe.calibration_split`` of ``data``
+        (the training split in a prune, so that no eval window reaches a width)."""
+        return data.train if self.probe.calibration_split == "train" else data.val
+
     def loss_setup(self, run: RunContext, windows: int, batch_size: int) -> LossSetup:
-        """The reference model with its FFN sites and the first ``windows`` validation windows
-        in batches: what the diagnose and demand stages measure losses on."""
+        """The reference model with its FFN sites and the first ``windows`` windows of the
+        calibration split (:meth:`tokens`; drawn with ``loss_seed`` when it is set) in batches:
+        what the diagnose and demand stages measure losses on."""
         from geospec.measure.probe import find_ffn_sites
-        from geospec.measure.sensitivity import logits_of, loss_batches, scored_text
+        from geospec.measure.sensitivity import (
+            drawn_loss_batches,
+            logits_of,
+            loss_batches,
+            scored_text,
+        )
         from geospec.pipeline.stages.reference import load_reference
 
         data = run.token_data(self.data)
         model, width = load_reference(run, self.reference)
         device = next(model.parameters()).device
-        val = scored_text(data.val, data.eot_id if self.data.end_of_text else None)
-        batches = loss_batches(val, self.seq_len, windows, batch_size, device, data.bos_id)
+        text = scored_text(self.tokens(data), data.eot_id if self.data.end_of_text else None)
+        if self.loss_seed is None:
+            batches = loss_batches(text, self.seq_len, windows, batch_size, device, data.bos_id)
+        else:
+            batches = drawn_loss_batches(
+                text, self.seq_len, windows, batch_size, device, self.loss_seed, data.bos_id
+            )
         sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
         return LossSetup(model, width, data, batches, sites)
 
@@ -148,7 +181,7 @@ class Probe:
         probe = self.probe
         skip_ids = [data.eot_id] if probe.skip_special else []
         return sample_tokens(
-            data.val,
+            self.tokens(data),
             self.seq_len,
             probe.tokens,
             probe.seed,
@@ -156,6 +189,7 @@ class Probe:
             probe.skip_first,
             skip_ids,
             probe.replicates,
+            split=self.split_name,
         )
 
     def clouds(
@@ -175,7 +209,7 @@ class Probe:
 
         return probe_clouds(
             model,
-            data.val,
+            self.tokens(data),
             sample,
             self.seq_len,
             width,

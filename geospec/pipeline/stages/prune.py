@@ -6,11 +6,19 @@ which writes each unit's ``prune/keep-<f>/<arm>/seed-<k>/result.json`` as it fin
 interrupted prune resumes) and its record: ``prune.json`` (sealed) gathers the units with the
 unpruned reference's losses. Healing trains through :func:`geospec.pipeline.training.train_into`,
 like every training run (claimed, resumable, a failure recorded in the unit's ``heal/``).
+
+With ``prune.allocation_seeds``, calibration seed k re-draws the probe's token sample (as
+``probe.seed = k`` draws it, from the probe's calibration split) and the diagnose and demand
+stages' loss windows (drawn with seed k instead of the first ones), and measures every profile
+the arms read on them again (:meth:`PruneStage.redrawn_profiles`), so every profile-reading
+arm's widths move with the seed; the key then also holds the measure, diagnose and demand
+stages' keys (the probe's settings, the measures, the diagnose and demand settings).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,10 +30,24 @@ from geospec.layout import PRUNE_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section
 from geospec.pipeline.run_dir import PRUNE_KEYS
-from geospec.spec.sections import DataSpec, ModelSpec, PruneSpec, ReferenceSpec, Spec
+from geospec.pipeline.stages.demand import DemandStage
+from geospec.pipeline.stages.diagnose import Diagnose
+from geospec.pipeline.stages.probe import Probe
+from geospec.spec.resolve import measures
+from geospec.spec.sections import (
+    DIAGNOSTIC_PROFILES,
+    DataSpec,
+    MeasureSpec,
+    ModelSpec,
+    PruneSpec,
+    ReferenceSpec,
+    Spec,
+    demand_profile_names,
+)
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from geospec.engine.model import GPT, GPTConfig
     from geospec.prune.study import Healer
@@ -43,10 +65,23 @@ class PruneStage:
     reference: ReferenceSpec
     threads: int | None = None
     """train.threads: torch's CPU threads while healing."""
+    probe: Probe | None = None
+    """The probe's settings, which prune.allocation_seeds draws again for every seed."""
+    entries: tuple[MeasureSpec, ...] = ()
+    """The measures in effect, which prune.allocation_seeds measures again for every seed."""
+    diagnose: Diagnose | None = None
+    """The diagnose stage's settings (when enabled), measured again for every seed likewise."""
+    demand: DemandStage | None = None
+    """The demand stage's settings (when enabled), measured again for every seed likewise."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> PruneStage:
-        return cls(spec.prune, spec.data, spec.model, spec.reference, spec.train.threads)
+        return cls(
+            spec.prune, spec.data, spec.model, spec.reference, spec.train.threads,
+            Probe.from_spec(spec), tuple(measures(spec)),
+            Diagnose.from_spec(spec) if spec.diagnose.enabled else None,
+            DemandStage.from_spec(spec) if spec.demand.enabled else None,
+        )  # fmt: skip
 
     def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         if self.prune is None:
@@ -54,6 +89,14 @@ class PruneStage:
         every = upstream.profiles()
         # keyed by the profiles the arms read: a profile no arm uses changes no pruned model
         profiles = {name: every[name] for name in self.needed_profiles() if name in every}
+        # re-drawn profiles depend on the probe's settings, the measures and the diagnose and
+        # demand settings, which those stages' keys hold (only then, so that the keys of
+        # prunes without the option are unchanged)
+        redrawn = (
+            [upstream.key(name) for name in ("measure", "diagnose", "demand")]
+            if self.prune.allocation_seeds
+            else []
+        )
         key = digest(
             "prune",
             section(self.prune),
@@ -62,6 +105,7 @@ class PruneStage:
             self.model.seq_len,
             self.model.multiple_of,
             {name: list(values) for name, values in sorted(profiles.items())},
+            *redrawn,
         )
         path = run.run_dir / PRUNE_FILE
         return Plan(
@@ -99,15 +143,15 @@ class PruneStage:
         device = next(model.parameters()).device
         corpora = eval_batches(prune.eval, self.data, self.model.seq_len, run.token_data, device)
         data = run.token_data(self.data)
-        inputs = PruneInputs(
-            prune,
-            key,
-            self.model.seq_len,
-            self.model.multiple_of,
-            self.model.activation,
-            profiles,
-            data.bos_id,
+        redraw = (
+            self.redrawn_profiles(run, model, d_model, set(profiles))
+            if prune.allocation_seeds
+            else None
         )
+        inputs = PruneInputs(
+            prune, key, self.model.seq_len, self.model.multiple_of, self.model.activation,
+            profiles, redraw=redraw, bos=data.bos_id,
+        )  # fmt: skip
         record = prune_units(
             model, d_model, inputs, data.train, corpora, run.run_dir,
             console=run.console, say=run.say,
@@ -115,6 +159,70 @@ class PruneStage:
         )  # fmt: skip
         atomic_write_json(run.run_dir / PRUNE_FILE, sealed({**record, "key": key}))
         return record
+
+    def redrawn_profiles(
+        self, run: RunContext, model: nn.Module, width: int, needed: set[str]
+    ) -> Callable[[int], dict[str, list[float]]]:
+        """Calibration seed k's own measurement of the profiles of ``needed``: the probe's
+        sample drawn as ``probe.seed = k`` draws it (from the probe's calibration split) and
+        probed on ``model``; the measured profiles on it as the measure stage measures them
+        (the mean over replicates), so the probe's own seed gives the run's back; the
+        diagnostic ones on those clouds and on diagnose's windows drawn with seed k; the
+        demand ones on demand's windows drawn with seed k (its ordering calibrated on the
+        seed's probe windows). One process measures them (the prune stage runs on rank 0)."""
+        from geospec.engine.distributed import DistContext
+        from geospec.engine.train import resolve_device
+        from geospec.measure import demand_record, diagnostics
+        from geospec.measure.work import measure_profiles, measure_replicates
+
+        assert self.probe is not None
+        entries = [entry for entry in self.entries if entry.profile in needed]
+        diagnostic = needed & set(DIAGNOSTIC_PROFILES) if self.diagnose is not None else set()
+        demand = (
+            needed & set(demand_profile_names(self.demand.demand))
+            if self.demand is not None
+            else set()
+        )
+        data = run.token_data(self.data)
+        device = resolve_device(run.device, run.dist.local_rank)
+        alone = replace(run, dist=DistContext())
+
+        def profiles(seed: int) -> dict[str, list[float]]:
+            assert self.probe is not None
+            probe = replace(
+                self.probe, probe=self.probe.probe.model_copy(update={"seed": seed}), loss_seed=seed
+            )
+            found: dict[str, list[float]] = {}
+            clouds = None
+            if entries or diagnostic:
+                clouds = probe.clouds(model, width, data, probe.sample(data))
+            if entries and clouds is not None:
+                replicates = probe.probe.replicates
+                if replicates == 1:
+                    found.update(measure_profiles(clouds, entries, progress=False, device=device))
+                else:
+                    measured = measure_replicates(
+                        clouds, replicates, entries, progress=False, device=device
+                    )
+                    found.update(
+                        {
+                            name: [sum(layer) / len(layer) for layer in zip(*values, strict=True)]
+                            for name, values in measured.items()
+                        }
+                    )
+            if diagnostic and self.diagnose is not None:
+                reference = replace(self.diagnose, probe=probe).measure_reference(alone, clouds)
+                found.update(diagnostics.profiles_of(reference["layers"]))
+            if demand and self.demand is not None:
+                keep = self.demand.demand.keep
+                cuts = replace(self.demand, probe=probe).measure_reference(alone)
+                found.update(
+                    demand_record.profiles_of(demand_record.fitted(cuts["layers"], keep), keep)
+                )
+            run.say(f"prune: seed {seed}: {len(found)} profiles measured on its own windows")
+            return {name: values for name, values in found.items() if name in needed}
+
+        return profiles
 
     def healer(self, run: RunContext, corpora: dict[str, list[Any]]) -> Healer:
         """How a unit's pruned model is healed: trained into its ``heal/`` like any run."""
