@@ -31,7 +31,7 @@ def is_prune_unit(directory: Path) -> bool:
 
 def unit_model(unit: Path) -> Path:
     """The unit's exported model directory, or one line saying why there is none."""
-    from geospec.pipeline.run_dir import json_problem
+    from geospec.artifacts import json_problem
 
     if (problem := json_problem(unit / UNIT_FILE, "widths", "loss")) is not None:
         raise UsageError(
