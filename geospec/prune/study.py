@@ -2,15 +2,18 @@
 run directory's ``prune/`` (docs/prune.md).
 
 For calibration seed k the importance scores (and each layer's neuron ordering) come from
-calibration sample k of the training split; every arm's widths at each keep fraction come from
+calibration sample k of the training split, once for each distinct importance the arms use (an
+arm's own, or the prune's); every arm's widths at each keep fraction come from
 :func:`geospec.prune.allocate.allocate` (the run's profiles for schedules that read them, the
-scores for flap and owl); the reference keeps, in layer l, the ``widths[l]`` best neurons, and
+arm's own importance scores for flap and owl_neuron, every block linear's calibration inputs for
+owl); the reference keeps, in layer l, the ``widths[l]`` best neurons, and
 its mean next-token loss is measured on every eval corpus's held-out windows. A unit whose
 record holds its key is reused (:mod:`geospec.prune.units`), so an interrupted prune resumes.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from geospec.engine.model import GPT
+    from geospec.kinds import BlockLinears
     from geospec.measure.probe import FFNSite
 
 #: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
@@ -39,12 +43,19 @@ Healer = Callable[[Unit, Path, str, "GPT"], dict[str, float]]
 
 
 class Scored(NamedTuple):
-    """One calibration sample's work: every layer's neuron scores and ordering, and (with
-    compensation) its signed mean activations."""
+    """One calibration sample's work: every layer's neuron scores and ordering under each
+    importance the arms use (by :func:`importance_key`), with compensation its signed mean
+    activations, and with an ``owl`` arm every decoder layer's linear inputs."""
 
-    scores: list[list[float]]
-    orders: list[list[int]]
+    scores: dict[str, list[list[float]]]
+    orders: dict[str, list[list[int]]]
     means: list[torch.Tensor] | None
+    blocks: list[BlockLinears] | None
+
+
+def importance_key(table: Any) -> str:
+    """The importance table (a plugin's params) as the scores' cache key: its JSON form."""
+    return json.dumps(table.model_dump(mode="json"), sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -79,13 +90,14 @@ def prune_units(
 
     from geospec.engine.progress import stage_progress
     from geospec.errors import UsageError
+    from geospec.kinds import ScoreAllocation
     from geospec.measure.cut import CutError, ffn_layout, ffn_width
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
     from geospec.plugin import create_plugin
     from geospec.prune.allocate import allocate, pruned_dims
     from geospec.prune.apply import (
-        calibration_stats,
+        calibrate,
         calibration_windows,
         compensated_export_problem,
         eval_loss,
@@ -100,14 +112,22 @@ def prune_units(
     except CutError as error:
         raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
     width = ffn_width(sites[0].ffn)
-    compensate = prune.compensate == "mean"
+    compensate = any(prune.compensates(arm) for arm in prune.arms)
     problem = compensated_export_problem(model) if compensate and prune.export else None
     if problem is not None:  # said before any unit is computed, not at the first export
         raise UsageError(
             f'prune.compensate = "mean": {problem}; set prune.export = false or '
             'prune.compensate = "none"'
         )
-    importance = create_plugin("importance", prune.importance)
+    # each distinct importance is scored once per calibration seed; an arm reads its own
+    arm_importance = {arm.name: importance_key(prune.importance_of(arm)) for arm in prune.arms}
+    importances = {
+        arm_importance[arm.name]: create_plugin("importance", prune.importance_of(arm))
+        for arm in prune.arms
+    }
+    schedules = [create_plugin("schedule", arm.schedule) for arm in prune.arms]
+    blocks_needed = any(isinstance(s, ScoreAllocation) and s.reads_block_linears for s in schedules)
+    kinds = ", ".join(sorted({importance.kind_name() for importance in importances.values()}))
     dims = {
         keep: pruned_dims(len(sites), d_model, width, inputs.multiple_of, keep, inputs.activation)
         for keep in prune.fractions
@@ -115,7 +135,7 @@ def prune_units(
     say(
         f"[bold]prune[/]: {len(sites)} layers of {width} neurons kept at "
         f"{', '.join(f'{k:g}' for k in prune.fractions)}; {len(prune.arms)} arms x "
-        f"{len(prune.calibration.seeds)} calibration seeds; {importance.kind_name()} scores; "
+        f"{len(prune.calibration.seeds)} calibration seeds; {kinds} scores; "
         f"loss on {prune.eval.windows} windows of {', '.join(corpora)}"
     )
     with torch.no_grad():
@@ -138,25 +158,32 @@ def prune_units(
                     train_tokens, inputs.seq_len, prune.calibration.windows, unit.seed
                 )
                 batch = prune.calibration.batch_size
-                stats = (
-                    calibration_stats(model, sites, train_tokens, starts, inputs.seq_len, batch)
-                    if importance.needs_activations or compensate
-                    else None
-                )
-                scores, orders = neuron_scores(
-                    model, sites, importance, train_tokens, starts, inputs.seq_len, batch,
-                    stats=stats,
+                calibration = calibrate(
+                    model, sites, train_tokens, starts, inputs.seq_len, batch,
+                    stats=compensate or any(i.needs_activations for i in importances.values()),
+                    blocks=blocks_needed,
                 )  # fmt: skip
+                stats = calibration.stats
+                scores, orders = {}, {}
+                for key, importance in importances.items():
+                    scores[key], orders[key] = neuron_scores(
+                        model, sites, importance, train_tokens, starts, inputs.seq_len, batch,
+                        stats=stats,
+                    )  # fmt: skip
                 means = [s.mean for s in stats] if compensate and stats is not None else None
-                scored[unit.seed] = Scored(scores, orders, means)
-            scores, orders, means = scored[unit.seed]
+                scored[unit.seed] = Scored(scores, orders, means, calibration.blocks)
+            work = scored[unit.seed]
             if (unit.seed, unit.keep) not in widths:
                 widths[(unit.seed, unit.keep)] = allocate(
-                    prune.arms, dims[unit.keep], inputs.profiles, scores
-                )
+                    prune.arms, dims[unit.keep], inputs.profiles, [],
+                    arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
+                    blocks=work.blocks,
+                )  # fmt: skip
+            arm = next(a for a in prune.arms if a.name == unit.arm)
             result = pruned_unit(
-                model, sites, orders, widths[(unit.seed, unit.keep)][unit.arm], corpora,
-                unit, unit_dir, unit_key, inputs, heal, means,
+                model, sites, work.orders[arm_importance[unit.arm]],
+                widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
+                inputs, heal, work.means if prune.compensates(arm) else None,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
             result["key"] = unit_key

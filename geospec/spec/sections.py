@@ -83,6 +83,9 @@ class Section(BaseModel):
                 dumped.pop(name, None)
             elif isinstance(value, Section):
                 dumped[name] = value.key_form()
+            elif isinstance(value, list | tuple) and any(isinstance(v, Section) for v in value):
+                # a list of sections (prune arms) may hold options added later too
+                dumped[name] = [v.key_form() if isinstance(v, Section) else v for v in value]
         return dumped
 
 
@@ -464,6 +467,18 @@ class PruneEval(Section):
     """Windows per forward pass."""
 
 
+class PruneArmSpec(ArmSpec):
+    """One allocation of a prune: a schedule, and optionally its own importance score and bias
+    compensation instead of the prune's (FLAP as its paper runs it: `importance = { kind =
+    "fluctuation" }, compensate = "mean"`)."""
+
+    importance: Annotated[ImportanceRef | None, ADDED_LATER] = None
+    """Which neurons this arm's layers keep, and the scores its score allocation (flap, owl)
+    reads; omit for prune.importance."""
+    compensate: Annotated[Literal["none", "mean"] | None, ADDED_LATER] = None
+    """This arm's bias compensation ("mean" or "none"); omit for prune.compensate."""
+
+
 class PruneHeal(Section):
     """Fine-tuning every pruned model on the spec's training text in geospec's own engine (its
     weights imported: Llama-family checkpoints), then its held-out loss again."""
@@ -491,9 +506,10 @@ class PruneSpec(Section):
     """Which neurons a layer keeps at its width, and the scores flap and owl allocate from."""
     calibration: PruneCalibration = Field(default_factory=PruneCalibration)
     eval: PruneEval = Field(default_factory=PruneEval)
-    arms: list[ArmSpec] = Field(min_length=1, max_length=1000)
+    arms: list[PruneArmSpec] = Field(min_length=1, max_length=1000)
     """The allocations compared: any schedule (solved at the pruned budget, no layer above its
-    pretrained width) and the pruning allocations flap and owl."""
+    pretrained width) and the pruning allocations flap and owl; each may set its own
+    importance and compensate."""
     baseline: Name = "uniform"
     """The arm every other is compared with, paired by calibration seed."""
     export: bool = True
@@ -511,6 +527,14 @@ class PruneSpec(Section):
     def fractions(self) -> list[float]:
         return self.keep if isinstance(self.keep, list) else [self.keep]
 
+    def importance_of(self, arm: PruneArmSpec) -> ImportanceRef:
+        """The importance table ``arm`` keeps its neurons by: its own, or the prune's."""
+        return self.importance if arm.importance is None else arm.importance
+
+    def compensates(self, arm: PruneArmSpec) -> bool:
+        """Whether ``arm``'s cut is bias-compensated: its own setting, or the prune's."""
+        return (self.compensate if arm.compensate is None else arm.compensate) == "mean"
+
     @model_validator(mode="after")
     def _arms(self) -> PruneSpec:
         names = [arm.name for arm in self.arms]
@@ -526,6 +550,14 @@ class PruneSpec(Section):
                 "imports the pruned model into geospec's engine, which has no FFN output bias to "
                 'carry the compensation yet; set compensate = "none" or heal.steps = 0'
             )
+        for i, arm in enumerate(self.arms):
+            if arm.compensate == "mean" and self.heal.steps > 0:
+                raise ValueError(
+                    f'arms[{i}] ({arm.name!r}) sets compensate = "mean" with heal.steps = '
+                    f"{self.heal.steps}: healing imports the pruned model into geospec's engine, "
+                    "which has no FFN output bias to carry the compensation yet; drop the arm's "
+                    "compensate or set heal.steps = 0"
+                )
         return self
 
 
