@@ -126,7 +126,14 @@ def prune_units(
         for arm in prune.arms
     }
     schedules = [create_plugin("schedule", arm.schedule) for arm in prune.arms]
-    blocks_needed = any(isinstance(s, ScoreAllocation) and s.reads_block_linears for s in schedules)
+    reads_blocks = {
+        arm.name: isinstance(s, ScoreAllocation) and s.reads_block_linears
+        for arm, s in zip(prune.arms, schedules, strict=True)
+    }
+    blocks_needed = any(reads_blocks.values())
+    # owl's units from before it read the block linears (it counted neuron-score outliers)
+    # must not be reused: their keys gain a mark (every other unit keeps its key)
+    revisions = {name: ("block-linears",) if reads else () for name, reads in reads_blocks.items()}
     kinds = ", ".join(sorted({importance.kind_name() for importance in importances.values()}))
     dims = {
         keep: pruned_dims(len(sites), d_model, width, inputs.multiple_of, keep, inputs.activation)
@@ -147,7 +154,9 @@ def prune_units(
     with stage_progress(console, say, "pruned models", len(units)) as advance:
         for unit in units:
             unit_dir = unit.directory(run_dir)
-            unit_key = digest("prune-unit", inputs.key, unit.keep, unit.arm, unit.seed)
+            unit_key = digest(
+                "prune-unit", inputs.key, unit.keep, unit.arm, unit.seed, *revisions[unit.arm]
+            )
             stored = finished_unit(unit_dir, unit_key, prune.export)
             if stored is not None:
                 results[unit] = stored
