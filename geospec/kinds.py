@@ -315,6 +315,9 @@ class ScoreAllocation(Schedule):
     #: the core then calls :meth:`widths_from_blocks` instead of :meth:`widths_from_scores`, and
     #: runs that calibration only for an arm whose allocation sets it.
     reads_block_linears: ClassVar[bool] = False
+    #: Whether the widths come from a search on the calibration loss (:class:`CutLosses`); the
+    #: core then calls :meth:`widths_from_losses` with the losses of the arm's own cuts.
+    reads_cut_losses: ClassVar[bool] = False
 
     def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
         """The widths given ``scores[l][i]``, the importance of neuron i of layer l of the model
@@ -334,11 +337,30 @@ class ScoreAllocation(Schedule):
         :attr:`reads_block_linears` is set; by default :meth:`widths_from_scores`)."""
         return self.widths_from_scores(dims, scores)
 
+    def widths_from_losses(
+        self, dims: ModelDims, scores: Sequence[Sequence[float]], losses: CutLosses
+    ) -> list[int]:
+        """The widths given the neuron ``scores`` and ``losses``, the calibration loss of the
+        model cut to widths near a base (what the core calls when :attr:`reads_cut_losses` is
+        set; by default :meth:`widths_from_scores`)."""
+        return self.widths_from_scores(dims, scores)
+
     def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
         raise UsageError(
             f"{self.kind_name()!r} allocates from the neuron scores of a model being pruned: list "
             "it under [prune] arms (geospec prune)"
         )
+
+
+class CutLosses(Protocol):
+    """The mean next-token loss on the calibration windows (training split) of the model being
+    pruned, each layer l keeping its ``widths[l]`` best neurons by the arm's importance, for
+    each change of one layer's width: what a search allocation (``greedy``) reads."""
+
+    def __call__(self, widths: Sequence[int], changes: Sequence[tuple[int, int]]) -> list[float]:
+        """For each ``(layer, width)`` of ``changes``, the loss with ``widths`` except that
+        layer at that width (narrower than ``widths[layer]``)."""
+        ...
 
 
 def reads_scores(schedule: Plugin | type[Plugin]) -> bool:
@@ -610,6 +632,7 @@ __all__ = [
     "KINDS",
     "ActivationStats",
     "BlockLinears",
+    "CutLosses",
     "Geometry",
     "Importance",
     "InfeasibleBudget",

@@ -2,7 +2,8 @@
 schedule with its controls (anti, permuted), the schedule from measured demand (calibrated), an
 explicit list (manual), the controls derived from another arm's widths (fitted, sorted), the
 pruning control that keeps the first and last layers whole (protect), and the pruning
-allocations from neuron scores (flap, owl, owl_neuron).
+allocations from the calibration of the model being pruned (flap, owl, owl_neuron, and the
+search on the calibration loss, greedy).
 
 Every schedule returns integer widths, multiples of ``dims.multiple_of``, summing exactly to
 ``dims.budget`` (so every arm has the uniform model's FFN parameter count). Schedules that hold a
@@ -22,6 +23,7 @@ from geospec import hookimpl
 from geospec.errors import PluginError, SpecError, UsageError
 from geospec.kinds import (
     BlockLinears,
+    CutLosses,
     ModelDims,
     Schedule,
     ScoreAllocation,
@@ -928,6 +930,60 @@ class OwlNeuron(ScoreAllocation):
         return _rounded(dims, counts, scores)
 
 
+class Greedy(ScoreAllocation):
+    """A search on the calibration loss, the headroom every heuristic allocation is measured
+    against: from every layer at its pretrained width (rounded down to a multiple), remove
+    ``step`` multiples (the last move: what is left) from the layer whose cut raises the
+    calibration loss least, until the budget is met; ties go to the lower layer. The losses are
+    the mean next-token loss on the prune's calibration windows (the training split, never eval
+    text), each layer keeping its best neurons by the arm's importance, without compensation
+    (:class:`~geospec.kinds.CutLosses`; geospec prune computes a move from the cut layer on).
+
+    What it guarantees: every move is the best single move from where it stands, so its widths
+    score no worse than any other last move from its own second-to-last widths. It guarantees
+    nothing against uniform or any other allocation (a greedy path can end worse than one cut
+    it never walked towards), and it costs one calibration pass per layer per move (coarser
+    ``step``, fewer moves)."""
+
+    reads_cut_losses = True
+
+    class Params(NeuronScoreParams):
+        kind: Literal["greedy"] = "greedy"
+        step: int = Field(1, ge=1, le=100_000)
+        """Multiples of model.multiple_of removed per move."""
+
+    params: Params
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        raise UsageError(
+            "'greedy' searches on the calibration loss of the model being pruned, which geospec "
+            "prune gives it"
+        )
+
+    def widths_from_losses(
+        self, dims: ModelDims, scores: Sequence[Sequence[float]], losses: CutLosses
+    ) -> list[int]:
+        m = dims.multiple_of
+        widths = [min(len(layer), dims.max_width or len(layer)) // m * m for layer in scores]
+        excess = sum(widths) - dims.budget
+        if excess < 0 or excess % m or len(widths) != dims.n_layers:
+            raise UsageError(
+                f"greedy: {len(widths)} layers of at most {widths} neurons cannot keep the budget "
+                f"{dims.budget} of {dims.n_layers} layers in multiples of {m}"
+            )
+        while excess > 0:
+            size = min(self.params.step * m, excess)
+            moves = [(layer, w - size) for layer, w in enumerate(widths) if w - size >= m]
+            if not moves:
+                raise UsageError(f"greedy: no layer can lose {size} more neurons from {widths}")
+            values = losses(widths, moves)
+            best = min(range(len(moves)), key=lambda i: (values[i], moves[i][0]))
+            layer, width = moves[best]
+            widths[layer] = width
+            excess -= size
+        return widths
+
+
 def _owl_keep_ratios(ratios: Sequence[float], keep: float, lam: float) -> list[float]:
     """OWL's map from outlier ratios to keep ratios (``lib/prune_all.py`` lines 962-966):
     min-max onto [0, 2 lam], shifted to mean ``keep``; equal ratios give ``keep`` everywhere."""
@@ -985,3 +1041,4 @@ def geospec_register_schedules(register: Register) -> None:
     register(Flap)
     register(Owl)
     register(OwlNeuron)
+    register(Greedy)

@@ -491,6 +491,29 @@ def test_an_arms_own_importance_and_compensate_prune_as_the_prunes_would(tmp_pat
     ]
 
 
+def test_a_greedy_arm_searches_on_the_calibration_text(tmp_path: Path) -> None:
+    """The search through the prune stage: its widths keep the budget in multiples, and they
+    are what the same search finds on the same calibration windows, which are training text:
+    the eval corpora changed, the widths stay."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "greedy", "schedule": {"kind": "greedy", "step": 2}},
+    ]
+    settings = {"keep": 0.5, "calibration": {"windows": 4, "seeds": [0]}, "arms": arms}
+    found = []
+    for name, corpora in (("a", ["docs.jsonl"]), ("b", ["other.jsonl"])):
+        directory = tmp_path / name
+        directory.mkdir()
+        spec = prune_spec(directory, eval={"corpora": corpora, "windows": 4}, **settings)
+        invoke("prune", str(spec))
+        record = json.loads((directory / "run" / "prune.json").read_text())
+        widths = record["budgets"][0]["arms"]["greedy"]["widths"]["0"]
+        assert sum(widths) == record["budgets"][0]["budget"] == 96
+        assert all(w % 8 == 0 and 8 <= w <= 64 for w in widths)
+        found.append(widths)
+    assert found[0] == found[1]
+
+
 def test_a_rerun_reuses_every_pruned_model(pruned_run: Path) -> None:
     output = invoke("prune", str(pruned_run / "spec.toml"))
     assert "prune: up to date" in output and "pruned models" not in output

@@ -103,6 +103,7 @@ def prune_units(
         eval_loss,
         neuron_scores,
     )
+    from geospec.prune.search import SuffixCutLosses, calibration_batches
 
     prune = inputs.prune
     first = next(iter(corpora.values()))[0][0][:1]
@@ -131,6 +132,11 @@ def prune_units(
         for arm, s in zip(prune.arms, schedules, strict=True)
     }
     blocks_needed = any(reads_blocks.values())
+    searches = [
+        arm.name
+        for arm, s in zip(prune.arms, schedules, strict=True)
+        if isinstance(s, ScoreAllocation) and s.reads_cut_losses
+    ]
     # owl's units from before it read the block linears (it counted neuron-score outliers)
     # must not be reused: their keys gain a mark (every other unit keeps its key)
     revisions = {name: ("block-linears",) if reads else () for name, reads in reads_blocks.items()}
@@ -183,10 +189,22 @@ def prune_units(
                 scored[unit.seed] = Scored(scores, orders, means, calibration.blocks)
             work = scored[unit.seed]
             if (unit.seed, unit.keep) not in widths:
+                losses = {}  # a search's calibration losses, of its own importance's cuts
+                if searches:
+                    starts = calibration_windows(
+                        train_tokens, inputs.seq_len, prune.calibration.windows, unit.seed
+                    )
+                    batches = calibration_batches(
+                        train_tokens, starts, inputs.seq_len, prune.calibration.batch_size,
+                        next(model.parameters()).device,
+                    )  # fmt: skip
+                    for name in searches:
+                        orders_of = work.orders[arm_importance[name]]
+                        losses[name] = SuffixCutLosses(model, sites, orders_of, batches)
                 widths[(unit.seed, unit.keep)] = allocate(
                     prune.arms, dims[unit.keep], inputs.profiles, [],
                     arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
-                    blocks=work.blocks,
+                    blocks=work.blocks, cut_losses=losses,
                 )  # fmt: skip
             arm = next(a for a in prune.arms if a.name == unit.arm)
             result = pruned_unit(

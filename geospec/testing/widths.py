@@ -207,7 +207,13 @@ def check_schedule(
             + ("no error" if refused is None else f"{type(refused).__name__}: {refused}"),
         )
 
-        if isinstance(plugin, ScoreAllocation) and plugin.reads_block_linears:
+        if isinstance(plugin, ScoreAllocation) and plugin.reads_cut_losses:
+            searched = plugin
+
+            def compute() -> list[int]:
+                layers = [list(layer) for layer in scores]
+                return searched.widths_from_losses(dims, layers, _made_up_losses(dims.n_layers))
+        elif isinstance(plugin, ScoreAllocation) and plugin.reads_block_linears:
             blocks, allocation = _random_blocks(dims.n_layers), plugin
 
             def compute() -> list[int]:
@@ -239,6 +245,19 @@ def check_schedule(
             f"every width must lie within the schedule's bounds {list(bounds)}, got {widths}",
         )
     rule(plugin, compute() != widths, "the same inputs must give the same widths")
+
+
+def _made_up_losses(n_layers: int) -> Any:
+    """Calibration losses for a search allocation: sum over layers of c_l / w_l, c_l seeded
+    and uneven (a narrower layer always costs more)."""
+    weights = _profile(n_layers, seed=7)
+
+    def losses(widths: Sequence[int], changes: Sequence[tuple[int, int]]) -> list[float]:
+        base = [c / w for c, w in zip(weights, widths, strict=True)]
+        total = sum(base)
+        return [total - base[layer] + weights[layer] / width for layer, width in changes]
+
+    return losses
 
 
 def _random_blocks(n_layers: int) -> list[Any]:
