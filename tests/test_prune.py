@@ -514,6 +514,36 @@ def test_a_greedy_arm_searches_on_the_calibration_text(tmp_path: Path) -> None:
     assert found[0] == found[1]
 
 
+def test_an_owl_grid_reports_its_best_setting_by_calibration_loss(tmp_path: Path) -> None:
+    """A lam x m grid expands into one arm per setting, each scored on the calibration windows
+    (training text) as well as on the eval corpora; the best by mean calibration loss is
+    reported, and other eval corpora change neither it nor any calibration loss."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "owl", "schedule": {"kind": "owl"}, "grid": {"lam": [0.02, 0.2], "m": [1.5, 3]}},
+    ]
+    settings = {"keep": 0.5, "calibration": {"windows": 4, "seeds": [0, 1]}, "arms": arms}
+    sweeps = []
+    for name, corpora in (("a", ["docs.jsonl"]), ("b", ["other.jsonl"])):
+        directory = tmp_path / name
+        directory.mkdir()
+        spec = prune_spec(directory, eval={"corpora": corpora, "windows": 4}, **settings)
+        output = invoke("prune", str(spec))
+        budget = json.loads((directory / "run" / "prune.json").read_text())["budgets"][0]
+        grid = ["owl-lam0.02-m1.5", "owl-lam0.02-m3", "owl-lam0.2-m1.5", "owl-lam0.2-m3"]
+        assert set(budget["arms"]) == {"uniform", *grid}
+        means = {arm: sum(budget["arms"][arm]["calibration_loss"].values()) / 2 for arm in grid}
+        found = budget["sweeps"]["owl"]
+        assert found["best"] == min(grid, key=lambda arm: means[arm])
+        assert found["calibration_loss"] == pytest.approx(means)
+        assert f"the best of the 'owl' grid on the calibration windows is {found['best']!r}" in (
+            " ".join(output.split())
+        )
+        assert "calibration_loss" not in budget["arms"]["uniform"]
+        sweeps.append(found)
+    assert sweeps[0] == sweeps[1]
+
+
 def test_a_rerun_reuses_every_pruned_model(pruned_run: Path) -> None:
     output = invoke("prune", str(pruned_run / "spec.toml"))
     assert "prune: up to date" in output and "pruned models" not in output
@@ -624,6 +654,16 @@ def test_healing_a_model_geospec_cannot_import_is_one_line(tmp_path: Path) -> No
         ({"baseline": "nope"}, "prune", "baseline 'nope' is not one of the arms"),
         ({"calibration": {"seeds": [1, 1]}}, "prune.calibration.seeds", "distinct"),
         ({"heal": {"steps": -1}}, "prune.heal.steps", "greater than or equal to 0"),
+        (
+            {"arms": [{"name": "uniform", "schedule": "uniform", "grid": {}}]},
+            "prune",
+            "arms[0].grid is empty",
+        ),
+        (
+            {"arms": [PRUNE_SPEC["arms"][0], {"name": "o", "schedule": "owl", "grid": {"m": []}}]},
+            "prune",
+            "arms[1].grid.m is empty",
+        ),
     ],
 )
 def test_bad_prune_settings_name_the_field(

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from geospec.engine.model import GPT
     from geospec.kinds import BlockLinears
     from geospec.measure.probe import FFNSite
+    from geospec.measure.sensitivity import Batch
 
 #: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
 #: the unit's key and returns its loss on every eval corpus.
@@ -157,6 +158,7 @@ def prune_units(
     results: dict[Unit, dict[str, Any]] = {}
     scored: dict[int, Scored] = {}  # by calibration seed
     widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
+    text: dict[int, list[Batch]] = {}  # calibration windows as batches, by seed
     with stage_progress(console, say, "pruned models", len(units)) as advance:
         for unit in units:
             unit_dir = unit.directory(run_dir)
@@ -188,16 +190,19 @@ def prune_units(
                 means = [s.mean for s in stats] if compensate and stats is not None else None
                 scored[unit.seed] = Scored(scores, orders, means, calibration.blocks)
             work = scored[unit.seed]
+            arm = next(a for a in prune.arms if a.name == unit.arm)
+            if (searches or arm.sweep is not None) and unit.seed not in text:
+                starts = calibration_windows(
+                    train_tokens, inputs.seq_len, prune.calibration.windows, unit.seed
+                )
+                text[unit.seed] = calibration_batches(
+                    train_tokens, starts, inputs.seq_len, prune.calibration.batch_size,
+                    next(model.parameters()).device,
+                )  # fmt: skip
             if (unit.seed, unit.keep) not in widths:
                 losses = {}  # a search's calibration losses, of its own importance's cuts
                 if searches:
-                    starts = calibration_windows(
-                        train_tokens, inputs.seq_len, prune.calibration.windows, unit.seed
-                    )
-                    batches = calibration_batches(
-                        train_tokens, starts, inputs.seq_len, prune.calibration.batch_size,
-                        next(model.parameters()).device,
-                    )  # fmt: skip
+                    batches = text[unit.seed]
                     for name in searches:
                         orders_of = work.orders[arm_importance[name]]
                         losses[name] = SuffixCutLosses(model, sites, orders_of, batches)
@@ -206,18 +211,26 @@ def prune_units(
                     arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
                     blocks=work.blocks, cut_losses=losses,
                 )  # fmt: skip
-            arm = next(a for a in prune.arms if a.name == unit.arm)
             result = pruned_unit(
                 model, sites, work.orders[arm_importance[unit.arm]],
                 widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
                 inputs, heal, work.means if prune.compensates(arm) else None,
+                calibration=text[unit.seed] if arm.sweep is not None else None,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
             result["key"] = unit_key
             atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
             results[unit] = result
             advance(1)
-    return gather(prune, dims, reference, results, width, len(sites))
+    record = gather(prune, dims, reference, results, width, len(sites))
+    for budget in record["budgets"]:
+        for sweep, found in budget.get("sweeps", {}).items():
+            loss = found["calibration_loss"][found["best"]]
+            say(
+                f"prune: at keep {budget['keep']:g} the best of the {sweep!r} grid on the "
+                f"calibration windows is {found['best']!r} (loss {loss:.4f})"
+            )
+    return record
 
 
 def pruned_unit(
@@ -232,10 +245,13 @@ def pruned_unit(
     inputs: PruneInputs,
     heal: Healer | None,
     compensation: Sequence[torch.Tensor] | None,
+    *,
+    calibration: Sequence[Batch] | None = None,
 ) -> dict[str, Any]:
     """One pruned model (with ``compensation``, each layer's calibration means in place of its
-    cut neurons): its losses, FFN parameters, (with export) checkpoint and (with a healer) its
-    losses after healing."""
+    cut neurons): its losses, FFN parameters, (with export) checkpoint, (with a healer) its
+    losses after healing and (with ``calibration``, a sweep's arm) its loss on the calibration
+    windows."""
     import torch
 
     from geospec.engine.imported import import_llama
@@ -245,12 +261,15 @@ def pruned_unit(
     imported = None
     with torch.no_grad(), pruned(sites, orders, widths, compensation=compensation):
         losses = {name: eval_loss(model, batches) for name, batches in corpora.items()}
+        own = None if calibration is None else eval_loss(model, calibration)
         params = ffn_parameters(sites)
         if inputs.prune.export:
             export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR)
         if heal is not None:
             imported = import_llama(model, inputs.seq_len)
     result: dict[str, Any] = {"widths": list(widths), "ffn_params": params, "loss": losses}
+    if own is not None:
+        result["calibration_loss"] = own
     if imported is not None and heal is not None:
         result["healed_loss"] = heal(unit, unit_dir / HEAL_DIR, key, imported)
     return result

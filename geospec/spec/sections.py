@@ -477,6 +477,47 @@ class PruneArmSpec(ArmSpec):
     reads; omit for prune.importance."""
     compensate: Annotated[Literal["none", "mean"] | None, ADDED_LATER] = None
     """This arm's bias compensation ("mean" or "none"); omit for prune.compensate."""
+    sweep: Annotated[Name | None, ADDED_LATER] = None
+    """The grid arm this arm was expanded from (set by `grid`): the sweep's arms are scored on
+    the calibration windows too, and the best by calibration loss is reported."""
+
+
+def _expanded_grids(arms: Any) -> Any:
+    """Every arm table with a `grid` (param -> list of values) as one arm per setting, named
+    `<name>-<param><value>-...` in the grid's order, its schedule given those params and `sweep`
+    naming the grid arm; an empty grid or an empty list is refused naming the field."""
+    if not isinstance(arms, list):
+        return arms
+    expanded: list[Any] = []
+    for i, arm in enumerate(arms):
+        if not isinstance(arm, dict) or "grid" not in arm:
+            expanded.append(arm)
+            continue
+        grid, name, schedule = arm["grid"], arm.get("name"), arm.get("schedule")
+        field = f"arms[{i}].grid"
+        if not isinstance(grid, dict) or not grid:
+            raise ValueError(
+                f"{field} is empty: give each param a list of values, e.g. lam = [0.05]"
+            )
+        for param, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"{field}.{param} is empty: list at least one value")
+        if isinstance(schedule, str):
+            schedule = {"kind": schedule}
+        if not isinstance(schedule, dict):
+            raise ValueError(f"{field}: the arm's schedule must be a table (kind = ...) to sweep")
+        settings: list[list[tuple[str, Any]]] = [[]]
+        for param, values in grid.items():
+            settings = [[*s, (param, v)] for s in settings for v in values]
+        rest = {k: v for k, v in arm.items() if k != "grid"}
+        for setting in settings:
+            label = "-".join(f"{param}{value:g}" if isinstance(value, float | int) else
+                             f"{param}{value}" for param, value in setting)  # fmt: skip
+            expanded.append(
+                rest | {"name": f"{name}-{label}", "schedule": schedule | dict(setting),
+                        "sweep": name}
+            )  # fmt: skip
+    return expanded
 
 
 class PruneHeal(Section):
@@ -523,9 +564,25 @@ class PruneSpec(Section):
     removed neuron contributes its calibration mean instead of zero; "none" cuts only
     (docs/prune.md)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _grids(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "arms" in data:
+            return {**data, "arms": _expanded_grids(data["arms"])}
+        return data
+
     @property
     def fractions(self) -> list[float]:
         return self.keep if isinstance(self.keep, list) else [self.keep]
+
+    @property
+    def sweeps(self) -> dict[str, list[str]]:
+        """Every grid's expanded arms, by the grid arm's name."""
+        found: dict[str, list[str]] = {}
+        for arm in self.arms:
+            if arm.sweep is not None:
+                found.setdefault(arm.sweep, []).append(arm.name)
+        return found
 
     def importance_of(self, arm: PruneArmSpec) -> ImportanceRef:
         """The importance table ``arm`` keeps its neurons by: its own, or the prune's."""
