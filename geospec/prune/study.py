@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from geospec.engine.model import GPT
-    from geospec.kinds import BlockLinears
+    from geospec.kinds import BlockLinears, Importance
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
 
@@ -46,12 +46,55 @@ Healer = Callable[[Unit, Path, str, "GPT"], dict[str, float]]
 class Scored(NamedTuple):
     """One calibration sample's work: every layer's neuron scores and ordering under each
     importance the arms use (by :func:`importance_key`), with compensation its signed mean
-    activations, and with an ``owl`` arm every decoder layer's linear inputs."""
+    activations, with an ``owl`` arm every decoder layer's linear inputs, and with a search or
+    a sweep its windows as loss batches."""
 
     scores: dict[str, list[list[float]]]
     orders: dict[str, list[list[int]]]
     means: list[torch.Tensor] | None
     blocks: list[BlockLinears] | None
+    batches: list[Batch] | None
+
+
+def calibrated(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    importances: Mapping[str, Importance],
+    train_tokens: np.ndarray,
+    seq_len: int,
+    prune: PruneSpec,
+    seed: int,
+    *,
+    compensate: bool,
+    blocks: bool,
+    batches: bool,
+) -> Scored:
+    """Calibration sample ``seed``'s work (:class:`Scored`): one calibration pass records what
+    the arms need, and each importance scores the neurons from it."""
+    from geospec.prune.apply import calibrate, calibration_windows, neuron_scores
+    from geospec.prune.search import calibration_batches
+
+    calibration = prune.calibration
+    starts = calibration_windows(train_tokens, seq_len, calibration.windows, seed)
+    needs = compensate or any(i.needs_activations for i in importances.values())
+    found = calibrate(
+        model, sites, train_tokens, starts, seq_len, calibration.batch_size, stats=needs,
+        blocks=blocks,
+    )  # fmt: skip
+    scores, orders = {}, {}
+    for key, importance in importances.items():
+        scores[key], orders[key] = neuron_scores(
+            model, sites, importance, train_tokens, starts, seq_len, calibration.batch_size,
+            stats=found.stats,
+        )  # fmt: skip
+    means = [s.mean for s in found.stats] if compensate and found.stats is not None else None
+    device = next(model.parameters()).device
+    windows = (
+        calibration_batches(train_tokens, starts, seq_len, calibration.batch_size, device)
+        if batches
+        else None
+    )
+    return Scored(scores, orders, means, found.blocks, windows)
 
 
 def importance_key(table: Any) -> str:
@@ -97,14 +140,8 @@ def prune_units(
     from geospec.measure.sensitivity import logits_of
     from geospec.plugin import create_plugin
     from geospec.prune.allocate import allocate, pruned_dims
-    from geospec.prune.apply import (
-        calibrate,
-        calibration_windows,
-        compensated_export_problem,
-        eval_loss,
-        neuron_scores,
-    )
-    from geospec.prune.search import SuffixCutLosses, calibration_batches
+    from geospec.prune.apply import compensated_export_problem, eval_loss
+    from geospec.prune.search import SuffixCutLosses
 
     prune = inputs.prune
     first = next(iter(corpora.values()))[0][0][:1]
@@ -158,7 +195,6 @@ def prune_units(
     results: dict[Unit, dict[str, Any]] = {}
     scored: dict[int, Scored] = {}  # by calibration seed
     widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
-    text: dict[int, list[Batch]] = {}  # calibration windows as batches, by seed
     with stage_progress(console, say, "pruned models", len(units)) as advance:
         for unit in units:
             unit_dir = unit.directory(run_dir)
@@ -171,41 +207,20 @@ def prune_units(
                 advance(1)
                 continue
             if unit.seed not in scored:  # once per calibration sample, only when needed
-                starts = calibration_windows(
-                    train_tokens, inputs.seq_len, prune.calibration.windows, unit.seed
-                )
-                batch = prune.calibration.batch_size
-                calibration = calibrate(
-                    model, sites, train_tokens, starts, inputs.seq_len, batch,
-                    stats=compensate or any(i.needs_activations for i in importances.values()),
-                    blocks=blocks_needed,
+                scored[unit.seed] = calibrated(
+                    model, sites, importances, train_tokens, inputs.seq_len, prune, unit.seed,
+                    compensate=compensate, blocks=blocks_needed,
+                    batches=bool(searches) or bool(prune.sweeps),
                 )  # fmt: skip
-                stats = calibration.stats
-                scores, orders = {}, {}
-                for key, importance in importances.items():
-                    scores[key], orders[key] = neuron_scores(
-                        model, sites, importance, train_tokens, starts, inputs.seq_len, batch,
-                        stats=stats,
-                    )  # fmt: skip
-                means = [s.mean for s in stats] if compensate and stats is not None else None
-                scored[unit.seed] = Scored(scores, orders, means, calibration.blocks)
             work = scored[unit.seed]
             arm = next(a for a in prune.arms if a.name == unit.arm)
-            if (searches or arm.sweep is not None) and unit.seed not in text:
-                starts = calibration_windows(
-                    train_tokens, inputs.seq_len, prune.calibration.windows, unit.seed
-                )
-                text[unit.seed] = calibration_batches(
-                    train_tokens, starts, inputs.seq_len, prune.calibration.batch_size,
-                    next(model.parameters()).device,
-                )  # fmt: skip
             if (unit.seed, unit.keep) not in widths:
-                losses = {}  # a search's calibration losses, of its own importance's cuts
-                if searches:
-                    batches = text[unit.seed]
-                    for name in searches:
-                        orders_of = work.orders[arm_importance[name]]
-                        losses[name] = SuffixCutLosses(model, sites, orders_of, batches)
+                losses = {  # a search's calibration losses, of its own importance's cuts
+                    name: SuffixCutLosses(
+                        model, sites, work.orders[arm_importance[name]], work.batches or []
+                    )
+                    for name in searches
+                }
                 widths[(unit.seed, unit.keep)] = allocate(
                     prune.arms, dims[unit.keep], inputs.profiles, [],
                     arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
@@ -215,7 +230,7 @@ def prune_units(
                 model, sites, work.orders[arm_importance[unit.arm]],
                 widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
                 inputs, heal, work.means if prune.compensates(arm) else None,
-                calibration=text[unit.seed] if arm.sweep is not None else None,
+                calibration=work.batches if arm.sweep is not None else None,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
             result["key"] = unit_key

@@ -71,7 +71,7 @@ def gather(
     per calibration seed and corpus."""
     budgets = []
     for keep in prune.fractions:
-        arms = {}
+        arms: dict[str, dict[str, Any]] = {}
         for arm in prune.arms:
             units = {seed: results[Unit(keep, arm.name, seed)] for seed in prune.calibration.seeds}
             first = next(iter(units.values()))
@@ -83,6 +83,10 @@ def gather(
                     for corpus in first["loss"]
                 },
             }
+            if arm.importance is not None:  # the arm's own, not the prune's
+                arms[arm.name]["importance"] = arm.importance.model_dump(mode="json")
+            if arm.compensate is not None:
+                arms[arm.name]["compensate"] = arm.compensate
             if arm.sweep is not None:  # a grid's arms are also scored on calibration text
                 arms[arm.name]["calibration_loss"] = {
                     str(seed): unit["calibration_loss"] for seed, unit in units.items()
