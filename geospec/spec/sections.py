@@ -477,6 +477,10 @@ class PruneArmSpec(ArmSpec):
     reads; omit for prune.importance."""
     compensate: Annotated[Literal["none", "mean"] | None, ADDED_LATER] = None
     """This arm's bias compensation ("mean" or "none"); omit for prune.compensate."""
+    grid: Annotated[dict[str, list[Any]] | None, ADDED_LATER] = None
+    """A sweep: each schedule param's values (`{ lam = [0.02, 0.05], m = [3, 5] }`); the arm
+    becomes one arm per setting, named `<name>-lam0.02-m3` and so on (docs/prune.md). Expanded
+    when the spec is read: an expanded arm holds no grid."""
     sweep: Annotated[Name | None, ADDED_LATER] = None
     """The grid arm this arm was expanded from (set by `grid`): the sweep's arms are scored on
     the calibration windows too, and the best by calibration loss is reported."""
