@@ -310,6 +310,14 @@ class ScoreAllocation(Schedule):
 
     #: Still true for callers of the deprecated flag (:func:`reads_scores` is the test now).
     reads_neuron_scores: ClassVar[bool] = True
+    #: Whether the widths also read every linear map of every decoder block with its
+    #: calibration input statistics (:class:`BlockLinears`: OWL's per-weight Wanda scores);
+    #: the core then calls :meth:`widths_from_blocks` instead of :meth:`widths_from_scores`, and
+    #: runs that calibration only for an arm whose allocation sets it.
+    reads_block_linears: ClassVar[bool] = False
+    #: Whether the widths come from a search on the calibration loss (:class:`CutLosses`); the
+    #: core then calls :meth:`widths_from_losses` with the losses of the arm's own cuts.
+    reads_cut_losses: ClassVar[bool] = False
 
     def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
         """The widths given ``scores[l][i]``, the importance of neuron i of layer l of the model
@@ -318,11 +326,41 @@ class ScoreAllocation(Schedule):
         above ``dims.max_width``."""
         raise NotImplementedError
 
+    def widths_from_blocks(
+        self,
+        dims: ModelDims,
+        scores: Sequence[Sequence[float]],
+        blocks: Sequence[BlockLinears],
+    ) -> list[int]:
+        """The widths given the neuron ``scores`` and ``blocks[l]``, every linear map of decoder
+        layer l with its calibration input RMS (what the core calls when
+        :attr:`reads_block_linears` is set; by default :meth:`widths_from_scores`)."""
+        return self.widths_from_scores(dims, scores)
+
+    def widths_from_losses(
+        self, dims: ModelDims, scores: Sequence[Sequence[float]], losses: CutLosses
+    ) -> list[int]:
+        """The widths given the neuron ``scores`` and ``losses``, the calibration loss of the
+        model cut to widths near a base (what the core calls when :attr:`reads_cut_losses` is
+        set; by default :meth:`widths_from_scores`)."""
+        return self.widths_from_scores(dims, scores)
+
     def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
         raise UsageError(
             f"{self.kind_name()!r} allocates from the neuron scores of a model being pruned: list "
             "it under [prune] arms (geospec prune)"
         )
+
+
+class CutLosses(Protocol):
+    """The mean next-token loss on the calibration windows (training split) of the model being
+    pruned, each layer l keeping its ``widths[l]`` best neurons by the arm's importance, for
+    each change of one layer's width: what a search allocation (``greedy``) reads."""
+
+    def __call__(self, widths: Sequence[int], changes: Sequence[tuple[int, int]]) -> list[float]:
+        """For each ``(layer, width)`` of ``changes``, the loss with ``widths`` except that
+        layer at that width (narrower than ``widths[layer]``)."""
+        ...
 
 
 def reads_scores(schedule: Plugin | type[Plugin]) -> bool:
@@ -363,6 +401,37 @@ class ActivationStats:
     def permuted(self, index: torch.Tensor) -> ActivationStats:
         """The statistics of the neurons ``index`` (a permutation or a subset), in that order."""
         return ActivationStats(self.mean[index], self.mean_abs[index], self.mean_square[index])
+
+
+@dataclass(frozen=True)
+class LinearInputs:
+    """One linear map of a decoder block (attention q/k/v/o, the MLP's gate/up/down, GPT-2's
+    fused ``c_attn``: every ``nn.Linear`` or ``Conv1D`` in it) with the calibration statistic of
+    its input that Wanda's per-weight score reads."""
+
+    name: str
+    """Its module path inside the decoder layer (``self_attn.q_proj``, ``mlp.down_proj``)."""
+    weight: torch.Tensor
+    """The weight as out x in (a ``Conv1D``'s transposed), float32 on the CPU (the model's own
+    tensor when it is float32 there: read it, never write it)."""
+    input_rms: torch.Tensor
+    """sqrt(E[x_j²]) per input feature j over every calibration token (float64, shape (in,)):
+    ‖X_j‖₂ over the calibration tokens divided by sqrt(tokens), a factor common to every
+    linear of the model, which changes no ratio of scores."""
+
+    def wanda_scores(self) -> torch.Tensor:
+        """Wanda's score of every weight, |W_ij| x ‖X_j‖₂ (up to that common factor), float64
+        out x in."""
+        return self.weight.abs().to(self.input_rms.dtype) * self.input_rms.unsqueeze(0)
+
+
+@dataclass(frozen=True)
+class BlockLinears:
+    """Every linear map of one decoder layer, with its calibration input RMS (what a
+    :class:`ScoreAllocation` that sets ``reads_block_linears`` receives, one per layer)."""
+
+    layer: int
+    linears: tuple[LinearInputs, ...]
 
 
 @dataclass(frozen=True)
@@ -562,11 +631,14 @@ class Tracker(Plugin):
 __all__ = [
     "KINDS",
     "ActivationStats",
+    "BlockLinears",
+    "CutLosses",
     "Geometry",
     "Importance",
     "InfeasibleBudget",
     "Launch",
     "Launcher",
+    "LinearInputs",
     "ModelDims",
     "NeuronWeights",
     "RunOutcome",

@@ -2,7 +2,8 @@
 schedule with its controls (anti, permuted), the schedule from measured demand (calibrated), an
 explicit list (manual), the controls derived from another arm's widths (fitted, sorted), the
 pruning control that keeps the first and last layers whole (protect), and the pruning
-allocations from neuron scores (flap, owl).
+allocations from the calibration of the model being pruned (flap, owl, owl_neuron, and the
+search on the calibration loss, greedy).
 
 Every schedule returns integer widths, multiples of ``dims.multiple_of``, summing exactly to
 ``dims.budget`` (so every arm has the uniform model's FFN parameter count). Schedules that hold a
@@ -21,6 +22,8 @@ from pydantic import Field
 from geospec import hookimpl
 from geospec.errors import PluginError, SpecError, UsageError
 from geospec.kinds import (
+    BlockLinears,
+    CutLosses,
     ModelDims,
     Schedule,
     ScoreAllocation,
@@ -773,57 +776,138 @@ class NeuronScoreParams(PluginParams):
 
 
 class Flap(ScoreAllocation):
-    """FLAP's allocation (An et al., 2024), for FFN-only structured pruning: every layer's neuron
-    scores are standardised within the layer (minus its mean, over its standard deviation), one
-    global threshold keeps the ``dims.budget`` best standardised neurons over all layers, and a
-    layer's width is the number of its neurons above the threshold, rounded to multiples with the
-    exact budget (each layer at least one multiple and at most ``dims.max_width``).
+    """FLAP's allocation (An et al., 2024) restricted to FFNs (attention heads are not pruned):
+    every layer's neuron scores are standardised within the layer (minus its mean, over its
+    sample standard deviation), one global threshold over all the model's FFN neurons removes
+    the ``N - dims.budget`` worst standardised ones (N: all neurons), and a layer's width is its
+    number of neurons strictly above that threshold (:meth:`counts`), rounded to multiples with
+    the exact budget (each layer at least one multiple and at most ``dims.max_width``).
 
-    Where it differs from the paper: FLAP scores attention heads and FFN channels by its
-    fluctuation metric and prunes both under one threshold; here only FFN neurons compete, and
-    their scores are whatever the pruning's importance plugin gives (``activation``, mean |a| x
-    the output column's norm, by default; FLAP's own metric is the ``fluctuation`` importance).
-    FLAP also adds a bias compensation after pruning: the ``[prune] compensate = "mean"`` option,
-    which applies to every arm alike, so every allocation is compared on the same kind of cut.
+    This is FLAP's own rule for FFN channels (CASIA-IVA-Lab/FLAP, ``lib/prune.py``: the
+    standardisation ``(x - mean) / std`` over each layer's channels, line 368, ``torch.std``
+    unbiased; the ``AL-MM`` threshold, lines 383-385, ``sorted_mlp[-remove]`` with the mask
+    ``metric > threshold``, which prunes FFN channels under one threshold and heads under
+    another; with no head pruned, that is FLAP's allocation of the FFNs). Where it differs:
+    FLAP keeps exact counts, geospec rounds to ``model.multiple_of``; and with nothing to
+    remove (keep 1) every neuron is kept (FLAP's ``sorted[-0]`` would index the best). The
+    scores are the arm's importance: FLAP's own metric is ``fluctuation`` (WIFV), and FLAP also
+    compensates the removed channels with a bias, ``compensate = "mean"``; FLAP as its paper
+    runs it is the arm ``{ schedule = { kind = "flap" }, importance = { kind = "fluctuation"
+    }, compensate = "mean" }``.
     """
 
     class Params(NeuronScoreParams):
         kind: Literal["flap"] = "flap"
 
-    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+    def counts(self, scores: Sequence[Sequence[float]], budget: int) -> list[int]:
+        """FLAP's kept count per layer before rounding: the neurons whose standardised score is
+        strictly above the best of the ``N - budget`` removed ones (a tie at the threshold
+        removes every neuron of the tie, as FLAP's ``>`` does)."""
         standardised = [_standardised(layer) for layer in scores]
         pooled = sorted((z for layer in standardised for z in layer), reverse=True)
-        if dims.budget > len(pooled):
+        if budget > len(pooled):
             raise UsageError(
-                f"flap: the budget {dims.budget} exceeds the {len(pooled)} neurons there are"
+                f"flap: the budget {budget} exceeds the {len(pooled)} neurons there are"
             )
-        threshold = pooled[dims.budget - 1]
-        counts = [float(sum(1 for z in layer if z >= threshold)) for layer in standardised]
-        # a tie at the threshold can keep a few neurons more than the budget: rounding fixes it
+        removed = len(pooled) - budget
+        if removed == 0:
+            return [len(layer) for layer in scores]
+        threshold = pooled[-removed]
+        return [sum(1 for z in layer if z > threshold) for layer in standardised]
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        counts = [float(c) for c in self.counts(scores, dims.budget)]
+        # a tie at the threshold can keep fewer than the budget: rounding fixes the sum
         return _rounded(dims, counts, scores)
 
 
-class Owl(ScoreAllocation):
-    """OWL's allocation (Yin et al., 2024), adapted from unstructured sparsity to FFN widths:
-    a layer's outlier ratio D_l is the share of its neuron scores above ``m`` times the layer's
-    mean score; the keep ratios are the outlier ratios mapped linearly onto [0, 2 ``lam``] and
-    shifted to the overall keep ratio (``dims.budget`` over the pretrained widths), so a layer
-    with more outliers keeps more; widths are keep ratio x pretrained width, rounded to
-    multiples with the exact budget (at least one multiple, at most ``dims.max_width``).
+class OwlParams(NeuronScoreParams):
+    """OWL's two hyperparameters."""
 
-    Where it differs from the paper: OWL computes D_l over the Wanda scores of every weight of a
-    block and sets per-layer unstructured sparsity; here the scores are one per FFN neuron (the
-    pruning's importance plugin: ``activation`` is mean |a| x the output column's norm, not the
-    per-weight Wanda score |W_ij| x ||X_j||) and the ratio sets
-    the layer's width. The defaults are the paper's, ``m`` = 5 and ``lam`` = 0.08.
+    m: float = Field(5.0, gt=0.0, le=1000.0)
+    """A score above m x the layer's mean score is an outlier (OWL's M)."""
+    lam: float = Field(0.08, ge=0.0, le=0.5)
+    """Keep ratios spread over the overall keep ratio +- lam (OWL's lambda)."""
+
+
+class Owl(ScoreAllocation):
+    """OWL's allocation (Yin et al., 2024) applied to FFN widths. A layer's outlier ratio D_l is
+    the share of the per-weight Wanda scores |W_ij| x ‖X_j‖₂ of every linear map of decoder
+    layer l (attention q/k/v/o and the MLP's gate/up/down; GPT-2's c_attn, c_proj, c_fc,
+    mlp.c_proj) above ``m`` times their mean, all the block's weights pooled; the keep ratios
+    are the ratios mapped linearly onto [0, 2 ``lam``] and shifted to mean the overall keep
+    ratio; a layer's width is its keep ratio x its pretrained width, rounded to multiples with
+    the exact budget (at least one multiple, at most ``dims.max_width``).
+
+    OWL's code (luuyin/OWL, ``lib/prune_all.py``, ``prune_wanda_outlier``): the scores of every
+    ``nn.Linear`` of the layer concatenated, lines 915-943; D_l = the share above
+    ``mean x Hyper_m`` (``check_outlier_mean``, lines 139-154, in percent, a scale the
+    normalisation removes); ``(D - min) / (max - min) x 2 Lamda``, minus its mean, plus the
+    target density, lines 962-966. Where it differs: OWL sets each layer's unstructured sparsity
+    (a layer sparsity at or below 0 becomes 0.01, lines 1054-1058); here the ratio sets the
+    FFN's width, capped at the pretrained width with the surplus rounded onto the other layers
+    so the budget stays exact, and which neurons go is the arm's importance (``wanda_sp`` is
+    Wanda's structured score). Equal outlier ratios give uniform widths (OWL divides by zero).
+    OWL's defaults: ``lam`` 0.08 with ``m`` 5 in its README's unstructured recipes
+    (``main.py``'s own default ``m`` is 3). The ratios come from ``[prune]``'s calibration
+    (:class:`~geospec.kinds.BlockLinears`, :attr:`reads_block_linears`); ``owl_neuron`` counts
+    outliers among the neuron scores instead.
     """
 
-    class Params(NeuronScoreParams):
+    reads_block_linears = True
+
+    class Params(OwlParams):
         kind: Literal["owl"] = "owl"
-        m: float = Field(5.0, gt=0.0, le=1000.0)
-        """A score above m x its layer's mean score is an outlier (OWL's M)."""
-        lam: float = Field(0.08, ge=0.0, le=0.5)
-        """Keep ratios spread over the overall keep ratio +- lam (OWL's lambda)."""
+
+    params: Params
+
+    def outlier_ratios(self, blocks: Sequence[BlockLinears]) -> list[float]:
+        """D_l: the share of layer l's per-weight Wanda scores above m x their mean."""
+        ratios = []
+        for block in blocks:
+            scores = [linear.wanda_scores() for linear in block.linears]
+            if not scores:
+                raise UsageError(f"owl: decoder layer {block.layer} has no linear map")
+            count = sum(s.numel() for s in scores)
+            threshold = self.params.m * float(sum(s.sum() for s in scores)) / count
+            outliers = sum(int((s > threshold).sum()) for s in scores)
+            ratios.append(outliers / count)
+        return ratios
+
+    def keep_ratios(self, blocks: Sequence[BlockLinears], keep: float) -> list[float]:
+        """OWL's per-layer keep ratios around the overall ``keep``."""
+        return _owl_keep_ratios(self.outlier_ratios(blocks), keep, self.params.lam)
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        raise UsageError(
+            "'owl' reads every linear map of each decoder layer with its calibration inputs "
+            "(OWL's per-weight scores), which geospec prune gives it; 'owl_neuron' allocates "
+            "from neuron scores alone"
+        )
+
+    def widths_from_blocks(
+        self,
+        dims: ModelDims,
+        scores: Sequence[Sequence[float]],
+        blocks: Sequence[BlockLinears],
+    ) -> list[int]:
+        if len(blocks) != dims.n_layers:
+            raise UsageError(f"owl: {len(blocks)} decoder layers measured for {dims.n_layers}")
+        total = sum(len(layer) for layer in scores)
+        ratios = self.keep_ratios(blocks, dims.budget / total)
+        counts = [r * len(layer) for r, layer in zip(ratios, scores, strict=True)]
+        return _rounded(dims, counts, scores)
+
+
+class OwlNeuron(ScoreAllocation):
+    """OWL's rule on neuron scores alone (what ``owl`` was before 0.2's faithful one): a layer's
+    outlier ratio D_l is the share of its neuron scores (the arm's importance) above ``m`` times
+    the layer's mean score, mapped to keep ratios as ``owl`` does. Cheaper (no calibration of
+    the attention and MLP inputs), and not OWL: one score per FFN neuron, not per weight of the
+    block."""
+
+    class Params(OwlParams):
+        kind: Literal["owl_neuron"] = "owl_neuron"
 
     params: Params
 
@@ -837,14 +921,7 @@ class Owl(ScoreAllocation):
 
     def keep_ratios(self, scores: Sequence[Sequence[float]], keep: float) -> list[float]:
         """OWL's per-layer keep ratios around the overall ``keep``."""
-        ratios = self.outlier_ratios(scores)
-        low, high = min(ratios), max(ratios)
-        if high == low:
-            spread = [0.0] * len(ratios)
-        else:
-            spread = [(r - low) / (high - low) * 2 * self.params.lam for r in ratios]
-        mean = sum(spread) / len(spread)
-        return [keep + s - mean for s in spread]
+        return _owl_keep_ratios(self.outlier_ratios(scores), keep, self.params.lam)
 
     def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
         total = sum(len(layer) for layer in scores)
@@ -853,10 +930,76 @@ class Owl(ScoreAllocation):
         return _rounded(dims, counts, scores)
 
 
+class Greedy(ScoreAllocation):
+    """A search on the calibration loss, the headroom every heuristic allocation is measured
+    against: from every layer at its pretrained width (rounded down to a multiple), remove
+    ``step`` multiples (the last move: what is left) from the layer whose cut raises the
+    calibration loss least, until the budget is met; ties go to the lower layer. The losses are
+    the mean next-token loss on the prune's calibration windows (the training split, never eval
+    text), each layer keeping its best neurons by the arm's importance, without compensation
+    (:class:`~geospec.kinds.CutLosses`; geospec prune computes a move from the cut layer on).
+
+    What it guarantees: every move is the best single move from where it stands, so its widths
+    score no worse than any other last move from its own second-to-last widths. It guarantees
+    nothing against uniform or any other allocation (a greedy path can end worse than one cut
+    it never walked towards), and it costs one calibration pass per layer per move (coarser
+    ``step``, fewer moves)."""
+
+    reads_cut_losses = True
+
+    class Params(NeuronScoreParams):
+        kind: Literal["greedy"] = "greedy"
+        step: int = Field(1, ge=1, le=100_000)
+        """Multiples of model.multiple_of removed per move."""
+
+    params: Params
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        raise UsageError(
+            "'greedy' searches on the calibration loss of the model being pruned, which geospec "
+            "prune gives it"
+        )
+
+    def widths_from_losses(
+        self, dims: ModelDims, scores: Sequence[Sequence[float]], losses: CutLosses
+    ) -> list[int]:
+        m = dims.multiple_of
+        widths = [min(len(layer), dims.max_width or len(layer)) // m * m for layer in scores]
+        excess = sum(widths) - dims.budget
+        if excess < 0 or excess % m or len(widths) != dims.n_layers:
+            raise UsageError(
+                f"greedy: {len(widths)} layers of at most {widths} neurons cannot keep the budget "
+                f"{dims.budget} of {dims.n_layers} layers in multiples of {m}"
+            )
+        while excess > 0:
+            size = min(self.params.step * m, excess)
+            moves = [(layer, w - size) for layer, w in enumerate(widths) if w - size >= m]
+            if not moves:
+                raise UsageError(f"greedy: no layer can lose {size} more neurons from {widths}")
+            values = losses(widths, moves)
+            best = min(range(len(moves)), key=lambda i: (values[i], moves[i][0]))
+            layer, width = moves[best]
+            widths[layer] = width
+            excess -= size
+        return widths
+
+
+def _owl_keep_ratios(ratios: Sequence[float], keep: float, lam: float) -> list[float]:
+    """OWL's map from outlier ratios to keep ratios (``lib/prune_all.py`` lines 962-966):
+    min-max onto [0, 2 lam], shifted to mean ``keep``; equal ratios give ``keep`` everywhere."""
+    low, high = min(ratios), max(ratios)
+    spread = (
+        [0.0] * len(ratios) if high == low else [(r - low) / (high - low) * 2 * lam for r in ratios]
+    )
+    mean = sum(spread) / len(spread)
+    return [keep + s - mean for s in spread]
+
+
 def _standardised(layer: Sequence[float]) -> list[float]:
+    """(s - mean) / sd with the sample standard deviation (n - 1, as ``torch.std``)."""
     n = len(layer)
     mean = sum(layer) / n
-    sd = math.sqrt(sum((s - mean) ** 2 for s in layer) / n)
+    sd = math.sqrt(sum((s - mean) ** 2 for s in layer) / (n - 1)) if n > 1 else 0.0
     return [0.0] * n if sd == 0 else [(s - mean) / sd for s in layer]
 
 
@@ -897,3 +1040,5 @@ def geospec_register_schedules(register: Register) -> None:
     register(Protect)
     register(Flap)
     register(Owl)
+    register(OwlNeuron)
+    register(Greedy)

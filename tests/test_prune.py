@@ -7,6 +7,7 @@ import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import hf_models
 import numpy as np
@@ -52,7 +53,7 @@ def test_every_arm_has_the_pruned_budget_and_no_layer_grows() -> None:
         arms(
             ("uniform", "uniform"),
             ("flap", "flap"),
-            ("owl", "owl"),
+            ("owl", "owl_neuron"),
             ("cosine", {"kind": "cosine", "start": 1.5, "end": 0.5}),
             ("geometric", {"kind": "geometric", "profile": "p"}),
             ("sorted", {"kind": "sorted", "of": "geometric"}),
@@ -65,6 +66,55 @@ def test_every_arm_has_the_pruned_budget_and_no_layer_grows() -> None:
     for name, values in widths.items():
         assert sum(values) == 128 and all(8 <= w <= 64 and w % 8 == 0 for w in values), name
     assert widths["geometric"][0] >= widths["geometric"][-1]
+
+
+def test_each_score_allocation_reads_its_own_arms_scores() -> None:
+    """arm_scores gives an arm the scores of its own importance: flap on scores that favour
+    layer 0 gives layer 0 more, the same flap on the reverse scores gives layer 1 more."""
+    dims = pruned_dims(n_layers=2, d_model=8, width=16, multiple=1, keep=0.5, activation="gelu")
+    steep = [[float(i * i) for i in range(16)], [float(i) for i in range(16)]]
+    table = arms(("a", "flap"), ("b", "flap"), ("c", "flap"))
+    widths = allocate(table, dims, {}, steep, arm_scores={"b": steep[::-1]})
+    assert widths["a"] == widths["c"] and widths["b"] == widths["a"][::-1]
+    assert widths["a"][0] != widths["a"][1]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_block_calibration_gathers_every_linears_input_rms(family: str) -> None:
+    """Every linear map of each decoder layer, weights out x in (GPT-2's Conv1D transposed);
+    layer 0's attention input is the first norm of the embeddings, whose RMS per feature over
+    the calibration tokens is computed here by hand."""
+    from geospec.prune.apply import calibrate
+
+    model = hf_models.llama() if family == "llama" else hf_models.gpt2()
+    tokens = np.random.default_rng(0).integers(0, hf_models.VOCAB, 400)
+    starts = calibration_windows(tokens, 16, 6, seed=0)
+    sites = find_ffn_sites(
+        model, hf_models.WIDTH, lambda: logits_of(model, torch.zeros(1, 4, dtype=torch.long))
+    )
+    blocks = calibrate(model, sites, tokens, starts, 16, 4, stats=False, blocks=True).blocks
+    assert blocks is not None and [b.layer for b in blocks] == [0, 1, 2]
+    names = [linear.name for linear in blocks[0].linears]
+    ids = torch.as_tensor(np.stack([tokens[s : s + 16] for s in starts]))
+    with torch.no_grad():
+        if family == "llama":
+            assert names == [
+                "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+            ]  # fmt: skip
+            x = model.model.layers[0].input_layernorm(model.model.embed_tokens(ids))
+            shapes = {"mlp.down_proj": (hf_models.WIDTH, 80), "mlp.up_proj": (80, hf_models.WIDTH)}
+        else:
+            assert names == ["attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj"]
+            embedded = model.transformer.wte(ids) + model.transformer.wpe(torch.arange(16))
+            x = model.transformer.h[0].ln_1(embedded)
+            shapes = {"mlp.c_fc": (4 * hf_models.WIDTH, hf_models.WIDTH)}
+    rms = x.double().square().mean(dim=(0, 1)).sqrt()
+    torch.testing.assert_close(blocks[0].linears[0].input_rms, rms, atol=1e-6, rtol=1e-5)
+    for linear in blocks[0].linears:
+        assert linear.input_rms.shape == (linear.weight.shape[1],)
+        if linear.name in shapes:
+            assert tuple(linear.weight.shape) == shapes[linear.name]
 
 
 def test_a_schedule_that_would_grow_a_layer_is_refused_by_name() -> None:
@@ -217,6 +267,22 @@ def test_compensate_is_a_prune_option_that_keeps_existing_keys() -> None:
         PruneSpec.model_validate(table | {"compensate": "median"})
     with pytest.raises(ValueError, match=r"heal.steps = 5.*compensate = \"none\""):
         PruneSpec.model_validate(table | {"compensate": "mean", "heal": {"steps": 5}})
+
+
+def test_an_arms_own_importance_and_compensate_keep_existing_keys() -> None:
+    from geospec.pipeline.keys import section
+
+    table = {"arms": [{"name": "uniform", "schedule": {"kind": "uniform"}}]}
+    assert section(PruneSpec.model_validate(table))["arms"] == table["arms"]  # as before
+    own = {"importance": {"kind": "fluctuation"}, "compensate": "mean"}
+    spec = PruneSpec.model_validate({"arms": [table["arms"][0] | own]})
+    assert section(spec)["arms"][0] == table["arms"][0] | own
+    assert spec.importance_of(spec.arms[0]).kind == "fluctuation" and spec.compensates(spec.arms[0])
+    default = PruneSpec.model_validate(table)
+    assert default.importance_of(default.arms[0]).kind == "activation"
+    assert not default.compensates(default.arms[0])
+    with pytest.raises(ValueError, match=r"arms\[0\] \('uniform'\) sets compensate = \"mean\""):
+        PruneSpec.model_validate({"arms": [table["arms"][0] | own], "heal": {"steps": 5}})
 
 
 def test_a_model_with_a_down_projection_bias_is_not_imported_silently() -> None:
@@ -428,6 +494,104 @@ def test_geospec_export_writes_a_prune_unit_or_says_why_not(
     assert "no readable" not in missing.output and not (tmp_path / "none").exists()
 
 
+def test_an_arms_own_importance_and_compensate_prune_as_the_prunes_would(tmp_path: Path) -> None:
+    """FLAP as its paper runs it set on the arm (fluctuation scores, compensate = "mean") under
+    a prune whose own settings are the defaults, beside the same arms in a prune that sets
+    fluctuation and "mean" for every arm: the same widths and the same losses; the prune's
+    default arm next to them is neither compensated nor scored alike."""
+    faithful = {"importance": {"kind": "fluctuation"}, "compensate": "mean"}
+    base = {"keep": 0.5, "calibration": {"windows": 8, "seeds": [0]}}
+    runs = {
+        "prune": [
+            {"name": "uniform", "schedule": {"kind": "uniform"}},
+            {"name": "flap", "schedule": {"kind": "flap"}},
+        ],
+        "arm": [
+            {"name": "uniform", "schedule": {"kind": "uniform"}},
+            {"name": "uniform-wifv", "schedule": {"kind": "uniform"}, **faithful},
+            {"name": "flap", "schedule": {"kind": "flap"}, **faithful},
+        ],
+    }
+    records = {}
+    for name, arm_tables in runs.items():
+        directory = tmp_path / name
+        directory.mkdir()
+        settings = base | (faithful if name == "prune" else {})
+        invoke("prune", str(prune_spec(directory, arms=arm_tables, **settings)))
+        record = json.loads((directory / "run" / "prune.json").read_text())
+        records[name] = record["budgets"][0]["arms"]
+    by_prune, by_arm = records["prune"], records["arm"]
+
+    def losses(arms: dict[str, Any], arm: str) -> list[float]:
+        return [arms[arm]["loss"][corpus]["0"] for corpus in ("docs.jsonl", "other.jsonl")]
+
+    assert by_arm["flap"]["widths"] == by_prune["flap"]["widths"]
+    assert losses(by_arm, "flap") == pytest.approx(losses(by_prune, "flap"), rel=1e-6)
+    wifv = losses(by_arm, "uniform-wifv")
+    assert wifv == pytest.approx(losses(by_prune, "uniform"), rel=1e-6)
+    assert all(a != b for a, b in zip(losses(by_arm, "uniform"), wifv, strict=True))
+    unit = tmp_path / "arm" / "run" / "prune" / "keep-0.5"
+    assert json.loads((unit / "uniform-wifv" / "seed-0" / "model" / "config.json").read_text())[
+        "mlp_bias"
+    ]
+    assert not json.loads((unit / "uniform" / "seed-0" / "model" / "config.json").read_text())[
+        "mlp_bias"
+    ]
+
+
+def test_a_greedy_arm_searches_on_the_calibration_text(tmp_path: Path) -> None:
+    """The search through the prune stage: its widths keep the budget in multiples, and they
+    are what the same search finds on the same calibration windows, which are training text:
+    the eval corpora changed, the widths stay."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "greedy", "schedule": {"kind": "greedy", "step": 2}},
+    ]
+    settings = {"keep": 0.5, "calibration": {"windows": 4, "seeds": [0]}, "arms": arms}
+    found = []
+    for name, corpora in (("a", ["docs.jsonl"]), ("b", ["other.jsonl"])):
+        directory = tmp_path / name
+        directory.mkdir()
+        spec = prune_spec(directory, eval={"corpora": corpora, "windows": 4}, **settings)
+        invoke("prune", str(spec))
+        record = json.loads((directory / "run" / "prune.json").read_text())
+        widths = record["budgets"][0]["arms"]["greedy"]["widths"]["0"]
+        assert sum(widths) == record["budgets"][0]["budget"] == 96
+        assert all(w % 8 == 0 and 8 <= w <= 64 for w in widths)
+        found.append(widths)
+    assert found[0] == found[1]
+
+
+def test_an_owl_grid_reports_its_best_setting_by_calibration_loss(tmp_path: Path) -> None:
+    """A lam x m grid expands into one arm per setting, each scored on the calibration windows
+    (training text) as well as on the eval corpora; the best by mean calibration loss is
+    reported, and other eval corpora change neither it nor any calibration loss."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "owl", "schedule": {"kind": "owl"}, "grid": {"lam": [0.02, 0.2], "m": [1.5, 3]}},
+    ]
+    settings = {"keep": 0.5, "calibration": {"windows": 4, "seeds": [0, 1]}, "arms": arms}
+    sweeps = []
+    for name, corpora in (("a", ["docs.jsonl"]), ("b", ["other.jsonl"])):
+        directory = tmp_path / name
+        directory.mkdir()
+        spec = prune_spec(directory, eval={"corpora": corpora, "windows": 4}, **settings)
+        output = invoke("prune", str(spec))
+        budget = json.loads((directory / "run" / "prune.json").read_text())["budgets"][0]
+        grid = ["owl-lam0.02-m1.5", "owl-lam0.02-m3", "owl-lam0.2-m1.5", "owl-lam0.2-m3"]
+        assert set(budget["arms"]) == {"uniform", *grid}
+        means = {arm: sum(budget["arms"][arm]["calibration_loss"].values()) / 2 for arm in grid}
+        found = budget["sweeps"]["owl"]
+        assert found["best"] == min(grid, key=lambda arm: means[arm])
+        assert found["calibration_loss"] == pytest.approx(means)
+        assert f"the best of the 'owl' grid on the calibration windows is {found['best']!r}" in (
+            " ".join(output.split())
+        )
+        assert "calibration_loss" not in budget["arms"]["uniform"]
+        sweeps.append(found)
+    assert sweeps[0] == sweeps[1]
+
+
 def test_a_rerun_reuses_every_pruned_model(pruned_run: Path) -> None:
     output = invoke("prune", str(pruned_run / "spec.toml"))
     assert "prune: up to date" in output and "pruned models" not in output
@@ -538,6 +702,16 @@ def test_healing_a_model_geospec_cannot_import_is_one_line(tmp_path: Path) -> No
         ({"baseline": "nope"}, "prune", "baseline 'nope' is not one of the arms"),
         ({"calibration": {"seeds": [1, 1]}}, "prune.calibration.seeds", "distinct"),
         ({"heal": {"steps": -1}}, "prune.heal.steps", "greater than or equal to 0"),
+        (
+            {"arms": [{"name": "uniform", "schedule": "uniform", "grid": {}}]},
+            "prune",
+            "arms[0].grid is empty",
+        ),
+        (
+            {"arms": [PRUNE_SPEC["arms"][0], {"name": "o", "schedule": "owl", "grid": {"m": []}}]},
+            "prune",
+            "arms[1].grid.m is empty",
+        ),
     ],
 )
 def test_bad_prune_settings_name_the_field(

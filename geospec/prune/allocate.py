@@ -5,7 +5,8 @@ exactly ``L`` times that many hidden units (equal FFN parameters); no layer may 
 pretrained width W (pruning never grows a layer) nor fall below one multiple. Schedules that
 read profiles are solved with the pretrained width as the hard upper limit
 (:attr:`ModelDims.max_width`); score allocations (:class:`~geospec.kinds.ScoreAllocation`: flap,
-owl) allocate from the neuron scores; arms derived from
+owl) allocate from the neuron scores of each arm's importance (owl also from every block
+linear's calibration inputs); arms derived from
 other arms (fitted, sorted) after those. A schedule that still asks a layer for more than its
 pretrained width (a taper that starts above 1 / keep, a manual list) is refused by name.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from geospec.errors import UsageError
-from geospec.kinds import ModelDims, reads_scores
+from geospec.kinds import BlockLinears, CutLosses, ModelDims, ScoreAllocation, reads_scores
 from geospec.solve.widths import arm_order
 from geospec.spec.sections import ArmSpec
 
@@ -54,9 +55,16 @@ def allocate(
     dims: ModelDims,
     profiles: Mapping[str, Sequence[float]],
     scores: Sequence[Sequence[float]],
+    *,
+    arm_scores: Mapping[str, Sequence[Sequence[float]]] | None = None,
+    blocks: Sequence[BlockLinears] | None = None,
+    cut_losses: Mapping[str, CutLosses] | None = None,
 ) -> dict[str, list[int]]:
     """Every arm's widths (in spec order), each checked: the budget exactly, multiples, at least
-    one multiple, at most the pretrained width."""
+    one multiple, at most the pretrained width. A score allocation reads ``arm_scores[name]``
+    (the neuron scores of the arm's own importance) where given, ``scores`` otherwise; one that
+    reads block linears (``owl``) also gets ``blocks``, and a search (``greedy``) the
+    calibration losses of its own cuts, ``cut_losses[name]``."""
     from geospec.plugin import create_plugin
 
     schedules = {arm.name: create_plugin("schedule", arm.schedule) for arm in arms}
@@ -69,8 +77,17 @@ def allocate(
     for name in arm_order(sources):
         schedule = schedules[name]
         try:
-            if reads_scores(schedule):
-                result = schedule.widths_from_scores(dims, scores)
+            own = scores if arm_scores is None else arm_scores.get(name, scores)
+            if isinstance(schedule, ScoreAllocation) and schedule.reads_cut_losses:
+                if cut_losses is None or name not in cut_losses:
+                    raise ValueError(f"prune arm {name!r} searches on losses; none were given")
+                result = schedule.widths_from_losses(dims, own, cut_losses[name])
+            elif isinstance(schedule, ScoreAllocation) and schedule.reads_block_linears:
+                if blocks is None:
+                    raise ValueError(f"prune arm {name!r} reads block linears; none were given")
+                result = schedule.widths_from_blocks(dims, own, blocks)
+            elif reads_scores(schedule):
+                result = schedule.widths_from_scores(dims, own)
             else:
                 result = schedule.widths_from(
                     dims, profiles, {arm: widths[arm] for arm in sources[name]}

@@ -2,16 +2,19 @@
 run directory's ``prune/`` (docs/prune.md).
 
 For calibration seed k the importance scores (and each layer's neuron ordering) come from
-calibration sample k of the training split; every arm's widths at each keep fraction come from
+calibration sample k of the training split, once for each distinct importance the arms use (an
+arm's own, or the prune's); every arm's widths at each keep fraction come from
 :func:`geospec.prune.allocate.allocate` (the run's profiles for schedules that read them, or,
-with ``prune.allocation_seeds``, the measured profiles re-drawn for seed k; the scores for flap
-and owl); the reference keeps, in layer l, the ``widths[l]`` best neurons, and
+with ``prune.allocation_seeds``, the measured profiles re-drawn for seed k; the arm's own
+importance scores for flap and owl_neuron, every block linear's calibration inputs for owl);
+the reference keeps, in layer l, the ``widths[l]`` best neurons, and
 its mean next-token loss is measured on every eval corpus's held-out windows. A unit whose
 record holds its key is reused (:mod:`geospec.prune.units`), so an interrupted prune resumes.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +35,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from geospec.engine.model import GPT
+    from geospec.kinds import BlockLinears, Importance
     from geospec.measure.probe import FFNSite
+    from geospec.measure.sensitivity import Batch
 
 #: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
 #: the unit's key and returns its loss on every eval corpus.
@@ -40,12 +45,63 @@ Healer = Callable[[Unit, Path, str, "GPT"], dict[str, float]]
 
 
 class Scored(NamedTuple):
-    """One calibration sample's work: every layer's neuron scores and ordering, and (with
-    compensation) its signed mean activations."""
+    """One calibration sample's work: every layer's neuron scores and ordering under each
+    importance the arms use (by :func:`importance_key`), with compensation its signed mean
+    activations, with an ``owl`` arm every decoder layer's linear inputs, and with a search or
+    a sweep its windows as loss batches."""
 
-    scores: list[list[float]]
-    orders: list[list[int]]
+    scores: dict[str, list[list[float]]]
+    orders: dict[str, list[list[int]]]
     means: list[torch.Tensor] | None
+    blocks: list[BlockLinears] | None
+    batches: list[Batch] | None
+
+
+def calibrated(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    importances: Mapping[str, Importance],
+    train_tokens: np.ndarray,
+    seq_len: int,
+    prune: PruneSpec,
+    seed: int,
+    *,
+    compensate: bool,
+    blocks: bool,
+    batches: bool,
+    bos: int | None = None,
+) -> Scored:
+    """Calibration sample ``seed``'s work (:class:`Scored`): one calibration pass records what
+    the arms need, and each importance scores the neurons from it."""
+    from geospec.prune.apply import calibrate, calibration_windows, neuron_scores
+    from geospec.prune.search import calibration_batches
+
+    calibration = prune.calibration
+    starts = calibration_windows(train_tokens, seq_len, calibration.windows, seed)
+    needs = compensate or any(i.needs_activations for i in importances.values())
+    found = calibrate(
+        model, sites, train_tokens, starts, seq_len, calibration.batch_size, stats=needs,
+        blocks=blocks, bos=bos,
+    )  # fmt: skip
+    scores, orders = {}, {}
+    for key, importance in importances.items():
+        scores[key], orders[key] = neuron_scores(
+            model, sites, importance, train_tokens, starts, seq_len, calibration.batch_size,
+            stats=found.stats, bos=bos,
+        )  # fmt: skip
+    means = [s.mean for s in found.stats] if compensate and found.stats is not None else None
+    device = next(model.parameters()).device
+    windows = (
+        calibration_batches(train_tokens, starts, seq_len, calibration.batch_size, device, bos)
+        if batches
+        else None
+    )
+    return Scored(scores, orders, means, found.blocks, windows)
+
+
+def importance_key(table: Any) -> str:
+    """The importance table (a plugin's params) as the scores' cache key: its JSON form."""
+    return json.dumps(table.model_dump(mode="json"), sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -94,18 +150,14 @@ def prune_units(
 
     from geospec.engine.progress import stage_progress
     from geospec.errors import UsageError
+    from geospec.kinds import ScoreAllocation
     from geospec.measure.cut import CutError, ffn_layout, ffn_width
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
     from geospec.plugin import create_plugin
     from geospec.prune.allocate import allocate, pruned_dims
-    from geospec.prune.apply import (
-        calibration_stats,
-        calibration_windows,
-        compensated_export_problem,
-        eval_loss,
-        neuron_scores,
-    )
+    from geospec.prune.apply import compensated_export_problem, eval_loss
+    from geospec.prune.search import SuffixCutLosses
 
     prune = inputs.prune
     first = next(iter(corpora.values()))[0][0][:1]
@@ -115,14 +167,34 @@ def prune_units(
     except CutError as error:
         raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
     width = ffn_width(sites[0].ffn)
-    compensate = prune.compensate == "mean"
+    compensate = any(prune.compensates(arm) for arm in prune.arms)
     problem = compensated_export_problem(model) if compensate and prune.export else None
     if problem is not None:  # said before any unit is computed, not at the first export
         raise UsageError(
             f'prune.compensate = "mean": {problem}; set prune.export = false or '
             'prune.compensate = "none"'
         )
-    importance = create_plugin("importance", prune.importance)
+    # each distinct importance is scored once per calibration seed; an arm reads its own
+    arm_importance = {arm.name: importance_key(prune.importance_of(arm)) for arm in prune.arms}
+    importances = {
+        arm_importance[arm.name]: create_plugin("importance", prune.importance_of(arm))
+        for arm in prune.arms
+    }
+    schedules = [create_plugin("schedule", arm.schedule) for arm in prune.arms]
+    reads_blocks = {
+        arm.name: isinstance(s, ScoreAllocation) and s.reads_block_linears
+        for arm, s in zip(prune.arms, schedules, strict=True)
+    }
+    blocks_needed = any(reads_blocks.values())
+    searches = [
+        arm.name
+        for arm, s in zip(prune.arms, schedules, strict=True)
+        if isinstance(s, ScoreAllocation) and s.reads_cut_losses
+    ]
+    # owl's units from before it read the block linears (it counted neuron-score outliers)
+    # must not be reused: their keys gain a mark (every other unit keeps its key)
+    revisions = {name: ("block-linears",) if reads else () for name, reads in reads_blocks.items()}
+    kinds = ", ".join(sorted({importance.kind_name() for importance in importances.values()}))
     dims = {
         keep: pruned_dims(len(sites), d_model, width, inputs.multiple_of, keep, inputs.activation)
         for keep in prune.fractions
@@ -130,7 +202,7 @@ def prune_units(
     say(
         f"[bold]prune[/]: {len(sites)} layers of {width} neurons kept at "
         f"{', '.join(f'{k:g}' for k in prune.fractions)}; {len(prune.arms)} arms x "
-        f"{len(prune.calibration.seeds)} calibration seeds; {importance.kind_name()} scores; "
+        f"{len(prune.calibration.seeds)} calibration seeds; {kinds} scores; "
         f"loss on {prune.eval.windows} windows of {', '.join(corpora)}"
     )
     with torch.no_grad():
@@ -143,40 +215,41 @@ def prune_units(
     with stage_progress(console, say, "pruned models", len(units)) as advance:
         for unit in units:
             unit_dir = unit.directory(run_dir)
-            unit_key = digest("prune-unit", inputs.key, unit.keep, unit.arm, unit.seed)
+            unit_key = digest(
+                "prune-unit", inputs.key, unit.keep, unit.arm, unit.seed, *revisions[unit.arm]
+            )
             stored = finished_unit(unit_dir, unit_key, prune.export)
             if stored is not None:
                 results[unit] = stored
                 advance(1)
                 continue
             if unit.seed not in scored:  # once per calibration sample, only when needed
-                starts = calibration_windows(
-                    train_tokens, inputs.seq_len, prune.calibration.windows, unit.seed
-                )
-                batch = prune.calibration.batch_size
-                stats = (
-                    calibration_stats(
-                        model, sites, train_tokens, starts, inputs.seq_len, batch, inputs.bos
-                    )
-                    if importance.needs_activations or compensate
-                    else None
-                )
-                scores, orders = neuron_scores(
-                    model, sites, importance, train_tokens, starts, inputs.seq_len, batch,
-                    stats=stats, bos=inputs.bos,
+                scored[unit.seed] = calibrated(
+                    model, sites, importances, train_tokens, inputs.seq_len, prune, unit.seed,
+                    compensate=compensate, blocks=blocks_needed,
+                    batches=bool(searches) or bool(prune.sweeps), bos=inputs.bos,
                 )  # fmt: skip
-                means = [s.mean for s in stats] if compensate and stats is not None else None
-                scored[unit.seed] = Scored(scores, orders, means)
-            scores, orders, means = scored[unit.seed]
+            work = scored[unit.seed]
+            arm = next(a for a in prune.arms if a.name == unit.arm)
             if (unit.seed, unit.keep) not in widths:
                 if unit.seed not in profiles:
                     profiles[unit.seed] = inputs.seed_profiles(unit.seed)
+                losses = {  # a search's calibration losses, of its own importance's cuts
+                    name: SuffixCutLosses(
+                        model, sites, work.orders[arm_importance[name]], work.batches or []
+                    )
+                    for name in searches
+                }
                 widths[(unit.seed, unit.keep)] = allocate(
-                    prune.arms, dims[unit.keep], profiles[unit.seed], scores
-                )
+                    prune.arms, dims[unit.keep], profiles[unit.seed], [],
+                    arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
+                    blocks=work.blocks, cut_losses=losses,
+                )  # fmt: skip
             result = pruned_unit(
-                model, sites, orders, widths[(unit.seed, unit.keep)][unit.arm], corpora,
-                unit, unit_dir, unit_key, inputs, heal, means,
+                model, sites, work.orders[arm_importance[unit.arm]],
+                widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
+                inputs, heal, work.means if prune.compensates(arm) else None,
+                calibration=work.batches if arm.sweep is not None else None,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
             if inputs.redraw is not None:  # what this seed's allocation was solved from
@@ -185,7 +258,15 @@ def prune_units(
             atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
             results[unit] = result
             advance(1)
-    return gather(prune, dims, reference, results, width, len(sites))
+    record = gather(prune, dims, reference, results, width, len(sites))
+    for budget in record["budgets"]:
+        for sweep, found in budget.get("sweeps", {}).items():
+            loss = found["calibration_loss"][found["best"]]
+            say(
+                f"prune: at keep {budget['keep']:g} the best of the {sweep!r} grid on the "
+                f"calibration windows is {found['best']!r} (loss {loss:.4f})"
+            )
+    return record
 
 
 def pruned_unit(
@@ -200,10 +281,13 @@ def pruned_unit(
     inputs: PruneInputs,
     heal: Healer | None,
     compensation: Sequence[torch.Tensor] | None,
+    *,
+    calibration: Sequence[Batch] | None = None,
 ) -> dict[str, Any]:
     """One pruned model (with ``compensation``, each layer's calibration means in place of its
-    cut neurons): its losses, FFN parameters, (with export) checkpoint and (with a healer) its
-    losses after healing."""
+    cut neurons): its losses, FFN parameters, (with export) checkpoint, (with a healer) its
+    losses after healing and (with ``calibration``, a sweep's arm) its loss on the calibration
+    windows."""
     import torch
 
     from geospec.engine.imported import import_llama
@@ -213,12 +297,15 @@ def pruned_unit(
     imported = None
     with torch.no_grad(), pruned(sites, orders, widths, compensation=compensation):
         losses = {name: eval_loss(model, batches) for name, batches in corpora.items()}
+        own = None if calibration is None else eval_loss(model, calibration)
         params = ffn_parameters(sites)
         if inputs.prune.export:
             export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR)
         if heal is not None:
             imported = import_llama(model, inputs.seq_len)
     result: dict[str, Any] = {"widths": list(widths), "ffn_params": params, "loss": losses}
+    if own is not None:
+        result["calibration_loss"] = own
     if imported is not None and heal is not None:
         result["healed_loss"] = heal(unit, unit_dir / HEAL_DIR, key, imported)
     return result

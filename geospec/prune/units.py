@@ -10,7 +10,7 @@ expected key is finished and reused, so an interrupted prune resumes unit by uni
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ def gather(
     per calibration seed and corpus."""
     budgets = []
     for keep in prune.fractions:
-        arms = {}
+        arms: dict[str, dict[str, Any]] = {}
         for arm in prune.arms:
             units = {seed: results[Unit(keep, arm.name, seed)] for seed in prune.calibration.seeds}
             first = next(iter(units.values()))
@@ -83,20 +83,29 @@ def gather(
                     for corpus in first["loss"]
                 },
             }
+            if arm.importance is not None:  # the arm's own, not the prune's
+                arms[arm.name]["importance"] = arm.importance.model_dump(mode="json")
+            if arm.compensate is not None:
+                arms[arm.name]["compensate"] = arm.compensate
+            if arm.sweep is not None:  # a grid's arms are also scored on calibration text
+                arms[arm.name]["calibration_loss"] = {
+                    str(seed): unit["calibration_loss"] for seed, unit in units.items()
+                }
             if "healed_loss" in first:
                 arms[arm.name]["healed_loss"] = {
                     corpus: {str(s): unit["healed_loss"][corpus] for s, unit in units.items()}
                     for corpus in first["healed_loss"]
                 }
-        budgets.append(
-            {
-                "keep": keep,
-                "uniform_width": dims[keep].ffn_width,
-                "budget": dims[keep].budget,
-                "multiple": dims[keep].multiple_of,
-                "arms": arms,
-            }
-        )
+        budget: dict[str, Any] = {
+            "keep": keep,
+            "uniform_width": dims[keep].ffn_width,
+            "budget": dims[keep].budget,
+            "multiple": dims[keep].multiple_of,
+            "arms": arms,
+        }
+        if prune.sweeps:
+            budget["sweeps"] = best_settings(prune.sweeps, arms)
+        budgets.append(budget)
     return {
         "keep": prune.fractions,
         "baseline": prune.baseline,
@@ -109,3 +118,19 @@ def gather(
         "reference": dict(reference),
         "budgets": budgets,
     }
+
+
+def best_settings(
+    sweeps: Mapping[str, Sequence[str]], arms: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Each grid's best arm at one budget: the lowest calibration loss (training windows, never
+    eval text) averaged over the calibration seeds (ties: the first in spec order), with every
+    arm's mean."""
+    best: dict[str, dict[str, Any]] = {}
+    for sweep, names in sweeps.items():
+        means = {
+            name: sum(arms[name]["calibration_loss"].values()) / len(arms[name]["calibration_loss"])
+            for name in names
+        }
+        best[sweep] = {"best": min(names, key=lambda name: means[name]), "calibration_loss": means}
+    return best

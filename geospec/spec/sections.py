@@ -83,6 +83,9 @@ class Section(BaseModel):
                 dumped.pop(name, None)
             elif isinstance(value, Section):
                 dumped[name] = value.key_form()
+            elif isinstance(value, list | tuple) and any(isinstance(v, Section) for v in value):
+                # a list of sections (prune arms) may hold options added later too
+                dumped[name] = [v.key_form() if isinstance(v, Section) else v for v in value]
         return dumped
 
 
@@ -469,6 +472,63 @@ class PruneEval(Section):
     """Windows per forward pass."""
 
 
+class PruneArmSpec(ArmSpec):
+    """One allocation of a prune: a schedule, and optionally its own importance score and bias
+    compensation instead of the prune's (FLAP as its paper runs it: `importance = { kind =
+    "fluctuation" }, compensate = "mean"`)."""
+
+    importance: Annotated[ImportanceRef | None, ADDED_LATER] = None
+    """Which neurons this arm's layers keep, and the scores its score allocation (flap, owl)
+    reads; omit for prune.importance."""
+    compensate: Annotated[Literal["none", "mean"] | None, ADDED_LATER] = None
+    """This arm's bias compensation ("mean" or "none"); omit for prune.compensate."""
+    grid: Annotated[dict[str, list[Any]] | None, ADDED_LATER] = None
+    """A sweep: each schedule param's values (`{ lam = [0.02, 0.05], m = [3, 5] }`); the arm
+    becomes one arm per setting, named `<name>-lam0.02-m3` and so on (docs/prune.md). Expanded
+    when the spec is read: an expanded arm holds no grid."""
+    sweep: Annotated[Name | None, ADDED_LATER] = None
+    """The grid arm this arm was expanded from (set by `grid`): the sweep's arms are scored on
+    the calibration windows too, and the best by calibration loss is reported."""
+
+
+def _expanded_grids(arms: Any) -> Any:
+    """Every arm table with a `grid` (param -> list of values) as one arm per setting, named
+    `<name>-<param><value>-...` in the grid's order, its schedule given those params and `sweep`
+    naming the grid arm; an empty grid or an empty list is refused naming the field."""
+    if not isinstance(arms, list):
+        return arms
+    expanded: list[Any] = []
+    for i, arm in enumerate(arms):
+        if not isinstance(arm, dict) or "grid" not in arm:
+            expanded.append(arm)
+            continue
+        grid, name, schedule = arm["grid"], arm.get("name"), arm.get("schedule")
+        field = f"arms[{i}].grid"
+        if not isinstance(grid, dict) or not grid:
+            raise ValueError(
+                f"{field} is empty: give each param a list of values, e.g. lam = [0.05]"
+            )
+        for param, values in grid.items():
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"{field}.{param} is empty: list at least one value")
+        if isinstance(schedule, str):
+            schedule = {"kind": schedule}
+        if not isinstance(schedule, dict):
+            raise ValueError(f"{field}: the arm's schedule must be a table (kind = ...) to sweep")
+        settings: list[list[tuple[str, Any]]] = [[]]
+        for param, values in grid.items():
+            settings = [[*s, (param, v)] for s in settings for v in values]
+        rest = {k: v for k, v in arm.items() if k != "grid"}
+        for setting in settings:
+            label = "-".join(f"{param}{value:g}" if isinstance(value, float | int) else
+                             f"{param}{value}" for param, value in setting)  # fmt: skip
+            expanded.append(
+                rest | {"name": f"{name}-{label}", "schedule": schedule | dict(setting),
+                        "sweep": name}
+            )  # fmt: skip
+    return expanded
+
+
 class PruneHeal(Section):
     """Fine-tuning every pruned model on the spec's training text in geospec's own engine (its
     weights imported: Llama-family checkpoints), then its held-out loss again."""
@@ -496,9 +556,10 @@ class PruneSpec(Section):
     """Which neurons a layer keeps at its width, and the scores flap and owl allocate from."""
     calibration: PruneCalibration = Field(default_factory=PruneCalibration)
     eval: PruneEval = Field(default_factory=PruneEval)
-    arms: list[ArmSpec] = Field(min_length=1, max_length=1000)
+    arms: list[PruneArmSpec] = Field(min_length=1, max_length=1000)
     """The allocations compared: any schedule (solved at the pruned budget, no layer above its
-    pretrained width) and the pruning allocations flap and owl."""
+    pretrained width) and the pruning allocations flap and owl; each may set its own
+    importance and compensate."""
     baseline: Name = "uniform"
     """The arm every other is compared with, paired by calibration seed."""
     export: bool = True
@@ -517,9 +578,33 @@ class PruneSpec(Section):
     removed neuron contributes its calibration mean instead of zero; "none" cuts only
     (docs/prune.md)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _grids(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "arms" in data:
+            return {**data, "arms": _expanded_grids(data["arms"])}
+        return data
+
     @property
     def fractions(self) -> list[float]:
         return self.keep if isinstance(self.keep, list) else [self.keep]
+
+    @property
+    def sweeps(self) -> dict[str, list[str]]:
+        """Every grid's expanded arms, by the grid arm's name."""
+        found: dict[str, list[str]] = {}
+        for arm in self.arms:
+            if arm.sweep is not None:
+                found.setdefault(arm.sweep, []).append(arm.name)
+        return found
+
+    def importance_of(self, arm: PruneArmSpec) -> ImportanceRef:
+        """The importance table ``arm`` keeps its neurons by: its own, or the prune's."""
+        return self.importance if arm.importance is None else arm.importance
+
+    def compensates(self, arm: PruneArmSpec) -> bool:
+        """Whether ``arm``'s cut is bias-compensated: its own setting, or the prune's."""
+        return (self.compensate if arm.compensate is None else arm.compensate) == "mean"
 
     @model_validator(mode="after")
     def _arms(self) -> PruneSpec:
@@ -536,6 +621,14 @@ class PruneSpec(Section):
                 "imports the pruned model into geospec's engine, which has no FFN output bias to "
                 'carry the compensation yet; set compensate = "none" or heal.steps = 0'
             )
+        for i, arm in enumerate(self.arms):
+            if arm.compensate == "mean" and self.heal.steps > 0:
+                raise ValueError(
+                    f'arms[{i}] ({arm.name!r}) sets compensate = "mean" with heal.steps = '
+                    f"{self.heal.steps}: healing imports the pruned model into geospec's engine, "
+                    "which has no FFN output bias to carry the compensation yet; drop the arm's "
+                    "compensate or set heal.steps = 0"
+                )
         return self
 
 

@@ -9,7 +9,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from geospec.errors import GeospecError
-from geospec.kinds import ModelDims, Schedule, Smoother, Solver, WidthProblem, reads_scores
+from geospec.kinds import (
+    ModelDims,
+    Schedule,
+    ScoreAllocation,
+    Smoother,
+    Solver,
+    WidthProblem,
+    reads_scores,
+)
 from geospec.testing.contract import plugin_instance, rule
 
 #: The model :func:`check_schedule` asks for widths by default: six layers, uniform width 64,
@@ -199,8 +207,22 @@ def check_schedule(
             + ("no error" if refused is None else f"{type(refused).__name__}: {refused}"),
         )
 
-        def compute() -> list[int]:
-            return plugin.widths_from_scores(dims, [list(layer) for layer in scores])
+        if isinstance(plugin, ScoreAllocation) and plugin.reads_cut_losses:
+            searched = plugin
+
+            def compute() -> list[int]:
+                layers = [list(layer) for layer in scores]
+                return searched.widths_from_losses(dims, layers, _made_up_losses(dims.n_layers))
+        elif isinstance(plugin, ScoreAllocation) and plugin.reads_block_linears:
+            blocks, allocation = _random_blocks(dims.n_layers), plugin
+
+            def compute() -> list[int]:
+                layers = [list(layer) for layer in scores]
+                return allocation.widths_from_blocks(dims, layers, blocks)
+        else:
+
+            def compute() -> list[int]:
+                return plugin.widths_from_scores(dims, [list(layer) for layer in scores])
     else:
 
         def compute() -> list[int]:
@@ -223,6 +245,39 @@ def check_schedule(
             f"every width must lie within the schedule's bounds {list(bounds)}, got {widths}",
         )
     rule(plugin, compute() != widths, "the same inputs must give the same widths")
+
+
+def _made_up_losses(n_layers: int) -> Any:
+    """Calibration losses for a search allocation: sum over layers of c_l / w_l, c_l seeded
+    and uneven (a narrower layer always costs more)."""
+    weights = _profile(n_layers, seed=7)
+
+    def losses(widths: Sequence[int], changes: Sequence[tuple[int, int]]) -> list[float]:
+        base = [c / w for c, w in zip(weights, widths, strict=True)]
+        total = sum(base)
+        return [total - base[layer] + weights[layer] / width for layer, width in changes]
+
+    return losses
+
+
+def _random_blocks(n_layers: int) -> list[Any]:
+    """Seeded decoder layers of two linear maps each (heavy-tailed weights, uneven inputs by
+    layer), for a score allocation that reads block linears: the only branch of these checks
+    that imports torch."""
+    import torch
+
+    from geospec.kinds import BlockLinears, LinearInputs
+
+    generator = torch.Generator().manual_seed(0)
+    blocks = []
+    for layer in range(n_layers):
+        linears = []
+        for name, shape in (("attn", (16, 8)), ("mlp", (8, 16))):
+            weight = torch.randn(shape, generator=generator) ** 3
+            rms = torch.rand(shape[1], generator=generator, dtype=torch.float64) * (1 + layer)
+            linears.append(LinearInputs(name, weight, rms))
+        blocks.append(BlockLinears(layer, tuple(linears)))
+    return blocks
 
 
 def _uneven_widths(dims: ModelDims) -> list[int]:

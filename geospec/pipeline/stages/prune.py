@@ -106,6 +106,7 @@ class PruneStage:
             self.model.multiple_of,
             {name: list(values) for name, values in sorted(profiles.items())},
             *redrawn,
+            *self.block_arms(),
         )
         path = run.run_dir / PRUNE_FILE
         return Plan(
@@ -115,6 +116,20 @@ class PruneStage:
             artifacts=(path,),
             problem=json_problem(path, *PRUNE_KEYS) if path.exists() else None,
         )
+
+    def block_arms(self) -> list[list[str]]:
+        """The arms that allocate from every block linear's calibration inputs (``owl`` since it
+        follows OWL's code), as one key part: the stage's key changes with what they compute,
+        and a prune without them keeps its key."""
+        from geospec.plugin import create_plugin
+
+        assert self.prune is not None
+        names = [
+            arm.name
+            for arm in self.prune.arms
+            if getattr(create_plugin("schedule", arm.schedule), "reads_block_linears", False)
+        ]
+        return [names] if names else []
 
     def needed_profiles(self) -> list[str]:
         """The profiles the prune arms' schedules read (sorted)."""
