@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 import torch
@@ -27,7 +27,15 @@ from geospec.engine.train_state import TrainState
 from geospec.pipeline.context import RunContext
 from geospec.pipeline.keys import BOOKKEEPING, arm_run_key, data_key, section
 from geospec.pipeline.training import TrainingJob, train_into
-from geospec.spec.sections import DataSpec, Fingerprinted, ModelSpec, TrainSpec, marked
+from geospec.spec.sections import (
+    ADDED_LATER,
+    FINGERPRINT,
+    DataSpec,
+    Fingerprinted,
+    ModelSpec,
+    TrainSpec,
+    marked,
+)
 
 pytestmark = pytest.mark.torch
 
@@ -247,3 +255,20 @@ def test_train_into_takes_one_job_and_the_form_of_earlier_versions_still_works(
     assert recorded[0] == recorded[1]
     # a finished run of the same key is returned, not trained again
     assert train_into(run, job, progress=False) == result
+
+
+class LaterTrain(TrainSpec):
+    """A train section that gained a fingerprinted option after runs were recorded."""
+
+    label_smoothing: Annotated[float, ADDED_LATER, FINGERPRINT] = 0.0
+
+
+def test_a_fingerprinted_option_added_later_leaves_fingerprints_alone_at_its_default(
+    data: TokenData,
+) -> None:
+    config = model_config(data)
+    before = fingerprint(TRAIN, config, data, 0, 30)
+    later = LaterTrain(**TRAIN.model_dump())
+    assert fingerprint(later, config, data, 0, 30) == before
+    changed = fingerprint(later.model_copy(update={"label_smoothing": 0.1}), config, data, 0, 30)
+    assert changed == {**before, "label_smoothing": 0.1}

@@ -3,10 +3,11 @@
 The fingerprint is recorded in every checkpoint and in ``result.json``; a training directory
 refuses to resume or reuse a run of another fingerprint. Its train settings are the
 :class:`~geospec.spec.sections.TrainSpec` fields marked ``FINGERPRINT`` (an entry each) and
-``OPTIMIZER`` (one list, in field order); the step count is the run's own (the spec's, or an
-override such as the reference's ``train_steps``). The execution record says how a session
-computed (device, threads, processes, precision, compilation, torch): not part of the experiment,
-but what decides the order of floating-point sums.
+``OPTIMIZER`` (one list, in field order); one also marked ``ADDED_LATER`` is left out while it
+has its default, so fingerprints recorded before it existed still match. The step count is the
+run's own (the spec's, or an override such as the reference's ``train_steps``). The execution
+record says how a session computed (device, threads, processes, precision, compilation, torch):
+not part of the experiment, but what decides the order of floating-point sums.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from geospec.engine.model import GPTConfig
 from geospec.engine.token_data import TokenData
 from geospec.errors import UsageError
-from geospec.spec.sections import Fingerprinted, TrainSpec, marked
+from geospec.spec.sections import AddedLater, Fingerprinted, TrainSpec, marked
 
 __all__ = ["check_same_run", "execution", "fingerprint", "weights_digest"]
 
@@ -36,7 +37,8 @@ def fingerprint(
     """What makes two runs the same experiment (a directory refuses to mix different ones).
     ``initial``: the starting weights of a fine-tuned model (their digest; absent otherwise, so
     fingerprints of earlier runs stay equal)."""
-    fields = marked(TrainSpec, Fingerprinted)
+    fields = marked(type(train), Fingerprinted)
+    later = marked(type(train), AddedLater)
     # as JSON sees them (betas a list), which is how checkpoints and result.json hold them
     settings = train.model_dump(mode="json", include=set(fields))
     found: dict[str, Any] = {
@@ -47,6 +49,8 @@ def fingerprint(
         "steps": steps,
     }
     for name, marker in fields.items():
+        if name in later and getattr(train, name) == type(train).model_fields[name].default:
+            continue  # an option added later, at its default: fingerprints from before hold
         if marker.group is None:
             found[name] = settings[name]
         else:
