@@ -109,7 +109,7 @@ def train(
     from geospec.pipeline.context import RunContext
     from geospec.pipeline.keys import arm_run_key
     from geospec.pipeline.tracking import TrackAs
-    from geospec.pipeline.training import train_into
+    from geospec.pipeline.training import TrainingJob, train_into
     from geospec.spec.loading import load_spec
 
     warn_broken_plugins()
@@ -117,12 +117,8 @@ def train(
     widths = arm_widths(spec, arm, widths_text)
     run_dir = Path(spec.run_dir)
     out = out or arm_seed_dir(run_dir, arm, seed)
-    # --steps trains another experiment than the spec's: its key says so
-    settings = (
-        spec.train
-        if steps is None
-        else spec.train.model_copy(update={"steps": steps, "tokens": None})
-    )
+    # --steps trains another experiment than the spec's: its key and fingerprint say so
+    settings = spec.train.with_steps(steps)
     key = arm_run_key(spec.model, spec.data, settings, widths, seed)
     with process_group():
         run = RunContext(
@@ -140,19 +136,10 @@ def train(
             f"training arm {arm}, seed {seed}: {config.num_params():,} parameters, widths "
             f"{' '.join(map(str, widths))}, {run.dist.world_size} process(es) -> {out}"
         )
-        result = train_into(
-            run,
-            out,
-            key,
-            widths,
-            model=spec.model,
-            train=spec.train,
-            data=data,
-            seed=seed,
-            steps=steps,
-            replace=False,
-            track=TrackAs(spec.name, arm),
+        job = TrainingJob(
+            out, key, widths, spec.model, settings, data, seed, track=TrackAs(spec.name, arm)
         )
+        result = train_into(run, job, replace=False)
         if result is None:
             raise UsageError(
                 f"{out}: another geospec process is training into this directory; let it "

@@ -11,14 +11,15 @@ Each step reads the sequences ``step * batch .. (step + 1) * batch - 1`` of the 
 (:mod:`geospec.engine.batches`); rank r takes its contiguous share of them, cut into
 micro-batches.
 
-SIGTERM or SIGUSR1 (a scheduler's warning before preemption or the time limit) stops a run at the
-end of its current step: it writes a checkpoint of that step and raises
-:class:`geospec.errors.Preempted`, whose exit status (75, ``REQUEUE_EXIT_CODE``) asks for a
-requeue; started again, it resumes to the result an uninterrupted run has. Under torchrun the
-processes also stop so, at the next log interval, when their launcher is gone: torchrun starts
-its workers in sessions of their own, so a launcher killed outright (SIGKILL, the out-of-memory
-killer) would leave them training on unwatched, holding the run's claim, where one failing
-process leaves the other waiting in a collective.
+A run is two objects: :class:`_Run`, what the run is (settings, processes, device, steps, its
+identity from :mod:`geospec.engine.identity`, its :class:`~geospec.engine.cadence.Cadence`), fixed
+before anything is built; and :class:`_Session`, one session training it (model, optimizer,
+batches, and the :class:`~geospec.engine.train_state.TrainState` a checkpoint saves and restores).
+A scheduler's SIGTERM or SIGUSR1, or under torchrun a launcher gone
+(:mod:`geospec.engine.stopping`), stops a run at the end of its current step: it writes a
+checkpoint of that step and raises :class:`geospec.errors.Preempted`, whose exit status (75,
+``REQUEUE_EXIT_CODE``) asks for a requeue; started again, it resumes to the result an
+uninterrupted run has.
 
 An observer (:class:`TrainObserver`; the pipeline's experiment trackers) is told on rank 0 where
 the run starts, every row ``metrics.jsonl`` gets and the result; the engine knows nothing of what
@@ -30,14 +31,12 @@ import contextlib
 import json
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 import torch
@@ -46,6 +45,7 @@ from torch import nn
 from geospec.atomic import atomic_write_json
 from geospec.engine import distributed
 from geospec.engine.batches import StepBatches, TrainOrder, validation_windows, window_tensors
+from geospec.engine.cadence import Cadence
 from geospec.engine.checkpoint import (
     DamagedCheckpoint,
     append_metrics,
@@ -59,6 +59,12 @@ from geospec.engine.checkpoint import (
 )
 from geospec.engine.compiling import compile_for_training, recompile_limit
 from geospec.engine.distributed import DistContext
+from geospec.engine.identity import (  # defined here before they moved: the old names stay
+    check_same_run,
+    execution,
+    fingerprint,
+    weights_digest,
+)
 from geospec.engine.memory import (
     advice,
     host_available,
@@ -71,17 +77,22 @@ from geospec.engine.model import GPT, GPTConfig
 from geospec.engine.model_size import Shape
 from geospec.engine.progress import TrainProgress
 from geospec.engine.run_files import RESULT_FILE
+from geospec.engine.stopping import Stopping, StopSignal, stop_signals
 from geospec.engine.token_data import TokenData
+from geospec.engine.train_state import TrainState
 from geospec.errors import GeospecError, OutOfMemory, Preempted, UsageError
 from geospec.spec.sections import TrainSpec
 
 __all__ = [
     "TrainObserver",
     "TrainResult",
+    "execution",
+    "fingerprint",
     "load_model",
     "resolve_device",
     "total_steps",
     "train_model",
+    "weights_digest",
 ]
 
 
@@ -189,69 +200,6 @@ def use_fused_adamw(device: torch.device, fsdp: bool) -> bool:
     return device.type == "cuda" and (not fsdp or release >= (2, 5))
 
 
-def fingerprint(
-    train: TrainSpec, config: GPTConfig, data: TokenData, seed: int, steps: int
-) -> dict[str, Any]:
-    """What makes two runs the same experiment (a directory refuses to mix different ones)."""
-    return {
-        "config": config.to_dict(),
-        "data": data.key,
-        "tokens": data.digests,
-        "seed": seed,
-        "steps": steps,
-        "batch_size": train.batch_size,
-        "optimizer": [
-            train.lr,
-            train.min_lr_ratio,
-            train.warmup,
-            train.weight_decay,
-            list(train.betas),
-            train.eps,
-            train.grad_clip,
-        ],
-        "eval_tokens": train.eval_tokens,
-    }
-
-
-def execution(device: torch.device, bf16: bool, processes: int, compiled: bool) -> dict[str, Any]:
-    """How this session of a run computes: not part of the experiment (its fingerprint), but what
-    decides the order of floating-point sums, so the same run under another setting (CPU threads
-    above all) ends at a loss that differs in the third or fourth decimal."""
-    return {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
-        "threads": torch.get_num_threads() if device.type == "cpu" else None,
-        "processes": processes,
-        "precision": "bf16" if bf16 else "fp32",
-        "compiled": compiled,
-        "torch": torch.__version__,
-    }
-
-
-def weights_digest(state: dict[str, torch.Tensor]) -> str:
-    """A content hash of a state dict (names, shapes, dtypes and bytes)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for name in sorted(state):
-        tensor = state[name].detach().to("cpu").contiguous()
-        h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
-        h.update(tensor.view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:32]
-
-
-def _check_same_run(out_dir: Path, stored: dict[str, Any], wanted: dict[str, Any]) -> None:
-    if "tokens" not in stored:  # recorded before geospec hashed the tokens: compare the rest
-        wanted = {k: v for k, v in wanted.items() if k != "tokens"}
-    if stored != wanted:
-        differing = sorted(
-            k for k in wanted.keys() | stored.keys() if stored.get(k) != wanted.get(k)
-        )
-        raise UsageError(
-            f"{out_dir} holds a run with different settings ({', '.join(differing)}); delete it or "
-            "train into another directory"
-        )
-
-
 def finished_result(out_dir: Path, wanted: dict[str, Any]) -> TrainResult | None:
     path = out_dir / RESULT_FILE
     try:
@@ -259,7 +207,7 @@ def finished_result(out_dir: Path, wanted: dict[str, Any]) -> TrainResult | None
         result = TrainResult.from_dict(data)
     except (OSError, ValueError, TypeError, AttributeError):
         return None  # missing or damaged: the run finishes again from its last checkpoint
-    _check_same_run(out_dir, data.get("fingerprint", {}), wanted)
+    check_same_run(out_dir, data.get("fingerprint", {}), wanted)
     return result
 
 
@@ -357,50 +305,6 @@ def evaluate(
     return float(total[0] / total[1])
 
 
-class _StopSignal:
-    """Why this process stops early: the signal it received (None: none yet), or, under
-    torchrun, that its launcher is gone."""
-
-    signum: int | None = None
-    orphaned: bool = False
-
-    @property
-    def received(self) -> bool:
-        return self.signum is not None or self.orphaned
-
-    @property
-    def signal_name(self) -> str | None:
-        return signal.Signals(self.signum).name if self.signum is not None else None
-
-    @property
-    def name(self) -> str:
-        if self.signal_name is not None:
-            return self.signal_name
-        if self.orphaned:
-            return "the exit of its launcher"
-        return "a stop another process received"
-
-
-@contextlib.contextmanager
-def _stop_signals() -> Iterator[_StopSignal]:
-    """While training: SIGTERM and SIGUSR1 only mark the run to stop after its current step (the
-    previous handlers come back afterwards). Outside the main thread signals stay as they are."""
-    stop = _StopSignal()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-
-    def mark(signum: int, frame: Any) -> None:
-        stop.signum = signum
-
-    previous = {s: signal.signal(s, mark) for s in (signal.SIGTERM, signal.SIGUSR1)}
-    try:
-        yield stop
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def train_model(
     train: TrainSpec,
     config: GPTConfig,
@@ -421,7 +325,8 @@ def train_model(
 
 
 class _Run:
-    """One training run's state; split into methods only to keep each step readable."""
+    """What one run is, fixed before it starts: its settings, processes, device, steps, identity
+    and cadence. :meth:`run` returns a finished run's result or trains it in a :class:`_Session`."""
 
     def __init__(
         self,
@@ -442,24 +347,25 @@ class _Run:
             out_dir,
             seed,
         )
+        self.initial = initial
         self.ctx = distributed.init_distributed()
         self.device = resolve_device(train.device, self.ctx.local_rank)
         self.bf16 = train.precision == "bf16" or (
             train.precision == "auto" and self.device.type == "cuda"
         )
+        self.fsdp = self.ctx.enabled and train.distributed == "fsdp2"
         self.total = total_steps(train, config.seq_len, steps)
         self.micro, self.accum = micro_batching(train, self.ctx.world_size)
-        self.initial = initial
-        self.fingerprint = fingerprint(train, config, data, seed, self.total)
-        if initial is not None:  # absent otherwise: fingerprints of earlier runs stay equal
-            self.fingerprint["initial"] = weights_digest(initial)
-        self.show_progress = progress and self.ctx.is_main
         self.tokens_per_step = train.batch_size * config.seq_len
+        self.fingerprint = fingerprint(train, config, data, seed, self.total, initial)
+        self.cadence = Cadence.of(train)
+        self.stopping = Stopping(self.ctx, self.device, train.log_interval)
+        self.memory = training_memory(
+            Shape.of(config), config.ffn_widths, self.micro, bf16=self.bf16,
+            processes=self.ctx.world_size, sharded=self.fsdp,
+        )  # fmt: skip
+        self.show_progress = progress and self.ctx.is_main
         self.observer = observer if self.ctx.is_main else None
-        # under torchrun, the launcher (the elastic agent): a parent that changes has exited
-        self.launcher = os.getppid()
-
-    # -- set-up ----------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
         done = distributed.on_main(
@@ -474,60 +380,20 @@ class _Run:
             torch.backends.cudnn.allow_tf32 = True
         if self.ctx.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-        fsdp = self.ctx.enabled and self.train.distributed == "fsdp2"
-        self.memory = training_memory(
-            Shape.of(self.config), self.config.ffn_widths, self.micro, bf16=self.bf16,
-            processes=self.ctx.world_size, sharded=fsdp,
-        )  # fmt: skip
         self._check_memory()
-        torch.manual_seed(self.seed)
-        raw = GPT(self.config)  # built on CPU so the initial weights do not depend on the device
-        if self.initial is not None:
-            raw.load_state_dict(self.initial)
-        _seed_dropout(self.seed, self.ctx.rank)
-        raw.to(self.device)
-        self.raw = raw
-        # each run compiles from an empty cache, with room for its shapes (engine.compiling)
-        limit = compile_for_training(raw, per_block=fsdp) if self.train.compile else None
-        self.model = distributed.wrap_model(
-            raw, self.ctx, self.train.distributed, self.bf16, self.device
-        )
-        fused = use_fused_adamw(self.device, fsdp)
-        self.optimizer = torch.optim.AdamW(
-            parameter_groups(raw, self.train.weight_decay),
-            lr=self.train.lr,
-            betas=self.train.betas,
-            eps=self.train.eps,
-            fused=fused or None,
-        )
-        self.state_io = _StateIO(raw, self.optimizer, self.ctx)
-        self.order = TrainOrder(len(self.data.train), self.config.seq_len, self.seed)
-        per_rank = self.micro * self.accum
-        self.batches = StepBatches(
-            self.data.train, self.order, self.config.seq_len, self.train.batch_size,
-            first=self.ctx.rank * per_rank, count=per_rank, steps=self.total, device=self.device,
-        )  # fmt: skip
-        self.val_windows = validation_windows(
-            len(self.data.val), self.config.seq_len, self.train.eval_tokens
-        )
-        self.step, self.train_seconds, self.wall_seconds = 0, 0.0, 0.0
-        self.last_val: tuple[int, float] | None = None
-        self.executions: list[dict[str, Any]] = []  # one per distinct setting it trained under
-        self._resume()
-        self.setting = execution(self.device, self.bf16, self.ctx.world_size, limit is not None)
+        session = _Session(self)
         if self.ctx.is_main:
             write_config(self.out_dir, self.config)
         if self.observer is not None:
-            self.observer.start(self.fingerprint, self.step)
+            self.observer.start(self.fingerprint, session.state.step)
         try:
-            with recompile_limit(limit), _stop_signals() as stop:
-                self.stop = stop
-                result = self._loop()
+            with recompile_limit(session.compile_limit), stop_signals() as stop:
+                result = session.train(stop)
         except BaseException as error:  # preempted, failed or interrupted: the observer closes
             if self.observer is not None:
                 self.observer.end(None)
             if says_out_of_memory(error):
-                raise self._out_of_memory() from error
+                raise session.out_of_memory() from error
             raise
         if self.observer is not None:
             self.observer.end(result.to_dict())
@@ -550,248 +416,255 @@ class _Run:
         if problem is not None:
             raise OutOfMemory(f"training {self.out_dir}: {problem}")
 
-    def _out_of_memory(self) -> OutOfMemory:
-        """The one-line error for an allocation that failed during training."""
-        self.optimizer.zero_grad(set_to_none=True)  # what memory it can give back
-        return OutOfMemory(
-            f"training {self.out_dir}: ran out of memory at step {self.step + 1} (estimated "
-            f"{self.memory.describe()} per process); the last checkpoint ({self._kept()}) is "
-            "kept: "
-            + advice(Shape.of(self.config), self.config.ffn_widths, self.memory)
-            + ", then run again to resume"
-        )
-
-    def _resume(self) -> None:
-        found: tuple[Path, dict[str, Any]] | None = None
-
-        def header() -> dict[str, Any] | None:  # on rank 0, which alone may see the files
-            nonlocal found
-            try:
-                found = read_checkpoint(self.out_dir)
-            except DamagedCheckpoint as error:  # recomputable: train this run from the start
-                sys.stderr.write(f"! {error}; training {self.out_dir} from the start\n")
-                found = None
-            if found is None:
-                # A run killed before its first checkpoint starts over: its logged lines go too.
-                truncate_metrics(self.out_dir, 0)
-                return None
-            state = found[1]
-            _check_same_run(self.out_dir, json.loads(state["fingerprint"]), self.fingerprint)
-            kept = {k: state[k] for k in ("step", "train_seconds", "wall_seconds", "last_val")}
-            # absent from checkpoints written before geospec recorded it
-            return {**kept, "executions": json.loads(state.get("executions", "[]"))}
-
-        stored = distributed.on_main(header, self.ctx)
-        if stored is None:
-            return
-        weights: dict[str, torch.Tensor] = {}
-        optim: dict[str, Any] = {}
-        rng: list[dict[str, torch.Tensor]] = []
-        if found is not None:
-            path, state = found
-            weights, optim, rng = load_weights(path, self.config), state["optimizer"], state["rng"]
-            truncate_metrics(self.out_dir, int(state["step"]))
-        self.state_io.set(weights, optim)
-        rng = distributed.broadcast_object(rng, self.ctx)
-        if len(rng) == self.ctx.world_size:
-            _set_rng_state(rng[self.ctx.rank], self.device)
-        self.step = int(stored["step"])
-        self.train_seconds = float(stored["train_seconds"])
-        self.wall_seconds = float(stored["wall_seconds"])
-        self.executions = list(stored["executions"])
-        last = stored["last_val"]
-        self.last_val = (int(last[0]), float(last[1])) if last else None
-
-    # -- the loop --------------------------------------------------------------------------------
-
-    def _loop(self) -> TrainResult:
-        train, ctx = self.train, self.ctx
-        reporter = TrainProgress(self.total, enabled=self.show_progress, start=self.step)
-        interval_loss = torch.zeros((), device=self.device)
-        interval_steps = 0
-        session_start = time.perf_counter()
-        tick = time.perf_counter()
-        if self.step < self.total:
-            self._computing()
-        with reporter:
-            while self.step < self.total:
-                lr = learning_rate(train, self.step, self.total)
-                interval_loss += self._step(lr)
-                interval_steps += 1
-                self.step += 1
-                is_last = self.step == self.total
-                stopping = not is_last and self._stop_requested()  # a signal: log, save, stop
-                due_eval = is_last or (train.eval_interval and self.step % train.eval_interval == 0)
-                due_ckpt = is_last or stopping or self.step % train.checkpoint_interval == 0
-                if not (due_eval or due_ckpt or is_last or self.step % train.log_interval == 0):
-                    reporter.advance(self.step)
-                    continue
-                # a sync point: everything below waits for the device
-                loss = float(distributed.all_reduce_sum(interval_loss, ctx).item())
-                loss /= interval_steps * ctx.world_size
-                elapsed = time.perf_counter() - tick
-                self.train_seconds += elapsed
-                speed = interval_steps * self.tokens_per_step / max(elapsed, 1e-9)
-                if not math.isfinite(loss):
-                    self._fail(
-                        f"the training loss became {loss} in steps "
-                        f"{self.step - interval_steps + 1}..{self.step}"
-                    )
-                self._log(
-                    {
-                        "step": self.step,
-                        "loss": loss,
-                        "lr": lr,
-                        "tokens": self.step * self.tokens_per_step,
-                        "tokens_per_s": speed,
-                    }
-                )
-                reporter.report(self.step, loss, speed)
-                interval_loss.zero_()
-                interval_steps = 0
-                if due_eval:
-                    val = self._evaluate()
-                    self.last_val = (self.step, val)
-                    self._log(
-                        {
-                            "step": self.step,
-                            "val_loss": val,
-                            "tokens": self.step * self.tokens_per_step,
-                        }
-                    )
-                    reporter.note(f"step {self.step}: validation loss {val:.4f}")
-                if due_ckpt:
-                    self.wall_seconds += time.perf_counter() - session_start
-                    session_start = time.perf_counter()
-                    self._checkpoint()
-                if stopping:
-                    raise Preempted(
-                        f"training {self.out_dir}: stopped by {self.stop.name} at step "
-                        f"{self.step} of {self.total} after a checkpoint; run again to resume",
-                        signal=self.stop.signal_name,
-                    )
-                tick = time.perf_counter()
-        self.wall_seconds += time.perf_counter() - session_start
-        return self._finish()
-
-    def _stop_requested(self) -> bool:
-        """Whether a stop signal arrived; under torchrun, also whether the launcher is gone, and
-        every rank learns whether any rank has a reason to stop (at the steps where the loop syncs
-        anyway), so all of them stop at the same step."""
-        if not self.ctx.enabled:
-            return self.stop.received
-        if self.step % self.train.log_interval:
-            return False
-        self.stop.orphaned = os.getppid() != self.launcher
-        flag = torch.tensor(float(self.stop.received), device=self.device)
-        return bool(distributed.all_reduce_sum(flag, self.ctx).item() > 0)
-
-    def _step(self, lr: float) -> torch.Tensor:
-        """One optimizer step over the global batch; returns this process's mean loss."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        batch = self.batches.get(self.step)  # one copy to the device, sliced there
-        total = torch.zeros((), device=self.device)
-        for i in range(self.accum):
-            rows = batch[i * self.micro : (i + 1) * self.micro]
-            x, y = rows[:, :-1], rows[:, 1:]
-            with distributed.gradient_sync(self.model, i == self.accum - 1):
-                with _autocast(self.device, self.bf16):
-                    _, loss = self.model(x, y)
-                assert loss is not None
-                (loss / self.accum).backward()
-            total += loss.detach() / self.accum
-        if self.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.raw.parameters(), self.train.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return total
-
-    def _evaluate(self) -> float:
-        return evaluate(
-            self.raw,
-            self.data.val,
-            self.val_windows,
-            self.config.seq_len,
-            self.micro,
-            self.device,
-            self.ctx,
-            self.bf16,
-        )
-
-    def _checkpoint(self) -> None:
-        if not _all_finite(self.raw, self.ctx, self.device):
-            self._fail(f"the weights became non-finite by step {self.step}")
-        weights, optim = self.state_io.get()
-        rng = distributed.gather_objects(_rng_state(self.device), self.ctx)
-        if self.ctx.is_main:
-            state = {
-                "step": self.step,
-                "sequences": self.step * self.train.batch_size,  # the data position
-                "fingerprint": json.dumps(self.fingerprint),
-                "optimizer": optim,
-                "rng": rng,
-                "train_seconds": self.train_seconds,
-                "wall_seconds": self.wall_seconds,
-                "last_val": list(self.last_val) if self.last_val else None,
-                "world_size": self.ctx.world_size,
-                "executions": json.dumps(self.executions),  # plain values: weights_only loads
-            }
-            write_checkpoint(self.out_dir, weights, state, self.config)
-        distributed.barrier(self.ctx)
-
-    def _kept(self) -> str:
+    def kept(self) -> str:
         """Which step the last good checkpoint holds, for an error's text."""
         try:
-            state = read_checkpoint(self.out_dir) if self.ctx.is_main else None
+            found = read_checkpoint(self.out_dir) if self.ctx.is_main else None
         except DamagedCheckpoint:
-            state = None
-        return f"step {state[1]['step']}" if state else "none yet"
+            found = None
+        return f"step {found[1]['step']}" if found else "none yet"
 
-    def _fail(self, what: str) -> None:
+    def fail(self, what: str) -> NoReturn:
         raise GeospecError(
-            f"training {self.out_dir}: {what}. The last good checkpoint ({self._kept()}) is kept; "
+            f"training {self.out_dir}: {what}. The last good checkpoint ({self.kept()}) is kept; "
             "lower train.lr, lengthen train.warmup or set train.grad_clip, then run again (delete "
             "the directory to start over)"
         )
 
-    def _log(self, row: dict[str, Any]) -> None:
+    def log(self, row: dict[str, Any]) -> None:
         if self.ctx.is_main:
             append_metrics(self.out_dir, row)
         if self.observer is not None:
             self.observer.log(row)
 
-    def _computing(self) -> None:
-        """Record this session's setting: it trains or evaluates (a session that only rewrites
-        result.json from the last checkpoint computed nothing, so adds none)."""
-        if self.setting not in self.executions:
-            self.executions.append(self.setting)
+
+class _Session:
+    """One session of a run: its model, optimizer and batches built, its state resumed from the
+    last checkpoint (or fresh), trained to the end or to a stop."""
+
+    def __init__(self, run: _Run) -> None:
+        self.run = run
+        train, config, ctx, device = run.train, run.config, run.ctx, run.device
+        torch.manual_seed(run.seed)
+        raw = GPT(config)  # built on CPU so the initial weights do not depend on the device
+        if run.initial is not None:
+            raw.load_state_dict(run.initial)
+        _seed_dropout(run.seed, ctx.rank)
+        raw.to(device)
+        self.raw = raw
+        # each run compiles from an empty cache, with room for its shapes (engine.compiling)
+        self.compile_limit = (
+            compile_for_training(raw, per_block=run.fsdp) if train.compile else None
+        )
+        self.model = distributed.wrap_model(raw, ctx, train.distributed, run.bf16, device)
+        self.optimizer = torch.optim.AdamW(
+            parameter_groups(raw, train.weight_decay),
+            lr=train.lr,
+            betas=train.betas,
+            eps=train.eps,
+            fused=use_fused_adamw(device, run.fsdp) or None,
+        )
+        self.state_io = _StateIO(raw, self.optimizer, ctx)
+        per_rank = run.micro * run.accum
+        self.batches = StepBatches(
+            run.data.train, TrainOrder(len(run.data.train), config.seq_len, run.seed),
+            config.seq_len, train.batch_size, first=ctx.rank * per_rank, count=per_rank,
+            steps=run.total, device=device,
+        )  # fmt: skip
+        self.val_windows = validation_windows(len(run.data.val), config.seq_len, train.eval_tokens)
+        self.state = self._resume()
+        self.setting = execution(device, run.bf16, ctx.world_size, self.compile_limit is not None)
+
+    def _resume(self) -> TrainState:
+        """The state of the last checkpoint, its weights, optimizer and RNG loaded (a fresh state
+        where there is none)."""
+        run = self.run
+        found: tuple[Path, dict[str, Any]] | None = None
+
+        def header() -> TrainState | None:  # on rank 0, which alone may see the files
+            nonlocal found
+            try:
+                found = read_checkpoint(run.out_dir)
+            except DamagedCheckpoint as error:  # recomputable: train this run from the start
+                sys.stderr.write(f"! {error}; training {run.out_dir} from the start\n")
+                found = None
+            if found is None:
+                # A run killed before its first checkpoint starts over: its logged lines go too.
+                truncate_metrics(run.out_dir, 0)
+                return None
+            check_same_run(run.out_dir, TrainState.fingerprint_of(found[1]), run.fingerprint)
+            return TrainState.from_checkpoint(found[1])
+
+        state = distributed.on_main(header, run.ctx)
+        if state is None:
+            return TrainState()
+        weights: dict[str, torch.Tensor] = {}
+        optim: dict[str, Any] = {}
+        rng: list[dict[str, torch.Tensor]] = []
+        if found is not None:
+            path, checkpoint = found
+            weights = load_weights(path, run.config)
+            optim, rng = TrainState.optimizer_and_rng(checkpoint)
+            truncate_metrics(run.out_dir, state.step)
+        self.state_io.set(weights, optim)
+        rng = distributed.broadcast_object(rng, run.ctx)
+        if len(rng) == run.ctx.world_size:
+            _set_rng_state(rng[run.ctx.rank], run.device)
+        return state
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def train(self, stop: StopSignal) -> TrainResult:
+        run, state, ctx = self.run, self.state, self.run.ctx
+        reporter = TrainProgress(run.total, enabled=run.show_progress, start=state.step)
+        interval_loss = torch.zeros((), device=run.device)
+        interval_steps = 0
+        session_start = time.perf_counter()
+        tick = time.perf_counter()
+        if state.step < run.total:
+            state.computing(self.setting)
+        with reporter:
+            while state.step < run.total:
+                lr = learning_rate(run.train, state.step, run.total)
+                interval_loss += self._step(lr)
+                interval_steps += 1
+                state.step += 1
+                is_last = state.step == run.total
+                # a signal: log, save, stop
+                stopping = not is_last and run.stopping.requested(stop, state.step)
+                due = run.cadence.due(state.step, run.total, stopping)
+                if not due.log:
+                    reporter.advance(state.step)
+                    continue
+                # a sync point: everything below waits for the device
+                loss = float(distributed.all_reduce_sum(interval_loss, ctx).item())
+                loss /= interval_steps * ctx.world_size
+                elapsed = time.perf_counter() - tick
+                state.train_seconds += elapsed
+                speed = interval_steps * run.tokens_per_step / max(elapsed, 1e-9)
+                if not math.isfinite(loss):
+                    run.fail(
+                        f"the training loss became {loss} in steps "
+                        f"{state.step - interval_steps + 1}..{state.step}"
+                    )
+                run.log(
+                    {
+                        "step": state.step,
+                        "loss": loss,
+                        "lr": lr,
+                        "tokens": state.step * run.tokens_per_step,
+                        "tokens_per_s": speed,
+                    }
+                )
+                reporter.report(state.step, loss, speed)
+                interval_loss.zero_()
+                interval_steps = 0
+                if due.evaluate:
+                    val = self._evaluate()
+                    state.last_val = (state.step, val)
+                    run.log(
+                        {
+                            "step": state.step,
+                            "val_loss": val,
+                            "tokens": state.step * run.tokens_per_step,
+                        }
+                    )
+                    reporter.note(f"step {state.step}: validation loss {val:.4f}")
+                if due.checkpoint:
+                    state.wall_seconds += time.perf_counter() - session_start
+                    session_start = time.perf_counter()
+                    self._checkpoint()
+                if stopping:
+                    raise Preempted(
+                        f"training {run.out_dir}: stopped by {stop.name} at step "
+                        f"{state.step} of {run.total} after a checkpoint; run again to resume",
+                        signal=stop.signal_name,
+                    )
+                tick = time.perf_counter()
+        state.wall_seconds += time.perf_counter() - session_start
+        return self._finish()
+
+    def _step(self, lr: float) -> torch.Tensor:
+        """One optimizer step over the global batch; returns this process's mean loss."""
+        run = self.run
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        batch = self.batches.get(self.state.step)  # one copy to the device, sliced there
+        total = torch.zeros((), device=run.device)
+        for i in range(run.accum):
+            rows = batch[i * run.micro : (i + 1) * run.micro]
+            x, y = rows[:, :-1], rows[:, 1:]
+            with distributed.gradient_sync(self.model, i == run.accum - 1):
+                with _autocast(run.device, run.bf16):
+                    _, loss = self.model(x, y)
+                assert loss is not None
+                (loss / run.accum).backward()
+            total += loss.detach() / run.accum
+        if run.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.raw.parameters(), run.train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def _evaluate(self) -> float:
+        run = self.run
+        return evaluate(
+            self.raw, run.data.val, self.val_windows, run.config.seq_len, run.micro, run.device,
+            run.ctx, run.bf16,
+        )  # fmt: skip
+
+    def _checkpoint(self) -> None:
+        run, state = self.run, self.state
+        if not _all_finite(self.raw, run.ctx, run.device):
+            run.fail(f"the weights became non-finite by step {state.step}")
+        weights, optim = self.state_io.get()
+        rng = distributed.gather_objects(_rng_state(run.device), run.ctx)
+        if run.ctx.is_main:
+            trainer_state = state.to_checkpoint(
+                fingerprint=run.fingerprint, batch_size=run.train.batch_size,
+                world_size=run.ctx.world_size, optimizer=optim, rng=rng,
+            )  # fmt: skip
+            write_checkpoint(run.out_dir, weights, trainer_state, run.config)
+        distributed.barrier(run.ctx)
 
     def _finish(self) -> TrainResult:
-        if self.last_val is None or self.last_val[0] != self.total:
-            self._computing()
-            self.last_val = (self.total, self._evaluate())
-        tokens = self.total * self.tokens_per_step
+        run, state = self.run, self.state
+        if state.last_val is None or state.last_val[0] != run.total:
+            state.computing(self.setting)  # a session that only rewrites result.json adds none
+            state.last_val = (run.total, self._evaluate())
+        tokens = run.total * run.tokens_per_step
         result = TrainResult(
-            final_val_loss=self.last_val[1],
-            steps=self.total,
+            final_val_loss=state.last_val[1],
+            steps=run.total,
             tokens=tokens,
-            wall_seconds=self.wall_seconds,
-            train_seconds=self.train_seconds,
-            tokens_per_second=tokens / self.train_seconds if self.train_seconds else 0.0,
-            params=self.config.num_params(),
-            seed=self.seed,
+            wall_seconds=state.wall_seconds,
+            train_seconds=state.train_seconds,
+            tokens_per_second=tokens / state.train_seconds if state.train_seconds else 0.0,
+            params=run.config.num_params(),
+            seed=run.seed,
         )
-        if self.ctx.is_main:
+        if run.ctx.is_main:
             atomic_write_json(
-                self.out_dir / RESULT_FILE,
+                run.out_dir / RESULT_FILE,
                 {
                     **result.to_dict(),
-                    "widths": self.config.ffn_widths,
-                    "fingerprint": self.fingerprint,
-                    "execution": self.executions,
-                    "checksums": weights_checksum(self.out_dir),
+                    "widths": run.config.ffn_widths,
+                    "fingerprint": run.fingerprint,
+                    "execution": state.executions,
+                    "checksums": weights_checksum(run.out_dir),
                 },
             )
-        distributed.barrier(self.ctx)
+        distributed.barrier(run.ctx)
         return result
+
+    def out_of_memory(self) -> OutOfMemory:
+        """The one-line error for an allocation that failed during training."""
+        run = self.run
+        self.optimizer.zero_grad(set_to_none=True)  # what memory it can give back
+        return OutOfMemory(
+            f"training {run.out_dir}: ran out of memory at step {self.state.step + 1} (estimated "
+            f"{run.memory.describe()} per process); the last checkpoint ({run.kept()}) is "
+            "kept: "
+            + advice(Shape.of(run.config), run.config.ffn_widths, run.memory)
+            + ", then run again to resume"
+        )

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from geospec.digests import digest
-from geospec.spec.sections import DataSpec, ModelSpec, Section, TrainSpec
+from geospec.spec.sections import Bookkeeping, DataSpec, ModelSpec, Section, TrainSpec, marked
 
 
 def section(model: Any) -> Any:
@@ -32,9 +32,10 @@ def data_key(data: DataSpec) -> str:
 
 
 #: Train settings that change how a run is carried out (CPU threads, how often it saves and
-#: logs, which experiment trackers watch it) but not what it computes. Keys see them at their
-#: defaults, so changing one never retrains anything.
-BOOKKEEPING = ("threads", "checkpoint_interval", "log_interval", "trackers")
+#: logs, which experiment trackers watch it) but not what it computes: the fields marked
+#: ``BOOKKEEPING`` in :class:`TrainSpec`. Keys see them at their defaults, so changing one never
+#: retrains anything.
+BOOKKEEPING = tuple(marked(TrainSpec, Bookkeeping))
 
 
 def training_settings(train: TrainSpec) -> dict[str, Any]:

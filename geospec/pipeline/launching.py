@@ -50,7 +50,7 @@ class Trainer:
     def __call__(self, run: TrainingRun, threads: int | None = None) -> RunOutcome:
         from geospec.engine.distributed import process_group
         from geospec.pipeline.tracking import TrackAs
-        from geospec.pipeline.training import train_into
+        from geospec.pipeline.training import TrainingJob, train_into
 
         context = self._context()
         if threads is not None:
@@ -62,20 +62,11 @@ class Trainer:
         index = self.runs.index(run) + 1 if run in self.runs else 0
         announce = f"[bold]train[/] [{index}/{len(self.runs)}]: arm {run.arm}, seed {run.seed}"
         with process_group():  # a scheduler job of several tasks: one DDP group per run
-            result = train_into(
-                context,
-                run.directory,
-                run.key,
-                self.widths[run.arm],
-                model=self.model,
-                train=self.train,
-                data=self.tokens,
-                seed=run.seed,
-                redo=self.redo,
-                announce=announce,
-                reuse=self.reuse,
-                track=TrackAs(self.study, run.arm),
-            )
+            job = TrainingJob(
+                run.directory, run.key, self.widths[run.arm], self.model, self.train,
+                self.tokens, run.seed, reuse=self.reuse, track=TrackAs(self.study, run.arm),
+            )  # fmt: skip
+            result = train_into(context, job, redo=self.redo, announce=announce)
         if result is None:
             return RunOutcome(run, "held")
         return RunOutcome(run, "done", f"final loss {result.final_val_loss:.4f}")

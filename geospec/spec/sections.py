@@ -67,6 +67,40 @@ class AddedLater:
 ADDED_LATER = AddedLater()
 
 
+class Bookkeeping:
+    """Marks a train option that changes how a run is carried out (CPU threads, how often it
+    saves and logs, who watches it) but not what it computes: run keys see it at its default, so
+    changing it never retrains anything, and it is not part of the trainer's fingerprint."""
+
+
+BOOKKEEPING = Bookkeeping()
+
+
+class Fingerprinted:
+    """Marks a train option that is part of the trainer's fingerprint (what a training directory
+    refuses to mix; :func:`geospec.engine.identity.fingerprint`): an entry of its own, or, with
+    ``group``, a place in that entry's list (in field order)."""
+
+    def __init__(self, group: str | None = None) -> None:
+        self.group = group
+
+
+FINGERPRINT = Fingerprinted()
+OPTIMIZER = Fingerprinted("optimizer")
+"""The optimizer's settings: one list in the fingerprint, in the order the fields are declared."""
+
+
+def marked(section: type[BaseModel], marker: type[Any]) -> dict[str, Any]:
+    """The fields of ``section`` that carry a marker of type ``marker``, in declaration order,
+    each with its marker."""
+    found: dict[str, Any] = {}
+    for name, field in section.model_fields.items():
+        for meta in field.metadata:
+            if isinstance(meta, marker):
+                found[name] = meta
+    return found
+
+
 class Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", use_attribute_docstrings=True, frozen=True, allow_inf_nan=False
@@ -313,19 +347,19 @@ class TrainSpec(Section):
     """Optimizer steps; or give tokens."""
     tokens: int | None = Field(None, ge=1, le=10**15)
     """Training tokens per run; steps = ceil(tokens / (batch_size * seq_len))."""
-    batch_size: int = Field(32, ge=1, le=1_048_576)
+    batch_size: Annotated[int, FINGERPRINT] = Field(32, ge=1, le=1_048_576)
     """Global batch in sequences (independent of the number of processes)."""
     micro_batch_size: int | None = Field(None, ge=1)
     """Sequences per forward pass per process; the rest is gradient accumulation."""
-    lr: float = Field(6e-4, gt=0.0, le=10.0)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    lr: Annotated[float, OPTIMIZER] = Field(6e-4, gt=0.0, le=10.0)
+    min_lr_ratio: Annotated[float, OPTIMIZER] = Field(0.1, ge=0.0, le=1.0)
     """Final learning rate of the cosine decay, as a fraction of lr."""
-    warmup: int = Field(0, ge=0)
+    warmup: Annotated[int, OPTIMIZER] = Field(0, ge=0)
     """Linear warmup steps."""
-    weight_decay: float = Field(0.1, ge=0.0, le=10.0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(1e-8, gt=0.0)
-    grad_clip: float = Field(1.0, ge=0.0)
+    weight_decay: Annotated[float, OPTIMIZER] = Field(0.1, ge=0.0, le=10.0)
+    betas: Annotated[tuple[float, float], OPTIMIZER] = (0.9, 0.95)
+    eps: Annotated[float, OPTIMIZER] = Field(1e-8, gt=0.0)
+    grad_clip: Annotated[float, OPTIMIZER] = Field(1.0, ge=0.0)
     """Gradient-norm clipping (0 disables)."""
     seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=1000)
     device: str = "auto"
@@ -336,18 +370,25 @@ class TrainSpec(Section):
     """torch.compile the model."""
     eval_interval: int = Field(0, ge=0)
     """Evaluate every N steps (0: only at the end)."""
-    eval_tokens: int | None = Field(None, ge=1)
+    eval_tokens: Annotated[int | None, FINGERPRINT] = Field(None, ge=1)
     """Validation tokens used per evaluation (default: the whole validation split)."""
-    checkpoint_interval: int = Field(100, ge=1)
-    log_interval: int = Field(10, ge=1)
+    checkpoint_interval: Annotated[int, BOOKKEEPING] = Field(100, ge=1)
+    log_interval: Annotated[int, BOOKKEEPING] = Field(10, ge=1)
     distributed: Literal["ddp", "fsdp2"] = "ddp"
     """Data parallelism under torchrun."""
-    threads: int | None = Field(None, ge=1)
+    threads: Annotated[int | None, BOOKKEEPING] = Field(None, ge=1)
     """torch intra-op threads on CPU (default: torch's)."""
-    trackers: Annotated[tuple[TrackerRef, ...], ADDED_LATER, Field(max_length=16)] = ()
+    trackers: Annotated[tuple[TrackerRef, ...], ADDED_LATER, BOOKKEEPING, Field(max_length=16)] = ()
     """Experiment trackers that watch every training run, for example
     [{ kind = "tensorboard" }, { kind = "wandb", mode = "offline" }, { kind = "mlflow" }]
     (docs/trackers.md). Observing a run changes no run key: trackers can be added at any time."""
+
+    def with_steps(self, steps: int | None) -> TrainSpec:
+        """These settings with a budget of ``steps`` optimizer steps instead of the spec's
+        (``geospec train --steps``, a reference's ``train_steps``); None: these settings."""
+        if steps is None:
+            return self
+        return self.model_copy(update={"steps": steps, "tokens": None})
 
     @model_validator(mode="after")
     def _steps_or_tokens(self) -> TrainSpec:

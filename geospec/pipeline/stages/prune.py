@@ -241,7 +241,7 @@ class PruneStage:
 
     def healer(self, run: RunContext, corpora: dict[str, list[Any]]) -> Healer:
         """How a unit's pruned model is healed: trained into its ``heal/`` like any run."""
-        from geospec.pipeline.training import train_into
+        from geospec.pipeline.training import TrainingJob, train_into
         from geospec.prune.heal import heal_settings, healed_losses
 
         assert self.prune is not None
@@ -256,10 +256,10 @@ class PruneStage:
             seed: int,
         ) -> bool:
             data = run.token_data(self.data)
-            trained = train_into(
-                run, out, key, list(config.ffn_widths), model=config, train=settings, data=data,
-                seed=seed, initial=initial, progress=False,
-            )  # fmt: skip
+            job = TrainingJob(
+                out, key, list(config.ffn_widths), config, settings, data, seed, initial=initial
+            )
+            trained = train_into(run, job, progress=False)
             return trained is not None
 
         def healed(unit: Unit, out: Path, key: str, imported: GPT) -> dict[str, float]:

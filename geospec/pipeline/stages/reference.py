@@ -19,7 +19,7 @@ from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section, training_settings
 from geospec.pipeline.run_dir import finished_model_problem
 from geospec.pipeline.tracking import TrackAs
-from geospec.pipeline.training import train_into
+from geospec.pipeline.training import TrainingJob, train_into
 from geospec.spec.sections import DataSpec, ModelSpec, ReferenceSpec, Spec, TrainSpec
 
 if TYPE_CHECKING:
@@ -91,19 +91,21 @@ class Reference:
             if self.train.steps
             else f"{self.train.tokens:,} tokens"
         )
-        trained = train_into(
-            run,
+        job = TrainingJob(
             out,
             key,
             [self.model.ffn_width] * self.model.n_layers,
-            model=self.model,
-            train=self.train,
-            data=run.token_data(self.data),
-            seed=self.reference.seed,
-            steps=steps,
+            self.model,
+            self.train.with_steps(steps),
+            run.token_data(self.data),
+            self.reference.seed,
+            track=TrackAs(self.study, "reference"),
+        )
+        trained = train_into(
+            run,
+            job,
             redo=redo,
             announce=f"[bold]reference[/]: training the uniform model ({budget})",
-            track=TrackAs(self.study, "reference"),
         )
         if trained is None:
             raise UsageError(
