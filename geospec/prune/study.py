@@ -191,9 +191,6 @@ def prune_units(
         for arm, s in zip(prune.arms, schedules, strict=True)
         if isinstance(s, ScoreAllocation) and s.reads_cut_losses
     ]
-    # owl's units from before it read the block linears (it counted neuron-score outliers)
-    # must not be reused: their keys gain a mark (every other unit keeps its key)
-    revisions = {name: ("block-linears",) if reads else () for name, reads in reads_blocks.items()}
     kinds = ", ".join(sorted({importance.kind_name() for importance in importances.values()}))
     dims = {
         keep: pruned_dims(len(sites), d_model, width, inputs.multiple_of, keep, inputs.activation)
@@ -215,9 +212,9 @@ def prune_units(
     with stage_progress(console, say, "pruned models", len(units)) as advance:
         for unit in units:
             unit_dir = unit.directory(run_dir)
-            unit_key = digest(
-                "prune-unit", inputs.key, unit.keep, unit.arm, unit.seed, *revisions[unit.arm]
-            )
+            # owl's units from before it read the block linears are not reused: the stage's key
+            # (inputs.key) names the arms that read them (PruneStage.block_arms)
+            unit_key = digest("prune-unit", inputs.key, unit.keep, unit.arm, unit.seed)
             stored = finished_unit(unit_dir, unit_key, prune.export)
             if stored is not None:
                 results[unit] = stored
