@@ -680,6 +680,37 @@ def test_healing_fine_tunes_each_pruned_model_from_its_own_weights(tmp_path: Pat
     assert "| docs.jsonl, healed |" in (tmp_path / "run" / "prune" / "report.md").read_text()
 
 
+def test_healing_can_distil_from_the_unpruned_model(tmp_path: Path) -> None:
+    """heal.distill = 1: each pruned model is trained on the KL divergence from the unpruned
+    reference, imported into the engine (its heal run's fingerprint names the teacher's
+    weights); at a vanishing learning rate the healed loss is the pruned loss, and a new
+    distill share is a new healing (tests/test_distill.py: the student moves to its teacher)."""
+    from geospec.engine.identity import weights_digest
+    from geospec.engine.imported import import_llama
+
+    heal = {"steps": 4, "lr": 1e-12, "batch_size": 4, "distill": 1.0}
+    spec = prune_spec(
+        tmp_path, arms=PRUNE_SPEC["arms"][:1], keep=0.5, export=False,
+        calibration={"windows": 8, "seeds": [0]}, heal=heal,
+    )  # fmt: skip
+    heal_dir = tmp_path / "run" / "prune" / "keep-0.5" / "uniform" / "seed-0" / "heal"
+    invoke("prune", str(spec))
+    reference = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
+    teacher = import_llama(reference, 16)
+    result = json.loads((heal_dir / "result.json").read_text())
+    assert result["fingerprint"]["teacher"] == {
+        "weights": weights_digest(teacher.state_dict()), "weight": 1.0, "temperature": 1.0
+    }  # fmt: skip
+    arm = json.loads((tmp_path / "run" / "prune.json").read_text())["budgets"][0]["arms"]
+    for corpus in ("docs.jsonl", "other.jsonl"):
+        loss = arm["uniform"]["loss"][corpus]["0"]
+        assert arm["uniform"]["healed_loss"][corpus]["0"] == pytest.approx(loss, abs=1e-5)
+    spec.write_text(spec.read_text().replace("distill = 1.0", "distill = 0.5"))
+    invoke("prune", str(spec))
+    result = json.loads((heal_dir / "result.json").read_text())
+    assert result["fingerprint"]["teacher"]["weight"] == 0.5
+
+
 def test_healing_a_model_geospec_cannot_import_is_one_line(tmp_path: Path) -> None:
     spec = prune_spec(tmp_path, heal={"steps": 2}, arms=PRUNE_SPEC["arms"][:1], keep=0.5)
     hf_models.gpt2().save_pretrained(tmp_path / "model")  # replaces the Llama weights

@@ -33,10 +33,12 @@ def fingerprint(
     seed: int,
     steps: int,
     initial: dict[str, torch.Tensor] | None = None,
+    teacher: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What makes two runs the same experiment (a directory refuses to mix different ones).
-    ``initial``: the starting weights of a fine-tuned model (their digest; absent otherwise, so
-    fingerprints of earlier runs stay equal)."""
+    ``initial``: the starting weights of a fine-tuned model (their digest); ``teacher``: the
+    identity of the model it distils from (:meth:`geospec.engine.distill.Teacher.identity`);
+    each absent otherwise, so fingerprints of earlier runs stay equal."""
     fields = marked(type(train), Fingerprinted)
     later = marked(type(train), AddedLater)
     # as JSON sees them (betas a list), which is how checkpoints and result.json hold them
@@ -57,6 +59,8 @@ def fingerprint(
             found.setdefault(marker.group, []).append(settings[name])
     if initial is not None:
         found["initial"] = weights_digest(initial)
+    if teacher is not None:
+        found["teacher"] = teacher
     return found
 
 

@@ -58,6 +58,7 @@ from geospec.engine.checkpoint import (
     write_config,
 )
 from geospec.engine.compiling import compile_for_training, recompile_limit
+from geospec.engine.distill import Teacher
 from geospec.engine.distributed import DistContext
 from geospec.engine.identity import (  # defined here before they moved: the old names stay
     check_same_run,
@@ -315,12 +316,17 @@ def train_model(
     progress: bool = True,
     observer: TrainObserver | None = None,
     initial: dict[str, torch.Tensor] | None = None,
+    teacher: Teacher | None = None,
 ) -> TrainResult:
     """Train (or resume, or return the finished result of) one model; see the module docstring.
     ``observer`` watches it on rank 0 (not a finished run returned as it is). ``initial``: the
     model's starting weights (a pretrained or pruned model, fine-tuned) instead of the seeded
-    initialisation; the fingerprint holds their digest, so a directory never mixes two."""
-    run = _Run(train, config, data, Path(out_dir), seed, steps, progress, observer, initial)
+    initialisation; the fingerprint holds their digest, so a directory never mixes two.
+    ``teacher``: distil from it (:mod:`geospec.engine.distill`; the validation loss stays the
+    cross-entropy on the data); the fingerprint holds its identity."""
+    run = _Run(
+        train, config, data, Path(out_dir), seed, steps, progress, observer, initial, teacher
+    )
     return run.run()
 
 
@@ -339,6 +345,7 @@ class _Run:
         progress: bool,
         observer: TrainObserver | None = None,
         initial: dict[str, torch.Tensor] | None = None,
+        teacher: Teacher | None = None,
     ) -> None:
         self.train, self.config, self.data, self.out_dir, self.seed = (
             train,
@@ -348,6 +355,7 @@ class _Run:
             seed,
         )
         self.initial = initial
+        self.teacher = teacher
         self.ctx = distributed.init_distributed()
         self.device = resolve_device(train.device, self.ctx.local_rank)
         self.bf16 = train.precision == "bf16" or (
@@ -357,7 +365,10 @@ class _Run:
         self.total = total_steps(train, config.seq_len, steps)
         self.micro, self.accum = micro_batching(train, self.ctx.world_size)
         self.tokens_per_step = train.batch_size * config.seq_len
-        self.fingerprint = fingerprint(train, config, data, seed, self.total, initial)
+        self.fingerprint = fingerprint(
+            train, config, data, seed, self.total, initial,
+            teacher.identity() if teacher is not None else None,
+        )  # fmt: skip
         self.cadence = Cadence.of(train)
         self.stopping = Stopping(self.ctx, self.device, train.log_interval)
         self.memory = training_memory(
@@ -452,6 +463,7 @@ class _Session:
         _seed_dropout(run.seed, ctx.rank)
         raw.to(device)
         self.raw = raw
+        self.teacher = run.teacher.to(device) if run.teacher is not None else None
         # each run compiles from an empty cache, with room for its shapes (engine.compiling)
         self.compile_limit = (
             compile_for_training(raw, per_block=run.fsdp) if train.compile else None
@@ -596,8 +608,10 @@ class _Session:
             x, y = rows[:, :-1], rows[:, 1:]
             with distributed.gradient_sync(self.model, i == run.accum - 1):
                 with _autocast(run.device, run.bf16):
-                    _, loss = self.model(x, y)
-                assert loss is not None
+                    logits, loss = self.model(x, y)
+                    assert loss is not None
+                    if self.teacher is not None:
+                        loss = self.teacher.loss(x, logits, loss)
                 (loss / run.accum).backward()
             total += loss.detach() / run.accum
         if run.train.grad_clip > 0:

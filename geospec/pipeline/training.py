@@ -27,6 +27,7 @@ from geospec.pipeline.run_dir import is_trained, own_training_dir, record_failur
 if TYPE_CHECKING:
     import torch
 
+    from geospec.engine.distill import Teacher
     from geospec.engine.model import GPTConfig
     from geospec.engine.token_data import TokenData
     from geospec.engine.train import TrainResult
@@ -60,6 +61,9 @@ class TrainingJob:
     track: TrackAs | None = None
     """How the spec's experiment trackers (``train.trackers``) name the run; none watch it
     without."""
+    teacher: Teacher | None = None
+    """A model to distil from (:mod:`geospec.engine.distill`: a pruned model healed towards the
+    unpruned one); None: the next-token loss alone."""
 
     def config(self) -> GPTConfig:
         """The model's config: the one given, or the spec's model built with ``widths``."""
@@ -170,7 +174,7 @@ def _train(
             return train_model(
                 job.train, config, job.data, out, seed=job.seed,
                 progress=progress and run.is_main, observer=_trackers(run, job),
-                initial=job.initial,
+                initial=job.initial, teacher=job.teacher,
             )  # fmt: skip
         except Preempted:
             raise

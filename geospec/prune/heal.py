@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from geospec.engine.distill import Teacher
     from geospec.engine.model import GPT, GPTConfig
 
 #: Trains ``config`` from ``initial`` into a directory under ``key``, with these settings and
@@ -36,6 +37,17 @@ def check_healable(model: nn.Module, heal: PruneHeal) -> None:
             "prune.heal: healing fine-tunes the pruned models in geospec's engine, which "
             f"cannot reproduce this checkpoint exactly ({problem}); set heal.steps = 0"
         )
+
+
+def teacher_of(reference: nn.Module, seq_len: int, heal: PruneHeal) -> Teacher:
+    """The unpruned ``reference``, imported into geospec's engine, as the teacher that
+    ``heal.distill`` distils from."""
+    from geospec.engine.distill import Teacher
+    from geospec.engine.identity import weights_digest
+    from geospec.engine.imported import import_llama
+
+    imported = import_llama(reference, seq_len)
+    return Teacher(imported, weights_digest(imported.state_dict()), heal.distill, heal.temperature)
 
 
 def heal_settings(

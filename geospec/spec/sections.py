@@ -582,6 +582,13 @@ class PruneHeal(Section):
     batch_size: int = Field(8, ge=1, le=1_048_576)
     """Sequences of model.seq_len tokens per step."""
     weight_decay: float = Field(0.0, ge=0.0, le=10.0)
+    distill: Annotated[float, ADDED_LATER] = Field(0.0, ge=0.0, le=1.0)
+    """The share of distillation from the unpruned model in the healing loss: (1 - distill) x
+    the next-token cross-entropy + distill x the KL divergence from the unpruned model's
+    next-token distribution, per token (1: distillation alone, as Minitron heals; 0, the
+    default: the cross-entropy alone)."""
+    temperature: Annotated[float, ADDED_LATER] = Field(1.0, gt=0.0, le=100.0)
+    """The distillation's softmax temperature T (its KL term is scaled by T^2)."""
 
 
 PruneFraction = Annotated[float, Field(gt=0.0, le=1.0)]

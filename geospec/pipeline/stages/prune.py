@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from geospec.engine.distill import Teacher
     from geospec.engine.model import GPT, GPTConfig
     from geospec.prune.study import Healer
     from geospec.prune.units import Unit
@@ -170,7 +171,7 @@ class PruneStage:
         record = prune_units(
             model, d_model, inputs, data.train, corpora, run.run_dir,
             console=run.console, say=run.say,
-            heal=self.healer(run, corpora) if prune.heal.steps > 0 else None,
+            heal=self.healer(run, corpora, model) if prune.heal.steps > 0 else None,
         )  # fmt: skip
         atomic_write_json(run.run_dir / PRUNE_FILE, sealed({**record, "key": key}))
         return record
@@ -239,13 +240,24 @@ class PruneStage:
 
         return profiles
 
-    def healer(self, run: RunContext, corpora: dict[str, list[Any]]) -> Healer:
-        """How a unit's pruned model is healed: trained into its ``heal/`` like any run."""
+    def healer(
+        self, run: RunContext, corpora: dict[str, list[Any]], reference: nn.Module
+    ) -> Healer:
+        """How a unit's pruned model is healed: trained into its ``heal/`` like any run (with
+        ``heal.distill``, distilling from ``reference``, the unpruned model)."""
         from geospec.pipeline.training import TrainingJob, train_into
-        from geospec.prune.heal import heal_settings, healed_losses
+        from geospec.prune.heal import heal_settings, healed_losses, teacher_of
 
         assert self.prune is not None
         heal = self.prune.heal
+        teachers: list[Teacher] = []  # imported once, at the first healing that needs it
+
+        def teacher() -> Teacher | None:
+            if heal.distill == 0:
+                return None
+            if not teachers:
+                teachers.append(teacher_of(reference, self.model.seq_len, heal))
+            return teachers[0]
 
         def train(
             config: GPTConfig,
@@ -257,8 +269,9 @@ class PruneStage:
         ) -> bool:
             data = run.token_data(self.data)
             job = TrainingJob(
-                out, key, list(config.ffn_widths), config, settings, data, seed, initial=initial
-            )
+                out, key, list(config.ffn_widths), config, settings, data, seed,
+                initial=initial, teacher=teacher(),
+            )  # fmt: skip
             trained = train_into(run, job, progress=False)
             return trained is not None
 
