@@ -77,7 +77,25 @@ def test_distilling_moves_the_student_towards_the_teacher_and_names_it(tmp_path:
     never trained on); the teacher is in the run's fingerprint, and a directory refuses to
     resume under another teacher."""
     corpus = tmp_path / "docs.txt"
-    words = "the cat sat on a mat and the dog ran to the park while a bird sang".split()
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "a",
+        "mat",
+        "and",
+        "the",
+        "dog",
+        "ran",
+        "to",
+        "the",
+        "park",
+        "while",
+        "a",
+        "bird",
+        "sang",
+    ]
     rng = np.random.default_rng(0)
     corpus.write_text("\n\n".join(" ".join(rng.choice(words, 60)) for _ in range(40)))
     spec_file = tmp_path / "spec.toml"
