@@ -289,18 +289,21 @@ def pruned_unit(
 
     from geospec.engine.imported import import_llama
     from geospec.layout import HEAL_DIR
-    from geospec.prune.apply import eval_loss, ffn_parameters, pruned
+    from geospec.prune.apply import eval_loss, ffn_parameters, pruned, window_losses
 
     imported = None
     with torch.no_grad(), pruned(sites, orders, widths, compensation=compensation):
-        losses = {name: eval_loss(model, batches) for name, batches in corpora.items()}
+        windows = {name: window_losses(model, batches) for name, batches in corpora.items()}
+        losses = {name: sum(values) / len(values) for name, values in windows.items()}
         own = None if calibration is None else eval_loss(model, calibration)
         params = ffn_parameters(sites)
         if inputs.prune.export:
             export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR)
         if heal is not None:
             imported = import_llama(model, inputs.seq_len)
-    result: dict[str, Any] = {"widths": list(widths), "ffn_params": params, "loss": losses}
+    result: dict[str, Any] = {
+        "widths": list(widths), "ffn_params": params, "loss": losses, "window_loss": windows,
+    }  # fmt: skip
     if own is not None:
         result["calibration_loss"] = own
     if imported is not None and heal is not None:
