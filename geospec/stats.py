@@ -75,6 +75,52 @@ def paired_difference(
     return PairedDifference(mean, sd, (mean - half, mean + half), boot, improved, n, seeds)
 
 
+@dataclass(frozen=True)
+class CrossedBootstrap:
+    """The mean of a seeds x windows table of paired differences, its percentile interval and
+    two-sided p-value under resampling of both (:func:`crossed_bootstrap`)."""
+
+    mean: float
+    ci: tuple[float, float]
+    p: float
+    seeds: int
+    windows: int
+
+
+def crossed_bootstrap(
+    differences: Sequence[Sequence[float]],
+    confidence: float = 0.95,
+    resamples: int = 10000,
+    seed: int = 0,
+) -> CrossedBootstrap:
+    """The paired difference of two arms over calibration seeds and eval windows: row k of
+    ``differences`` is seed k's per-window differences, every seed scored on the same windows
+    (so windows and seeds are crossed, not nested). Each resample draws seeds and windows with
+    replacement, independently, and takes the mean of the table they select: the interval then
+    holds both the seeds' spread (the allocation and calibration sample moving) and the text's
+    (a few windows of one corpus). p is twice the share of resampled means on the far side of
+    0 from the estimate (at least 1 / (resamples + 1) per side), at most 1."""
+    import numpy as np
+
+    table = np.asarray(differences, dtype=np.float64)
+    if table.ndim != 2 or table.size == 0:
+        raise ValueError(f"a seeds x windows table is needed, got shape {table.shape}")
+    n, w = table.shape
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, n, size=(resamples, n))
+    columns = rng.integers(0, w, size=(resamples, w))
+    # per resample: the mean over the chosen rows of each row's mean over the chosen columns
+    picked = np.take_along_axis(table[rows], columns[:, None, :], axis=2)
+    means = picked.mean(axis=(1, 2))
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(means, [alpha, 1 - alpha])
+    below = (int((means <= 0).sum()) + 1) / (resamples + 1)
+    above = (int((means >= 0).sum()) + 1) / (resamples + 1)
+    return CrossedBootstrap(
+        float(table.mean()), (float(low), float(high)), min(1.0, 2 * min(below, above)), n, w
+    )
+
+
 def finite(value: float | None) -> float | None:
     """JSON has no NaN or infinity: undefined numbers are stored as null."""
     return None if value is None or not math.isfinite(value) else float(value)

@@ -388,6 +388,47 @@ def pruned_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+def test_each_eval_window_loss_is_recorded_and_bootstrapped(pruned_run: Path) -> None:
+    """Every unit records its loss on each eval window (their mean is the corpus loss, all
+    windows scoring as many tokens); the report's bootstrap over seeds and windows brackets the
+    paired mean, and its Holm-adjusted p is never below the raw p of the same row."""
+    from geospec.report.prune import budget_rows
+    from geospec.stats import crossed_bootstrap
+
+    record = json.loads((pruned_run / "run" / "prune.json").read_text())
+    budget = record["budgets"][1]
+    for arm in budget["arms"].values():
+        for corpus, seeds in arm["window_loss"].items():
+            for seed, windows in seeds.items():
+                assert len(windows) == record["windows"]
+                assert np.mean(windows) == pytest.approx(arm["loss"][corpus][seed], abs=1e-9)
+    rows = {(row[0], row[3]): row for row in budget_rows(record, budget)}
+    flap, uniform = budget["arms"]["flap"], budget["arms"]["uniform"]
+    table = [
+        np.subtract(flap["window_loss"]["docs.jsonl"][s], uniform["window_loss"]["docs.jsonl"][s])
+        for s in ("0", "1", "2")
+    ]
+    found = crossed_bootstrap(table)
+    row = rows[("flap", "docs.jsonl")]
+    assert row[9] == f"[{found.ci[0]:+.4f}, {found.ci[1]:+.4f}]"
+    assert found.ci[0] <= float(row[5]) <= found.ci[1]
+    assert float(row[10]) >= found.p
+    report = (pruned_run / "run" / "prune" / "report.md").read_text()
+    assert "| p (Holm) |" in report
+
+
+def test_a_window_loss_is_the_loss_of_that_window_alone(pruned_run: Path) -> None:
+    from geospec.measure.sensitivity import loss_batches, mean_loss
+    from geospec.prune.apply import window_losses
+
+    model = hf.AutoModelForCausalLM.from_pretrained(pruned_run / "model").eval()
+    tokens = np.random.default_rng(0).integers(2, 97, 16 * 5 + 1)
+    batches = loss_batches(tokens, 16, 5, 2, torch.device("cpu"))
+    found = window_losses(model, batches)
+    singles = [(x[i : i + 1], y[i : i + 1]) for x, y in batches for i in range(len(x))]
+    assert found == pytest.approx([mean_loss(model, [single]) for single in singles], abs=1e-9)
+
+
 def test_prune_writes_every_arm_budget_and_seed(pruned_run: Path) -> None:
     record = json.loads((pruned_run / "run" / "prune.json").read_text())
     assert [b["keep"] for b in record["budgets"]] == [0.75, 0.5]
@@ -923,3 +964,25 @@ def test_a_tokenizer_with_a_bos_starts_every_scored_window_with_it(tmp_path: Pat
         logits = model(input_ids=x).logits
     loss = float(F.cross_entropy(logits.flatten(0, 1).float(), torch.as_tensor(windows).flatten()))
     assert loss == pytest.approx(recorded, rel=1e-5)
+
+
+def test_report_compare_may_pair_prune_arms(pruned_run: Path, tmp_path: Path) -> None:
+    """report.compare names arms of [prune] too: each budget gets a table of those pairs,
+    Holm-adjusted across them; a name that is no arm is refused naming the prune's arms."""
+    from geospec.report.prune import prune_markdown
+
+    record = json.loads((pruned_run / "run" / "prune.json").read_text())
+    text = prune_markdown(record, compare=[("flap", "owl"), ("shift", "owl")])
+    assert text.count("Further comparisons (report.compare)") == 2
+    assert "| flap | vs owl |" in text and "| shift | vs owl |" in text
+    spec = prune_spec(tmp_path)
+    data = tomlkit.parse(spec.read_text())
+    data["report"] = {"compare": [["flap", "owl"]]}
+    spec.write_text(tomlkit.dumps(data))
+    invoke("validate", str(spec))
+    data["report"] = {"compare": [["flap", "nothing"]]}
+    spec.write_text(tomlkit.dumps(data))
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    output = result.output
+    assert result.exit_code == 2, output
+    assert "report.compare[0]" in output and "'nothing'" in output and "'owl'" in output

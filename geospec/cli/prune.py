@@ -38,11 +38,11 @@ def prune(
     done = run_until("prune", spec_path, overrides, from_stage, out, adapt=_has_prune(spec_path))
     if done is None:
         return  # under torchrun, rank 0 alone reports
-    run_dir = done[1]
+    spec, run_dir = done
     record = read_prune(run_dir)
     if record is None:
         raise UsageError(f"{run_dir}: the prune stage wrote no {PRUNE_FILE}")
-    text = prune_markdown(record)
+    text = prune_markdown(record, compare=spec.report.compare)
     atomic_write_text(run_dir / PRUNE_DIR / REPORT_FILE, text)
     click.echo(text)
     click.echo(f"\nprune: {run_dir / PRUNE_FILE}, {run_dir / PRUNE_DIR / REPORT_FILE}")

@@ -68,7 +68,7 @@ def gather(
     layers: int,
 ) -> dict[str, Any]:
     """prune.json's content: per keep fraction, every arm's widths, FFN parameters and losses
-    per calibration seed and corpus."""
+    per calibration seed and corpus (and each eval window's, where every unit recorded them)."""
     budgets = []
     for keep in prune.fractions:
         arms: dict[str, dict[str, Any]] = {}
@@ -83,6 +83,11 @@ def gather(
                     for corpus in first["loss"]
                 },
             }
+            if all("window_loss" in unit for unit in units.values()):  # units since 0.2
+                arms[arm.name]["window_loss"] = {
+                    corpus: {str(s): unit["window_loss"][corpus] for s, unit in units.items()}
+                    for corpus in first["window_loss"]
+                }
             if arm.importance is not None:  # the arm's own, not the prune's
                 arms[arm.name]["importance"] = arm.importance.model_dump(mode="json")
             if arm.compensate is not None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from geospec.artifacts import read_json
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import sealed
-from geospec.layout import REPORT_FILE, RESULTS_FILE
+from geospec.layout import REPORT_FILE, RESULTS_FILE, RUN_FILE
 from geospec.pipeline.run_dir import read_demand, read_diagnostics, read_prune
 from geospec.report.results import build_results
 
@@ -52,6 +53,7 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
             from geospec.report.plots import prune_plot
 
             drawn = prune_plot(run_dir, prune)
-        text += "\n" + prune_markdown(prune, drawn)
+        compare = [(a, b) for a, b in read_json(run_dir / RUN_FILE).get("compare", [])]
+        text += "\n" + prune_markdown(prune, drawn, compare)
     atomic_write_text(run_dir / REPORT_FILE, text)
     return results

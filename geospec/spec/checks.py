@@ -280,18 +280,21 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
 
 
 def _compare_problems(spec: Spec, arms: dict[str, int]) -> list[tuple[str, str]]:
-    """Each report.compare pair names two different arms of the spec, once."""
+    """Each report.compare pair names two different arms of the spec (trained, or of [prune]),
+    once."""
     problems: list[tuple[str, str]] = []
     pairs: dict[frozenset[str], int] = {}
+    pruned = [arm.name for arm in spec.prune.arms] if spec.prune is not None else []
+    names = [a.name for a in spec.arms] + [name for name in pruned if name not in arms]
     for i, (arm, against) in enumerate(spec.report.compare):
         where = f"report.compare[{i}]"
-        unknown = [name for name in (arm, against) if name not in arms]
+        unknown = [name for name in (arm, against) if name not in arms and name not in pruned]
         if unknown:
             problems.append(
                 (
                     where,
                     f"no arm is named {unknown[0]!r}; the arms are "
-                    + ", ".join(repr(a.name) for a in spec.arms),
+                    + ", ".join(repr(name) for name in names),
                 )
             )
         elif arm == against:
