@@ -169,3 +169,26 @@ def test_the_prune_quick_start_spec_is_short_and_validates_without_torch(tmp_pat
     guide = (ROOT / "docs" / "prune.md").read_text()
     assert text.strip() in guide  # the guide shows the file as it is
     assert "specs/prune-quickstart.toml" in readme
+
+
+@pytest.mark.parametrize("spec", sorted((ROOT / "specs").glob("*.toml")), ids=lambda p: p.name)
+def test_the_schema_accepts_every_shipped_spec(spec: Path) -> None:
+    """`geospec schema` describes what the spec format accepts: a spec of a pretrained
+    checkpoint leaves out [model]'s shape, and a prune of one [[arms]] and [train]."""
+    schema = json.loads(CliRunner().invoke(cli, ["schema"]).output)
+    jsonschema.validate(tomlkit.parse(spec.read_text()).unwrap(), schema)
+
+
+def test_the_schema_requires_what_a_trained_spec_needs() -> None:
+    schema = json.loads(CliRunner().invoke(cli, ["schema"]).output)
+    spec = minimal_spec()
+    for missing in ("arms", "train"):
+        with pytest.raises(jsonschema.ValidationError, match=f"'{missing}' is a required"):
+            jsonschema.validate({k: v for k, v in spec.items() if k != missing}, schema)
+    shapeless = spec | {"model": {"seq_len": 64}}
+    with pytest.raises(jsonschema.ValidationError, match="'n_layers' is a required"):
+        jsonschema.validate(shapeless, schema)
+    arms = [{"name": "uniform", "schedule": {"kind": "uniform"}}]
+    pretrained = shapeless | {"reference": {"checkpoint": "model"}, "prune": {"arms": arms}}
+    del pretrained["arms"], pretrained["train"]
+    jsonschema.validate(pretrained, schema)

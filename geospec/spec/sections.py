@@ -739,6 +739,34 @@ def _all_means_none(value: object) -> object:
     return value
 
 
+def _spec_schema(schema: dict[str, Any]) -> None:
+    """The JSON Schema of a spec says what a spec of a pretrained reference.checkpoint may leave
+    out: [model]'s shape (read from the checkpoint when the spec is loaded), [[arms]] where it
+    prunes ([prune]: :meth:`Spec._pretrained_defaults`) and [train] where it trains nothing
+    (probe_only, or a prune without arms); each is required otherwise."""
+    schema["required"] = [name for name in schema.get("required", []) if name not in ARMS_TRAIN]
+    model = schema.get("$defs", {}).get("ModelSpec", {})
+    shape = [name for name in model.get("required", []) if name != "seq_len"]
+    model["required"] = [name for name in model.get("required", []) if name not in shape]
+    pretrained = {
+        "properties": {"reference": {"required": ["checkpoint"]}},
+        "required": ["reference"],
+    }
+    probe_only = {"properties": {"probe_only": {"const": True}}, "required": ["probe_only"]}
+    schema["allOf"] = [
+        {"if": {"not": pretrained}, "then": {"properties": {"model": {"required": shape}}}},
+        {"if": {"not": {"required": ["prune"]}}, "then": {"required": ["arms"]}},
+        {
+            "if": {"not": {"anyOf": [probe_only, {"required": ["prune"]}]}},
+            "then": {"required": ["train"]},
+        },
+    ]
+
+
+#: What a spec of a pretrained checkpoint may leave out (:func:`_spec_schema`).
+ARMS_TRAIN = ("arms", "train")
+
+
 class Spec(Section):
     """A whole experiment."""
 
@@ -780,6 +808,14 @@ class Spec(Section):
     """Where the arm-seed runs are trained: a launcher table such as { kind = "pool", workers = 4 }
     (`geospec plugins` lists them). Absent: { kind = "local" }, one run after another in this
     process. It never changes what a run computes, so no key depends on it."""
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Pydantic's schema, with what a spec of a pretrained checkpoint may leave out
+        (:func:`_spec_schema`)."""
+        schema = super().model_json_schema(*args, **kwargs)
+        _spec_schema(schema)
+        return schema
 
     @model_validator(mode="before")
     @classmethod
