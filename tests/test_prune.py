@@ -986,3 +986,64 @@ def test_report_compare_may_pair_prune_arms(pruned_run: Path, tmp_path: Path) ->
     output = result.output
     assert result.exit_code == 2, output
     assert "report.compare[0]" in output and "'nothing'" in output and "'owl'" in output
+
+
+def test_one_finished_unit_is_exported_without_recomputing_any(tmp_path: Path) -> None:
+    """A prune that exported nothing, asked afterwards for one model (`export = ["ARM@KEEP"]`,
+    or `geospec prune --export ARM@KEEP --to DIR`): the stage keeps its key, no unit is
+    computed again, only that arm's units at that keep write their model, and the model in
+    --to (the checkpoint's tokenizer beside it) scores the unit's recorded loss."""
+    from geospec.measure.sensitivity import loss_batches
+    from geospec.prune.apply import eval_loss
+
+    spec = prune_spec(tmp_path, arms=PRUNE_SPEC["arms"][:2], export=False,
+                      calibration={"windows": 8, "seeds": [0, 1]})  # fmt: skip
+    invoke("prune", str(spec))
+    run = tmp_path / "run"
+    key = json.loads((run / "prune.json").read_text())["key"]
+    units = sorted((run / "prune").glob("keep-*/*/seed-*/result.json"))
+    before = {path: path.read_bytes() for path in units}
+    assert not list((run / "prune").glob("keep-*/*/seed-*/model"))
+
+    data = tomlkit.parse(spec.read_text())
+    data["prune"]["export"] = ["flap@0.5"]
+    spec.write_text(tomlkit.dumps(data))
+    output = invoke("prune", str(spec))
+    assert json.loads((run / "prune.json").read_text())["key"] == key
+    assert {path: path.read_bytes() for path in units} == before  # nothing recomputed
+    exported = sorted(
+        p.parent.parent.relative_to(run) for p in run.glob("prune/*/*/*/model/config.json")
+    )
+    assert exported == [Path("prune/keep-0.5/flap/seed-0"), Path("prune/keep-0.5/flap/seed-1")]
+
+    to = tmp_path / "flap-half"
+    output = invoke("prune", str(spec), "--export", "flap@0.5", "--seed", "1", "--to", str(to))
+    assert f"-> {to}" in output and "with its tokenizer" in output
+    assert {path: path.read_bytes() for path in units} == before
+    model = geospec.load_pruned(to)
+    tokenizer = hf.AutoTokenizer.from_pretrained(to)
+    text = (tmp_path / "other.jsonl").read_text().splitlines()
+    assert tokenizer(json.loads(text[0])["text"])["input_ids"][:3]  # the word-level vocabulary
+    record = json.loads(
+        (run / "prune" / "keep-0.5" / "flap" / "seed-1" / "result.json").read_text()
+    )
+    widths = [int(layer.mlp.down_proj.in_features) for layer in model.model.layers]
+    assert widths == record["widths"]
+    assert not (to / "geospec-unit-key").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--export", "nothing@0.5", "--to", "x"], "no [prune] arm is named 'nothing'"),
+        (["--export", "flap@0.3", "--to", "x"], "must be one of prune.keep 0.75, 0.5"),
+        (["--export", "flap@0.5", "--seed", "7", "--to", "x"], "--seed 7: not one of"),
+        (["--export", "flap@0.5"], "--export ARM@KEEP and --to DIR go together"),
+    ],
+)
+def test_a_bad_export_request_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    spec = prune_spec(tmp_path, arms=PRUNE_SPEC["arms"][:2], export=False)
+    result = CliRunner().invoke(cli, ["prune", str(spec), *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert message in result.output
+    assert not (tmp_path / "run" / "prune").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import click
 
 from geospec.cli.console import plugin_option, set_option, spec_argument
 from geospec.cli.until import from_option, out_option, run_until
+from geospec.errors import UsageError
 from geospec.spec.sections import Spec
 
 
@@ -18,8 +20,33 @@ from geospec.spec.sections import Spec
 @out_option
 @set_option
 @plugin_option
+@click.option(
+    "--export",
+    "export_unit",
+    metavar="ARM@KEEP",
+    help="Write this arm's model at this keep fraction to --to (a finished unit is exported, "
+    "not computed again).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="With --export: the calibration seed's unit (default: the first of prune.calibration).",
+)
+@click.option(
+    "--to",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="With --export: a new directory for the model, with the checkpoint's tokenizer.",
+)
 def prune(
-    spec_path: Path, from_stage: str | None, out: Path | None, overrides: tuple[str, ...]
+    spec_path: Path,
+    from_stage: str | None,
+    out: Path | None,
+    overrides: tuple[str, ...],
+    export_unit: str | None,
+    seed: int | None,
+    to: Path | None,
 ) -> None:
     """Prune SPEC's pretrained reference.checkpoint to each [prune] keep fraction with every
     [prune] arm's allocation and each calibration seed (docs/prune.md).
@@ -28,14 +55,26 @@ def prune(
     the arms that read them), writes every pruned model's losses (and, with export, its
     transformers checkpoint) under prune/, prune.json and report.md's pruning section, and
     prints the comparison with the baseline arm. An interrupted prune resumes.
+
+    With --export ARM@KEEP --to DIR, also one pruned model as a directory that
+    geospec.load_pruned reads (the checkpoint's tokenizer beside it), the units' other work
+    reused: `geospec prune SPEC --export flap@0.5 --to flap-half`.
     """
     from geospec.atomic import atomic_write_text
-    from geospec.errors import UsageError
     from geospec.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
     from geospec.pipeline.run_dir import read_prune
     from geospec.report.prune import prune_markdown
 
-    done = run_until("prune", spec_path, overrides, from_stage, out, adapt=_has_prune(spec_path))
+    if (export_unit is None) != (to is None) or (seed is not None and export_unit is None):
+        raise UsageError(
+            "--export ARM@KEEP and --to DIR go together (and --seed with them): "
+            "geospec prune SPEC --export flap@0.5 --to flap-half"
+        )
+    if to is not None and to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+    wanted: list[tuple[float, str, int]] = []
+    adapt = _has_prune(spec_path, export_unit, seed, wanted)
+    done = run_until("prune", spec_path, overrides, from_stage, out, adapt=adapt)
     if done is None:
         return  # under torchrun, rank 0 alone reports
     spec, run_dir = done
@@ -46,16 +85,56 @@ def prune(
     atomic_write_text(run_dir / PRUNE_DIR / REPORT_FILE, text)
     click.echo(text)
     click.echo(f"\nprune: {run_dir / PRUNE_FILE}, {run_dir / PRUNE_DIR / REPORT_FILE}")
+    if wanted and to is not None:
+        from geospec.layout import prune_unit_dir
+        from geospec.prune.exports import export_with_tokenizer
+
+        keep, arm, chosen = wanted[0]
+        click.echo(export_with_tokenizer(prune_unit_dir(run_dir, keep, arm, chosen), to))
 
 
-def _has_prune(spec_path: Path) -> Callable[[Spec], Spec]:
-    """A check that the spec has a [prune] section (one line naming the file, exit 2)."""
+def _has_prune(
+    spec_path: Path,
+    export: str | None = None,
+    seed: int | None = None,
+    wanted: list[tuple[float, str, int]] | None = None,
+) -> Callable[[Spec], Spec]:
+    """A check that the spec has a [prune] section (one line naming the file, exit 2); with
+    ``export`` (``ARM@KEEP``), the spec exporting that unit group too, the unit appended to
+    ``wanted`` (keep, arm, seed)."""
 
     def check(spec: Spec) -> Spec:
-        from geospec.errors import UsageError
-
         if spec.prune is None:
             raise UsageError(f"{spec_path}: no [prune] section; add one (docs/prune.md)")
-        return spec
+        if export is None:
+            return spec
+        prune = spec.prune
+        arm, _, text = export.rpartition("@")
+        names = [a.name for a in prune.arms]
+        try:
+            keep = float(text)
+        except ValueError:
+            keep = math.nan
+        if arm not in names:
+            raise UsageError(f"--export {export}: no [prune] arm is named {arm!r}; the arms are "
+                             + ", ".join(names))  # fmt: skip
+        if keep not in prune.fractions:
+            raise UsageError(
+                f"--export {export}: the keep fraction after @ must be one of prune.keep "
+                + ", ".join(f"{k:g}" for k in prune.fractions)
+            )
+        seeds = prune.calibration.seeds
+        chosen = seeds[0] if seed is None else seed
+        if chosen not in seeds:
+            raise UsageError(
+                f"--seed {chosen}: not one of prune.calibration.seeds {', '.join(map(str, seeds))}"
+            )
+        if wanted is not None:
+            wanted.append((keep, arm, chosen))
+        if prune.exports(keep, arm):
+            return spec
+        entries = [] if isinstance(prune.export, bool) else list(prune.export)
+        exported = prune.model_copy(update={"export": [*entries, f"{arm}@{keep:g}"]})
+        return spec.model_copy(update={"prune": exported})
 
     return check

@@ -102,6 +102,36 @@ def export_prune_unit(
     return _gguf_line(written)
 
 
+def export_with_tokenizer(unit: Path, to: Path) -> str:
+    """A prune unit's exported model as a new directory ``to`` with the run's tokenizer saved
+    beside it (``AutoTokenizer`` reads it; a GGUF source's chat template comes with it), as
+    ``geospec prune --export`` writes it. The one line the command prints."""
+    from geospec.atomic import atomic_directory
+    from geospec.prune.true_width import read_widths
+    from geospec.prune.units import EXPORTED_FILE
+
+    model = unit_model(unit)
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+    source = run_tokenizer_source(unit)
+    with atomic_directory(to) as work:
+        shutil.copytree(
+            model, work, dirs_exist_ok=True, ignore=shutil.ignore_patterns(EXPORTED_FILE)
+        )
+        if source is not None:
+            from transformers import AutoTokenizer
+
+            if source.suffix == ".gguf":
+                tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+            else:
+                tokenizer = AutoTokenizer.from_pretrained(source)
+            tokenizer.save_pretrained(work)
+    widths = " ".join(map(str, read_widths(model)))
+    with_tokenizer = "with its tokenizer" if source is not None else "without a tokenizer"
+    name = f"{unit.parent.name} seed {unit.name.removeprefix('seed-')}"
+    return f"exported {name} at widths {widths}, {with_tokenizer} -> {to}"
+
+
 def export_training_gguf(
     training_dir: Path, to: Path, dtype: str = "f16", tokenizer_dir: Path | None = None
 ) -> str:

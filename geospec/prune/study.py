@@ -22,10 +22,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from geospec.atomic import atomic_write_json
-from geospec.digests import digest, sealed
+from geospec.digests import sealed
 from geospec.disk import writing
 from geospec.layout import UNIT_FILE, UNIT_MODEL_DIR
-from geospec.prune.units import Unit, finished_unit, gather, units_of
+from geospec.prune.units import EXPORTED_FILE, Unit, finished_unit, gather, has_model, units_of
+from geospec.prune.units import unit_key as key_of
 from geospec.spec.sections import PruneSpec
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def prune_units(
     from geospec.measure.sensitivity import logits_of
     from geospec.plugin import create_plugin
     from geospec.prune.allocate import allocate, pruned_dims
-    from geospec.prune.apply import compensated_export_problem, eval_loss
+    from geospec.prune.apply import compensated_export_problem, eval_loss, pruned
     from geospec.prune.search import SuffixCutLosses
 
     prune = inputs.prune
@@ -214,9 +215,10 @@ def prune_units(
             unit_dir = unit.directory(run_dir)
             # owl's units from before it read the block linears are not reused: the stage's key
             # (inputs.key) names the arms that read them (PruneStage.block_arms)
-            unit_key = digest("prune-unit", inputs.key, unit.keep, unit.arm, unit.seed)
-            stored = finished_unit(unit_dir, unit_key, prune.export)
-            if stored is not None:
+            unit_key = key_of(inputs.key, unit)
+            stored = finished_unit(unit_dir, unit_key)
+            export = prune.exports(unit.keep, unit.arm)
+            if stored is not None and (not export or has_model(unit_dir, unit_key)):
                 results[unit] = stored
                 advance(1)
                 continue
@@ -228,6 +230,14 @@ def prune_units(
                 )  # fmt: skip
             work = scored[unit.seed]
             arm = next(a for a in prune.arms if a.name == unit.arm)
+            if stored is not None:  # finished, its model asked for since: written, not redone
+                means = work.means if prune.compensates(arm) else None
+                orders = work.orders[arm_importance[unit.arm]]
+                with torch.no_grad(), pruned(sites, orders, stored["widths"], compensation=means):
+                    export_unit(model, sites, stored["widths"], unit_dir / UNIT_MODEL_DIR, unit_key)
+                results[unit] = stored
+                advance(1)
+                continue
             if (unit.seed, unit.keep) not in widths:
                 if unit.seed not in profiles:
                     profiles[unit.seed] = inputs.seed_profiles(unit.seed)
@@ -246,7 +256,7 @@ def prune_units(
                 model, sites, work.orders[arm_importance[unit.arm]],
                 widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
                 inputs, heal, work.means if prune.compensates(arm) else None,
-                calibration=work.batches if arm.sweep is not None else None,
+                calibration=work.batches if arm.sweep is not None else None, export=export,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
             if inputs.redraw is not None:  # what this seed's allocation was solved from
@@ -280,6 +290,7 @@ def pruned_unit(
     compensation: Sequence[torch.Tensor] | None,
     *,
     calibration: Sequence[Batch] | None = None,
+    export: bool = False,
 ) -> dict[str, Any]:
     """One pruned model (with ``compensation``, each layer's calibration means in place of its
     cut neurons): its losses, FFN parameters, (with export) checkpoint, (with a healer) its
@@ -297,8 +308,10 @@ def pruned_unit(
         losses = {name: sum(values) / len(values) for name, values in windows.items()}
         own = None if calibration is None else eval_loss(model, calibration)
         params = ffn_parameters(sites)
-        if inputs.prune.export:
-            export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR)
+        if export:
+            export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR, key)
+        else:  # an earlier computation's model is not this one's
+            shutil.rmtree(unit_dir / UNIT_MODEL_DIR, ignore_errors=True)
         if heal is not None:
             imported = import_llama(model, inputs.seq_len)
     result: dict[str, Any] = {
@@ -312,12 +325,15 @@ def pruned_unit(
 
 
 def export_unit(
-    model: nn.Module, sites: Sequence[FFNSite], widths: Sequence[int], directory: Path
+    model: nn.Module, sites: Sequence[FFNSite], widths: Sequence[int], directory: Path, key: str
 ) -> None:
     """Export the pruned model into ``directory`` (at its true widths), replacing an older
-    export of the unit; the write is whole or nothing (a full disk: one line)."""
+    export of the unit, and mark it with the unit's ``key`` (:func:`~geospec.prune.units.
+    has_model`); the write is whole or nothing (a full disk: one line)."""
+    from geospec.atomic import atomic_write_text
     from geospec.prune.apply import export_pruned
 
     shutil.rmtree(directory, ignore_errors=True)  # from other inputs: the unit is recomputed
     with writing(directory):
         export_pruned(model, sites, widths, directory)
+        atomic_write_text(directory / EXPORTED_FILE, key + "\n")

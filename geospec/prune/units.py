@@ -35,6 +35,23 @@ class Unit:
         return prune_unit_dir(run_dir, self.keep, self.arm, self.seed)
 
 
+def unit_key(stage_key: str, unit: Unit) -> str:
+    """A unit's key: the prune stage's, the unit's budget, arm and calibration seed."""
+    from geospec.digests import digest
+
+    return digest("prune-unit", stage_key, unit.keep, unit.arm, unit.seed)
+
+
+def missing_exports(prune: PruneSpec, stage_key: str, run_dir: Path) -> list[Unit]:
+    """The units ``prune.export`` asks a model of that have none written for their key."""
+    return [
+        unit
+        for unit in units_of(prune)
+        if prune.exports(unit.keep, unit.arm)
+        and not has_model(unit.directory(run_dir), unit_key(stage_key, unit))
+    ]
+
+
 def units_of(prune: PruneSpec) -> list[Unit]:
     """Every unit of a prune, in the order they are computed (a calibration seed's units
     together: its scores are computed once)."""
@@ -46,17 +63,28 @@ def units_of(prune: PruneSpec) -> list[Unit]:
     ]
 
 
-def finished_unit(unit_dir: Path, key: str, export: bool) -> dict[str, Any] | None:
-    """A unit's stored result when it was computed from ``key`` (and exported if asked)."""
+def finished_unit(unit_dir: Path, key: str) -> dict[str, Any] | None:
+    """A unit's stored result when it was computed from ``key`` (exported or not:
+    :func:`has_model`)."""
     path = unit_dir / UNIT_FILE
     if json_problem(path, "widths", "loss", "key") is not None:
         return None
     stored = read_json(path)
     if stored.get("key") != key or seal_broken(stored):
         return None
-    if export and not (unit_dir / UNIT_MODEL_DIR / "config.json").exists():
-        return None
     return dict(unsealed(stored))
+
+
+def has_model(unit_dir: Path, key: str) -> bool:
+    """Whether the unit's exported model is there, written for the unit computed from ``key``."""
+    marker = unit_dir / UNIT_MODEL_DIR / EXPORTED_FILE
+    return (unit_dir / UNIT_MODEL_DIR / "config.json").is_file() and (
+        marker.is_file() and marker.read_text().strip() == key
+    )
+
+
+#: In an exported model's directory: the key of the unit it was exported from.
+EXPORTED_FILE = "geospec-unit-key"
 
 
 def gather(

@@ -570,6 +570,16 @@ def _expanded_grids(arms: Any) -> Any:
     return expanded
 
 
+#: One unit group of ``prune.export``: an arm's name, "@", a keep fraction ("flap@0.5").
+EXPORT_PATTERN = r"^[A-Za-z0-9_.-]+@(0?\.[0-9]+|1(\.0*)?)$"
+
+
+def _export_unit(entry: str) -> tuple[str, float]:
+    """``"ARM@KEEP"`` as (arm, keep)."""
+    arm, _, keep = entry.rpartition("@")
+    return arm, float(keep)
+
+
 class PruneHeal(Section):
     """Fine-tuning every pruned model on the spec's training text in geospec's own engine (its
     weights imported: Llama-family checkpoints), then its held-out loss again."""
@@ -610,8 +620,10 @@ class PruneSpec(Section):
     importance and compensate."""
     baseline: Name = "uniform"
     """The arm every other is compared with, paired by calibration seed."""
-    export: bool = True
-    """Write every pruned model as a transformers checkpoint."""
+    export: bool | list[Annotated[str, Field(pattern=EXPORT_PATTERN)]] = True
+    """Write pruned models as checkpoints (at their true widths, docs/prune.md): true, every
+    unit's; a list of `"ARM@KEEP"` (`["flap@0.5"]`), those units' only, every calibration seed;
+    false, none. A finished unit is exported without being computed again."""
     heal: Annotated[PruneHeal, ADDED_LATER] = Field(default_factory=PruneHeal)
     """Fine-tune every pruned model (steps > 0) and measure it again (docs/prune.md)."""
     allocation_seeds: Annotated[bool, ADDED_LATER] = False
@@ -646,6 +658,12 @@ class PruneSpec(Section):
                 found.setdefault(arm.sweep, []).append(arm.name)
         return found
 
+    def exports(self, keep: float, arm: str) -> bool:
+        """Whether the units of ``arm`` at ``keep`` write their model (``export``)."""
+        if isinstance(self.export, bool):
+            return self.export
+        return any(_export_unit(entry) == (arm, keep) for entry in self.export)
+
     def importance_of(self, arm: PruneArmSpec) -> ImportanceRef:
         """The importance table ``arm`` keeps its neurons by: its own, or the prune's."""
         return self.importance if arm.importance is None else arm.importance
@@ -663,6 +681,15 @@ class PruneSpec(Section):
             raise ValueError(f"baseline {self.baseline!r} is not one of the arms {names}")
         if len(set(self.fractions)) != len(self.fractions):
             raise ValueError(f"keep fractions must be distinct, got {self.fractions}")
+        for i, entry in enumerate(self.export if isinstance(self.export, list) else []):
+            named, keep = _export_unit(entry)
+            if named not in names:
+                raise ValueError(f"export[{i}]: {entry!r} names no arm; the arms are {names}")
+            if keep not in self.fractions:
+                raise ValueError(
+                    f"export[{i}]: {entry!r} names keep {keep:g}, which is not one of the keep "
+                    f"fractions {self.fractions}"
+                )
         if self.compensate != "none" and self.heal.steps > 0:
             raise ValueError(
                 f'compensate = "{self.compensate}" with heal.steps = {self.heal.steps}: healing '

@@ -33,6 +33,7 @@ from geospec.pipeline.run_dir import PRUNE_KEYS
 from geospec.pipeline.stages.demand import DemandStage
 from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.probe import Probe
+from geospec.prune.units import missing_exports
 from geospec.spec.resolve import measures
 from geospec.spec.sections import (
     DIAGNOSTIC_PROFILES,
@@ -100,7 +101,10 @@ class PruneStage:
         )
         key = digest(
             "prune",
-            section(self.prune),
+            # which units write their model is not what they compute: a finished unit is
+            # exported without being recomputed (the key holds export = false, what it held in
+            # a prune that exported nothing, so those keep their keys)
+            section(self.prune.model_copy(update={"export": False})),
             upstream.key("reference"),
             data_key(self.data),
             self.model.seq_len,
@@ -110,12 +114,15 @@ class PruneStage:
             *self.block_arms(),
         )
         path = run.run_dir / PRUNE_FILE
+        # models asked for since the units finished: the stage runs, reusing every unit
+        unwritten = missing_exports(self.prune, key, run.run_dir) if self.prune.export else []
         return Plan(
             key,
             run=lambda: self.write(run, key, profiles),
             load=lambda: read_json(path),
             artifacts=(path,),
             problem=json_problem(path, *PRUNE_KEYS) if path.exists() else None,
+            current=False if unwritten else None,
         )
 
     def block_arms(self) -> list[list[str]]:
