@@ -81,18 +81,35 @@ class PluginTable:
                 "required": ["kind"],
                 "description": f"a {self.kind} table: any {self.kind} plugin, as above",
             }
-        classes = [entry.cls.Params for entry in get_registries()[self.kind].entries.values()]
+        entries = get_registries()[self.kind].entries
+        classes = [entry.cls.Params for entry in entries.values()]
         if not classes:
             return {"type": "object", "description": f"no {self.kind} plugins are registered"}
         _SCHEMAS_IN_PROGRESS.add(self.kind)
         try:
             if len(classes) == 1:
-                return handler(TypeAdapter(classes[0]).core_schema)
-            # a variable, not a type alias: the union is built from what is registered at run time
-            union: Any = Annotated[Union[tuple(classes)], Field(discriminator="kind")]  # noqa: UP007
-            return handler(TypeAdapter(union).core_schema)
+                table = handler(TypeAdapter(classes[0]).core_schema)
+            else:
+                # a variable, not a type alias: the union is built from what is registered now
+                union: Any = Annotated[Union[tuple(classes)], Field(discriminator="kind")]  # noqa: UP007
+                table = handler(TypeAdapter(union).core_schema)
         finally:
             _SCHEMAS_IN_PROGRESS.discard(self.kind)
+        # as_table also takes a plugin named by its kind alone (`geometry = "spherical"`), where
+        # its params all have defaults
+        named = sorted(
+            name
+            for name, entry in entries.items()
+            if not any(
+                field.is_required()
+                for key, field in entry.cls.Params.model_fields.items()
+                if key != "kind"
+            )
+        )
+        if not named:
+            return table
+        by_name = {"type": "string", "enum": named, "description": f"a {self.kind} by its kind"}
+        return {"anyOf": [by_name, table]}
 
 
 #: The plugin kinds whose JSON schema is being generated (the outer ones of a nested table).
