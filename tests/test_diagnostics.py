@@ -271,6 +271,16 @@ def test_r_squared() -> None:
     assert r_squared([2.0, 2.0], [1.0, 3.0]) is None
 
 
+def test_r_squared_of_no_pairs_is_none_without_a_warning() -> None:
+    """diagnose with pairs = 0 (the SmolLM2 prune study) fits nothing and says nothing."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert r_squared([], []) is None
+        assert r_squared([1.0], [2.0]) is None
+
+
 # -- spec ------------------------------------------------------------------------------------
 
 INFORMED = {

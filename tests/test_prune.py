@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -265,8 +266,8 @@ def test_compensate_is_a_prune_option_that_keeps_existing_keys() -> None:
     assert mean["compensate"] == "mean"
     with pytest.raises(ValueError, match="compensate"):
         PruneSpec.model_validate(table | {"compensate": "median"})
-    with pytest.raises(ValueError, match=r"heal.steps = 5.*compensate = \"none\""):
-        PruneSpec.model_validate(table | {"compensate": "mean", "heal": {"steps": 5}})
+    healed = PruneSpec.model_validate(table | {"compensate": "mean", "heal": {"steps": 5}})
+    assert healed.compensates(healed.arms[0])  # healing carries the compensation
 
 
 def test_an_arms_own_importance_and_compensate_keep_existing_keys() -> None:
@@ -281,26 +282,29 @@ def test_an_arms_own_importance_and_compensate_keep_existing_keys() -> None:
     default = PruneSpec.model_validate(table)
     assert default.importance_of(default.arms[0]).kind == "activation"
     assert not default.compensates(default.arms[0])
-    with pytest.raises(ValueError, match=r"arms\[0\] \('uniform'\) sets compensate = \"mean\""):
-        PruneSpec.model_validate({"arms": [table["arms"][0] | own], "heal": {"steps": 5}})
+    healed = PruneSpec.model_validate({"arms": [table["arms"][0] | own], "heal": {"steps": 5}})
+    assert healed.compensates(healed.arms[0])
 
 
-def test_a_model_with_a_down_projection_bias_is_not_imported_silently() -> None:
+def test_a_compensated_cut_imports_with_the_same_logits() -> None:
+    """Healing a compensated cut: geospec's engine computes what transformers computes with
+    the cut's biases (the means of the removed neurons), and stops when they are put away."""
     from geospec.engine.imported import import_llama, import_problem
 
     model = hf_models.llama()
     sites = find_ffn_sites(
         model, hf_models.WIDTH, lambda: logits_of(model, torch.zeros(1, 4, dtype=torch.long))
     )
-    assert import_problem(model) is None
-    with torch.no_grad(), pruned(sites, [list(range(80))] * 3, [40] * 3, [torch.ones(80)] * 3):
-        assert "bias compensation" in str(import_problem(model))
-        with pytest.raises(UsageError, match="bias compensation"):
-            import_llama(model, 16)
-    assert import_problem(model) is None
-
-
-# geospec prune end to end, on a small pretrained Llama checkpoint
+    ids = torch.randint(0, hf_models.VOCAB, (2, 12), generator=torch.Generator().manual_seed(0))
+    means = [torch.linspace(-1, 1, 80)] * 3
+    with torch.no_grad(), pruned(sites, [list(range(80))] * 3, [40, 80, 24], means):
+        assert import_problem(model) is None
+        imported = import_llama(model, 16)
+        assert imported.config.ffn_out_bias and imported.config.ffn_widths == [40, 80, 24]
+        expected = model(input_ids=ids).logits
+        got, _ = imported(ids)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert not import_llama(model, 16).config.ffn_out_bias  # the uncut model has none
 
 
 def word_checkpoint(directory: Path, bos: bool = False) -> Path:
@@ -721,6 +725,44 @@ def test_healing_fine_tunes_each_pruned_model_from_its_own_weights(tmp_path: Pat
     assert "| docs.jsonl, healed |" in (tmp_path / "run" / "prune" / "report.md").read_text()
 
 
+def test_a_healed_unit_exports_its_healed_model_with_the_compensation(tmp_path: Path) -> None:
+    """heal.steps with compensate = "mean" and export: the unit's model/ is the healed model,
+    compensation biases included, whether it is exported as the unit finishes or asked for
+    afterwards: read back by load_pruned (plain transformers), it computes the logits of the
+    engine's healed model and the healed loss recorded for the unit."""
+    from geospec.engine.checkpoint import load_model
+
+    arm = {"name": "flap", "schedule": {"kind": "flap"}, "compensate": "mean"}
+    heal = {"steps": 3, "lr": 0.01, "batch_size": 2}
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / "flap" / "seed-0"
+    spec = prune_spec(
+        tmp_path, arms=[PRUNE_SPEC["arms"][0], arm], keep=0.5,
+        calibration={"windows": 8, "seeds": [0]},
+        export=False, heal=heal,
+    )  # fmt: skip
+    ids = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(0))
+    for export, when in ((False, "never"), (True, "afterwards"), (True, "as it finishes")):
+        if when == "as it finishes":
+            shutil.rmtree(tmp_path / "run")
+        spec.write_text(spec.read_text().replace(f"export = {str(not export).lower()}",
+                                                 f"export = {str(export).lower()}"))  # fmt: skip
+        invoke("prune", str(spec))
+        if not export:
+            assert not (unit / "model").exists()
+            continue
+        healed = load_model(unit / "heal")
+        assert healed.config.ffn_out_bias
+        exported = geospec.load_pruned(unit / "model").eval()
+        assert exported.config.mlp_bias, when
+        with torch.no_grad():
+            expected, _ = healed(ids)
+            got = exported(input_ids=ids).logits
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+        record = json.loads((tmp_path / "run" / "prune.json").read_text())
+        flap = record["budgets"][0]["arms"]["flap"]
+        assert flap["healed_loss"]["docs.jsonl"]["0"] != flap["loss"]["docs.jsonl"]["0"]
+
+
 def test_healing_can_distil_from_the_unpruned_model(tmp_path: Path) -> None:
     """heal.distill = 1: each pruned model is trained on the KL divergence from the unpruned
     reference, imported into the engine (its heal run's fingerprint names the teacher's
@@ -992,10 +1034,7 @@ def test_one_finished_unit_is_exported_without_recomputing_any(tmp_path: Path) -
     """A prune that exported nothing, asked afterwards for one model (`export = ["ARM@KEEP"]`,
     or `geospec prune --export ARM@KEEP --to DIR`): the stage keeps its key, no unit is
     computed again, only that arm's units at that keep write their model, and the model in
-    --to (the checkpoint's tokenizer beside it) scores the unit's recorded loss."""
-    from geospec.measure.sensitivity import loss_batches
-    from geospec.prune.apply import eval_loss
-
+    --to (the checkpoint's tokenizer beside it) is the unit's, at its recorded widths."""
     spec = prune_spec(tmp_path, arms=PRUNE_SPEC["arms"][:2], export=False,
                       calibration={"windows": 8, "seeds": [0, 1]})  # fmt: skip
     invoke("prune", str(spec))
@@ -1030,6 +1069,10 @@ def test_one_finished_unit_is_exported_without_recomputing_any(tmp_path: Path) -
     widths = [int(layer.mlp.down_proj.in_features) for layer in model.model.layers]
     assert widths == record["widths"]
     assert not (to / "geospec-unit-key").exists()
+    unit = geospec.load_pruned(run / "prune" / "keep-0.5" / "flap" / "seed-1" / "model")
+    ids = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, unit(input_ids=ids).logits)
 
 
 @pytest.mark.parametrize(

@@ -255,7 +255,7 @@ def _llama(
         hidden_act="silu",
         tie_word_embeddings=config.tie_embeddings,
         attention_bias=config.bias,
-        mlp_bias=config.bias,
+        mlp_bias=config.bias or config.ffn_out_bias,
         bos_token_id=eos,
         eos_token_id=eos,
         # transformers 5 reads it into rope_parameters; 4.x keeps the attribute
@@ -289,6 +289,9 @@ def _llama(
                 q + "self_attn.k_proj.bias": bk,
                 q + "self_attn.v_proj.bias": bv,
                 q + "self_attn.o_proj.bias": b["proj.b"],
+            }
+        if config.bias or config.ffn_out_bias:  # the latter: zero gate and up biases
+            weights |= {
                 q + "mlp.gate_proj.bias": b["gate.b"],
                 q + "mlp.up_proj.bias": b["up.b"],
                 q + "mlp.down_proj.bias": b["down.b"],

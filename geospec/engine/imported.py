@@ -6,9 +6,12 @@ model can be trained further in geospec's engine, where every layer has its own 
 (healing a pruned model). Llama, Mistral without a sliding window, SmolLM2 and GGUF files that
 transformers loads as one of them are imported: grouped-query attention, tied or untied
 embeddings, the checkpoint's rope theta and norm epsilon. Each layer keeps its own FFN width (a
-pruned model's cut layers included). A checkpoint whose computation geospec's model does not
-reproduce (rope scaling, biases, another activation, a sliding window) is refused with one line
-saying what differs, and :func:`import_problem` lets a caller check before importing.
+pruned model's cut layers included), and so does a bias on the FFN's output (down) projection:
+the bias compensation a pruned model's cut adds (``prune.compensate``), which healing carries
+(zero gate and up biases, as a compensated export stores them, are dropped). A checkpoint whose
+computation geospec's model does not reproduce (rope scaling, attention biases, a non-zero gate
+or up bias, another activation, a sliding window) is refused with one line saying what differs,
+and :func:`import_problem` lets a caller check before importing.
 """
 
 from __future__ import annotations
@@ -28,12 +31,17 @@ def import_problem(model: Any) -> str | None:
         return f"a {getattr(config, 'model_type', type(model).__name__)} model (not Llama-family)"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"its activation is {config.hidden_act} (geospec's swiglu uses silu)"
-    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        return "it has attention or MLP biases"
+    if getattr(config, "attention_bias", False):
+        return "it has attention biases"
     layers = getattr(getattr(model, "model", None), "layers", None) or []
-    if any(getattr(layer.mlp.down_proj, "bias", None) is not None for layer in layers):
-        # a pruned model's compensation (prune.compensate) puts a bias on the down projection
-        return "its FFN output projections have biases (bias compensation)"
+    for layer in layers:
+        for name in ("gate_proj", "up_proj"):
+            bias = getattr(getattr(layer.mlp, name), "bias", None)
+            if bias is not None and bool(bias.detach().any()):
+                return f"its MLP's {name} has a non-zero bias"
+    down = [getattr(layer.mlp.down_proj, "bias", None) is not None for layer in layers]
+    if any(down) and not all(down):  # compensation gives every layer one
+        return "some of its FFN output projections have biases and some do not"
     # transformers 5 keeps rope_type in rope_parameters; 4.x a rope_scaling table (or None)
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
@@ -61,6 +69,8 @@ def import_llama(model: Any, seq_len: int) -> GPT:
     c = model.config
     layers = model.model.layers
     widths = [int(layer.mlp.down_proj.in_features) for layer in layers]
+    # a compensated cut's bias (a zero one where a layer kept every neuron)
+    out_bias = bool(layers) and layers[0].mlp.down_proj.bias is not None
     config = GPTConfig(
         vocab_size=c.vocab_size,
         n_layers=len(layers),
@@ -76,6 +86,7 @@ def import_llama(model: Any, seq_len: int) -> GPT:
         bias=False,
         tie_embeddings=bool(c.tie_word_embeddings),
         norm_eps=float(c.rms_norm_eps),
+        ffn_out_bias=out_bias,
     )
     source = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
     state = {"wte.weight": source["model.embed_tokens.weight"]}
@@ -95,8 +106,52 @@ def import_llama(model: Any, seq_len: int) -> GPT:
             ),
             b + "ffn.proj.weight": source[h + "mlp.down_proj.weight"],
         }
+        if out_bias:
+            state[b + "ffn.proj.bias"] = source[h + "mlp.down_proj.bias"]
     gpt = GPT(config)
     missing, unexpected = gpt.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise RuntimeError(f"import mapping incomplete: missing {missing}, unexpected {unexpected}")
     return gpt.eval()
+
+
+def load_into_llama(model: Any, gpt: GPT) -> None:
+    """Copy ``gpt``'s weights into ``model``, the Llama-family model it was imported from (by
+    :func:`import_llama`) with the same widths: the way back, so that a pruned model healed in
+    geospec's engine leaves as the transformers model it came in as. The shapes must match."""
+    c = gpt.config
+    layers = model.model.layers
+    widths = [int(layer.mlp.down_proj.in_features) for layer in layers]
+    if widths != c.ffn_widths:
+        raise UsageError(f"the FFN widths {c.ffn_widths} are not the model's {widths}")
+    out_bias = [layer.mlp.down_proj.bias is not None for layer in layers]
+    if c.ffn_out_bias != all(out_bias) or (any(out_bias) and not all(out_bias)):
+        raise UsageError("the FFN output biases of the healed model and the target differ")
+    state = gpt.state_dict()
+    d, kv = c.d_model, c.kv_width
+
+    def put(target: torch.nn.Parameter, value: torch.Tensor) -> None:
+        if target.shape != value.shape:
+            raise UsageError(f"a weight of shape {tuple(value.shape)} for {tuple(target.shape)}")
+        target.copy_(value.to(target.dtype))
+
+    with torch.no_grad():
+        put(model.model.embed_tokens.weight, state["wte.weight"])
+        put(model.model.norm.weight, state["norm_f.weight"])
+        if not c.tie_embeddings:
+            put(model.lm_head.weight, state["lm_head.weight"])
+        for i, layer in enumerate(layers):
+            b = f"blocks.{i}."
+            put(layer.input_layernorm.weight, state[b + "norm1.weight"])
+            put(layer.post_attention_layernorm.weight, state[b + "norm2.weight"])
+            q, k, v = state[b + "attn.qkv.weight"].split([d, kv, kv])
+            put(layer.self_attn.q_proj.weight, q)
+            put(layer.self_attn.k_proj.weight, k)
+            put(layer.self_attn.v_proj.weight, v)
+            put(layer.self_attn.o_proj.weight, state[b + "attn.proj.weight"])
+            gate, up = state[b + "ffn.fc.weight"].chunk(2)
+            put(layer.mlp.gate_proj.weight, gate)
+            put(layer.mlp.up_proj.weight, up)
+            put(layer.mlp.down_proj.weight, state[b + "ffn.proj.weight"])
+            if c.ffn_out_bias:
+                put(layer.mlp.down_proj.bias, state[b + "ffn.proj.bias"])

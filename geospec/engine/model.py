@@ -64,6 +64,9 @@ class GPTConfig:
     norm_eps: float | None = None
     """The norms' epsilon (None: GPT-2's 1e-5 for layernorm, 1e-6 for rmsnorm); set by a model
     imported from a pretrained checkpoint with its own (SmolLM2: 1e-5)."""
+    ffn_out_bias: bool = False
+    """Each FFN's output projection has a bias even where ``bias`` is False: a pruned model whose
+    cut added FLAP's bias compensation (``prune.compensate``), imported to be healed."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ffn_widths", [int(w) for w in self.ffn_widths])
@@ -106,6 +109,8 @@ class GPTConfig:
             del data["n_kv_heads"]
         if data["norm_eps"] is None:  # added later: configs of trained models read as before
             del data["norm_eps"]
+        if not data["ffn_out_bias"]:  # added later, likewise
+            del data["ffn_out_bias"]
         return data
 
     @classmethod
@@ -220,7 +225,7 @@ class FeedForward(nn.Module):
         self.swiglu = config.activation == "swiglu"
         hidden_out = 2 * width if self.swiglu else width
         self.fc = nn.Linear(config.d_model, hidden_out, bias=config.bias)
-        self.proj = nn.Linear(width, config.d_model, bias=config.bias)
+        self.proj = nn.Linear(width, config.d_model, bias=config.bias or config.ffn_out_bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,9 @@ class Shape:
     tie_embeddings: bool = True
     n_kv_heads: int | None = None
     """Key/value heads of grouped-query attention (None: one per query head)."""
+    ffn_out_bias: bool = False
+    """Each FFN's output projection has a bias although ``bias`` is False (a pruned model's
+    bias compensation, imported to heal it)."""
 
     @property
     def kv_width(self) -> int:
@@ -121,6 +124,8 @@ def count_params(shape: Shape, widths: Sequence[int]) -> int:
     )
     total += shape.n_layers * per_block_fixed
     total += sum(ffn_params(d, w, shape.activation, shape.bias) for w in widths)
+    if shape.ffn_out_bias and not shape.bias:
+        total += shape.n_layers * d
     total += norm_params(d, shape.norm, shape.bias)  # final norm
     return total
 

@@ -252,8 +252,10 @@ def r_squared(observed: Sequence[float], predicted: Sequence[float]) -> float | 
     no fitted coefficients (1: identical); None when ``observed`` is constant."""
     o = np.asarray(observed, dtype=np.float64)
     p = np.asarray(predicted, dtype=np.float64)
+    if len(o) < 2:  # before the spread: the mean of nothing warns (pairs = 0)
+        return None
     spread = float(((o - o.mean()) ** 2).sum())
-    if len(o) < 2 or spread == 0:
+    if spread == 0:
         return None
     return 1.0 - float(((o - p) ** 2).sum()) / spread
 

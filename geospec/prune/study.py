@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.disk import writing
-from geospec.layout import UNIT_FILE, UNIT_MODEL_DIR
+from geospec.layout import HEAL_DIR, UNIT_FILE, UNIT_MODEL_DIR
 from geospec.prune.units import EXPORTED_FILE, Unit, finished_unit, gather, has_model, units_of
 from geospec.prune.units import unit_key as key_of
 from geospec.spec.sections import PruneSpec
@@ -233,8 +233,16 @@ def prune_units(
             if stored is not None:  # finished, its model asked for since: written, not redone
                 means = work.means if prune.compensates(arm) else None
                 orders = work.orders[arm_importance[unit.arm]]
-                with torch.no_grad(), pruned(sites, orders, stored["widths"], compensation=means):
-                    export_unit(model, sites, stored["widths"], unit_dir / UNIT_MODEL_DIR, unit_key)
+                target = unit_dir / UNIT_MODEL_DIR
+                if "healed_loss" in stored:  # the model it hands out is the healed one
+                    export_healed(
+                        model, sites, orders, stored["widths"], means, unit_dir / HEAL_DIR,
+                        target, unit_key,
+                    )  # fmt: skip
+                else:
+                    cut = pruned(sites, orders, stored["widths"], compensation=means)
+                    with torch.no_grad(), cut:
+                        export_unit(model, sites, stored["widths"], target, unit_key)
                 results[unit] = stored
                 advance(1)
                 continue
@@ -293,13 +301,12 @@ def pruned_unit(
     export: bool = False,
 ) -> dict[str, Any]:
     """One pruned model (with ``compensation``, each layer's calibration means in place of its
-    cut neurons): its losses, FFN parameters, (with export) checkpoint, (with a healer) its
-    losses after healing and (with ``calibration``, a sweep's arm) its loss on the calibration
-    windows."""
+    cut neurons): its losses, FFN parameters, (with export) checkpoint (the healed model's,
+    with a healer), (with a healer) its losses after healing and (with ``calibration``, a
+    sweep's arm) its loss on the calibration windows."""
     import torch
 
     from geospec.engine.imported import import_llama
-    from geospec.layout import HEAL_DIR
     from geospec.prune.apply import eval_loss, ffn_parameters, pruned, window_losses
 
     imported = None
@@ -308,7 +315,7 @@ def pruned_unit(
         losses = {name: sum(values) / len(values) for name, values in windows.items()}
         own = None if calibration is None else eval_loss(model, calibration)
         params = ffn_parameters(sites)
-        if export:
+        if export and heal is None:
             export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR, key)
         else:  # an earlier computation's model is not this one's
             shutil.rmtree(unit_dir / UNIT_MODEL_DIR, ignore_errors=True)
@@ -321,7 +328,42 @@ def pruned_unit(
         result["calibration_loss"] = own
     if imported is not None and heal is not None:
         result["healed_loss"] = heal(unit, unit_dir / HEAL_DIR, key, imported)
+        if export:
+            export_healed(
+                model, sites, orders, widths, compensation, unit_dir / HEAL_DIR,
+                unit_dir / UNIT_MODEL_DIR, key,
+            )  # fmt: skip
     return result
+
+
+def export_healed(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    orders: Sequence[Sequence[int]],
+    widths: Sequence[int],
+    compensation: Sequence[torch.Tensor] | None,
+    heal_dir: Path,
+    directory: Path,
+    key: str,
+) -> None:
+    """Export the unit's healed model (trained in ``heal_dir``) as :func:`export_unit` exports a
+    pruned one: ``model`` is cut as the unit was, the healed weights are copied into it
+    (:func:`geospec.engine.imported.load_into_llama`), written, and ``model``'s own weights put
+    back, so the export is the checkpoint's family, config and dtype with the healed values."""
+    import torch
+
+    from geospec.engine.checkpoint import load_model
+    from geospec.engine.imported import load_into_llama
+    from geospec.prune.apply import pruned
+
+    healed = load_model(heal_dir, torch.device("cpu"))
+    with torch.no_grad(), pruned(sites, orders, widths, compensation=compensation):
+        own = {name: value.clone() for name, value in model.state_dict().items()}
+        try:
+            load_into_llama(model, healed)
+            export_unit(model, sites, widths, directory, key)
+        finally:
+            model.load_state_dict(own)
 
 
 def export_unit(

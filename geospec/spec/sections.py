@@ -690,20 +690,6 @@ class PruneSpec(Section):
                     f"export[{i}]: {entry!r} names keep {keep:g}, which is not one of the keep "
                     f"fractions {self.fractions}"
                 )
-        if self.compensate != "none" and self.heal.steps > 0:
-            raise ValueError(
-                f'compensate = "{self.compensate}" with heal.steps = {self.heal.steps}: healing '
-                "imports the pruned model into geospec's engine, which has no FFN output bias to "
-                'carry the compensation yet; set compensate = "none" or heal.steps = 0'
-            )
-        for i, arm in enumerate(self.arms):
-            if arm.compensate == "mean" and self.heal.steps > 0:
-                raise ValueError(
-                    f'arms[{i}] ({arm.name!r}) sets compensate = "mean" with heal.steps = '
-                    f"{self.heal.steps}: healing imports the pruned model into geospec's engine, "
-                    "which has no FFN output bias to carry the compensation yet; drop the arm's "
-                    "compensate or set heal.steps = 0"
-                )
         return self
 
 
