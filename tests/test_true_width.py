@@ -193,3 +193,24 @@ def test_an_export_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     with pytest.raises(UsageError, match="not empty"):
         export_pruned(model, sites, [80, 80, 80], tmp_path / "taken")
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["file"]
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["true-width", "padded"])
+def test_a_quantised_sources_config_is_not_carried_into_the_export(
+    padded: bool, tmp_path: Path
+) -> None:
+    """A GGUF source leaves transformers' GgufConfig (quant_method gguf) on the model's config;
+    the export's weights are the de-quantised tensors, so its config.json names no quantisation
+    and plain transformers loads it without looking for a GGUF file."""
+    model = hf_models.llama()
+    model.config.quantization_config = hf.GgufConfig(gguf_file="model.gguf")
+    sites = find_ffn_sites(model, hf_models.WIDTH, lambda: logits_of(model, IDS[:1]))
+    widths = [40, 40, 40]  # one width: AutoModelForCausalLM reads the true-width export too
+    with torch.no_grad(), pruned(sites, [list(range(80))] * 3, widths):
+        expected = model(IDS).logits
+        export_pruned(model, sites, widths, tmp_path / "out", padded=padded)
+    assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
+    assert model.config.quantization_config is not None  # the live model's config is its own
+    loaded = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(IDS).logits, expected, atol=1e-6, rtol=1e-6)

@@ -269,7 +269,12 @@ def export_pruned(
     from transformers import AutoModelForCausalLM
 
     from geospec.atomic import atomic_directory
-    from geospec.prune.true_width import parameter_counts, save_true_width, width_key
+    from geospec.prune.true_width import (
+        export_config,
+        parameter_counts,
+        save_true_width,
+        width_key,
+    )
 
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise UsageError(f"{directory}: already exists and is not empty; give a new directory")
@@ -279,8 +284,7 @@ def export_pruned(
         note += "geospec.load_pruned)"
         return save_true_width(model, widths, directory, note, zero_biases)
     true, padded_parameters = parameter_counts(model, widths)
-    original: Any = model.config
-    config = type(original).from_dict(original.to_dict())
+    config = export_config(model)
     padded_width = max(widths)
     setattr(config, width_key(config), padded_width)
     config.geospec = {  # as geospec export records a trained model's widths

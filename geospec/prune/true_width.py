@@ -156,6 +156,18 @@ def set_widths(model: nn.Module, widths: Sequence[int]) -> None:
             cut_ffn(mlp, range(width))
 
 
+def export_config(model: Any) -> Any:
+    """A copy of ``model``'s config to save beside its exported weights: without the
+    ``quantization_config`` a quantised source leaves on it (a GGUF's ``quant_method: gguf``),
+    since the weights written are the live, de-quantised tensors; a loader that read it would
+    look for a quantised file that is not there."""
+    original: Any = model.config
+    config = type(original).from_dict(original.to_dict())
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+    return config
+
+
 def save_true_width(
     model: Any,
     widths: Sequence[int],
@@ -175,8 +187,7 @@ def save_true_width(
     built = [ffn_width(mlp) for mlp in mlps(model)]
     if built != widths:
         raise UsageError(f"the model's FFN widths {built} are not the widths {widths} to store")
-    original: Any = model.config
-    config = type(original).from_dict(original.to_dict())
+    config = export_config(model)
     setattr(config, width_key(config), max(widths))
     if zero_biases:
         config.mlp_bias = True
