@@ -1090,3 +1090,104 @@ def test_a_bad_export_request_is_one_line(tmp_path: Path, args: list[str], messa
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert message in result.output
     assert not (tmp_path / "run" / "prune").exists()
+
+
+def unit_records(run: Path) -> dict[str, bytes]:
+    """Every unit's result.json, as bytes, by ``keep-F/ARM/seed-K``."""
+    return {
+        str(path.parent.relative_to(run / "prune")): path.read_bytes()
+        for path in sorted((run / "prune").glob("keep-*/*/seed-*/result.json"))
+    }
+
+
+def test_a_subset_of_the_units_is_computed_and_a_full_prune_reuses_it(tmp_path: Path) -> None:
+    """`geospec prune --arms cosine --keep 0.5` computes cosine's units (uneven widths) at keep
+    0.5 (every calibration seed's) and no other, writes no prune.json and leaves the stage
+    unrecorded, naming what is missing; the prune without the flags keeps its key (each subset
+    unit's recorded key is the unit key of the full prune's), reuses those units byte for byte
+    and computes the rest; the subset's units are those a prune of every unit computes afresh."""
+    from geospec.prune.units import Unit, unit_key
+
+    table = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "cosine", "schedule": {"kind": "cosine", "start": 1.2, "end": 0.8}},
+    ]
+    spec = prune_spec(tmp_path, arms=table, export=False,
+                      calibration={"windows": 8, "seeds": [0, 1]})  # fmt: skip
+    run = tmp_path / "run"
+    output = invoke("prune", str(spec), "--arms", "cosine", "--keep", "0.5")
+    subset = unit_records(run)
+    assert set(subset) == {"keep-0.5/cosine/seed-0", "keep-0.5/cosine/seed-1"}
+    assert len(set(json.loads(subset["keep-0.5/cosine/seed-0"])["widths"])) > 1
+    assert not (run / "prune.json").exists()
+    assert "prune" not in json.loads((run / "stages.json").read_text())
+    said = " ".join(output.split())
+    assert "6 unit(s) not chosen by --arms/--keep are not computed" in said
+    for group in ("uniform@0.75 (seed 0, 1)", "cosine@0.75 (seed 0, 1)", "uniform@0.5 (seed 0, 1)"):
+        assert group in said
+    assert "without --arms and --keep" in said
+
+    again = invoke("prune", str(spec), "--keep", "0.5", "--arms", "cosine")  # nothing to compute
+    assert unit_records(run) == subset and "pruned models" not in again
+
+    invoke("prune", str(spec))
+    every = unit_records(run)
+    assert len(every) == 8 and {name: every[name] for name in subset} == subset
+    key = json.loads((run / "prune.json").read_text())["key"]
+    assert json.loads((run / "stages.json").read_text())["prune"] == key
+    for name, data in subset.items():
+        keep, arm, seed = name.split("/")
+        unit = Unit(float(keep.removeprefix("keep-")), arm, int(seed.removeprefix("seed-")))
+        assert json.loads(data)["key"] == unit_key(key, unit)
+    rerun = invoke("prune", str(spec), "--arms", "uniform")  # finished: the whole report
+    assert "prune: up to date" in rerun and "## Pruning the reference" in rerun
+
+    # what the subset computed is what a prune of every unit computes from scratch
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    invoke("prune", str(prune_spec(fresh, arms=table, export=False,
+                                   calibration={"windows": 8, "seeds": [0, 1]})))  # fmt: skip
+    for name, data in subset.items():
+        ours, theirs = json.loads(data), json.loads(unit_records(fresh / "run")[name])
+        assert (ours["widths"], ours["loss"]) == (theirs["widths"], theirs["loss"])
+
+
+def test_a_grid_arm_is_chosen_by_its_name_or_a_settings(tmp_path: Path) -> None:
+    """--arms with an expanded grid arm's name computes that setting alone; with the grid arm's
+    name, every setting (the one already computed reused)."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "owl", "schedule": {"kind": "owl"}, "grid": {"lam": [0.02, 0.2]}},
+    ]
+    spec = prune_spec(tmp_path, arms=arms, keep=0.5, export=False,
+                      calibration={"windows": 4, "seeds": [0]})  # fmt: skip
+    run = tmp_path / "run"
+    invoke("prune", str(spec), "--arms", "owl-lam0.2")
+    first = unit_records(run)
+    assert set(first) == {"keep-0.5/owl-lam0.2/seed-0"}
+    output = invoke("prune", str(spec), "--arms", "owl")
+    records = unit_records(run)
+    assert set(records) == {"keep-0.5/owl-lam0.02/seed-0", "keep-0.5/owl-lam0.2/seed-0"}
+    assert records["keep-0.5/owl-lam0.2/seed-0"] == first["keep-0.5/owl-lam0.2/seed-0"]
+    assert "uniform@0.5 (seed 0)" in " ".join(output.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--arms", "flap,nothing"], "--arms: no [prune] arm is named 'nothing'"),
+        (["--keep", "0.3"], "--keep 0.3: not one of prune.keep 0.75, 0.5"),
+        (["--keep", "half"], "--keep half: give values separated by commas"),
+        (["--arms", ","], "--arms ,: give values separated by commas"),
+        (
+            ["--arms", "flap", "--export", "uniform@0.5", "--to", "x"],
+            "--export uniform@0.5: --arms/--keep leave this unit out",
+        ),
+    ],
+)
+def test_a_bad_unit_choice_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    spec = prune_spec(tmp_path, arms=PRUNE_SPEC["arms"][:2], export=False)
+    result = CliRunner().invoke(cli, ["prune", str(spec), *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "prune").exists()

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple, TypeVar
 
 import click
 
 from geospec.cli.console import plugin_option, set_option, spec_argument
 from geospec.cli.until import from_option, out_option, run_until
 from geospec.errors import UsageError
-from geospec.spec.sections import Spec
+from geospec.spec.sections import PruneSpec, Spec
 
 
 @click.command()
@@ -20,6 +21,18 @@ from geospec.spec.sections import Spec
 @out_option
 @set_option
 @plugin_option
+@click.option(
+    "--arms",
+    metavar="A,B",
+    help="Compute only these arms' units (a grid arm's name: every setting); the prune stays "
+    "unfinished, and says which units are missing, until a run without --arms computes them.",
+)
+@click.option(
+    "--keep",
+    "keep_fractions",
+    metavar="0.5,0.75",
+    help="Compute only the units at these keep fractions (of prune.keep); like --arms.",
+)
 @click.option(
     "--export",
     "export_unit",
@@ -44,6 +57,8 @@ def prune(
     from_stage: str | None,
     out: Path | None,
     overrides: tuple[str, ...],
+    arms: str | None,
+    keep_fractions: str | None,
     export_unit: str | None,
     seed: int | None,
     to: Path | None,
@@ -59,6 +74,10 @@ def prune(
     With --export ARM@KEEP --to DIR, also one pruned model as a directory that
     geospec.load_pruned reads (the checkpoint's tokenizer beside it), the units' other work
     reused: `geospec prune SPEC --export flap@0.5 --to flap-half`.
+
+    With --arms A,B and/or --keep F,G, only those units (every calibration seed's): each is
+    recorded as it finishes, and a later `geospec prune SPEC` reuses them and computes the rest
+    (prune.json and the comparison wait for every unit).
     """
     from geospec.atomic import atomic_write_text
     from geospec.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
@@ -72,19 +91,26 @@ def prune(
         )
     if to is not None and to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+    choice = Choice(_listed("--arms", arms, str), _listed("--keep", keep_fractions, float))
     wanted: list[tuple[float, str, int]] = []
-    adapt = _has_prune(spec_path, export_unit, seed, wanted)
-    done = run_until("prune", spec_path, overrides, from_stage, out, adapt=adapt)
+    adapt = _has_prune(spec_path, export_unit, seed, wanted, choice)
+    done = run_until(
+        "prune", spec_path, overrides, from_stage, out, adapt=adapt,
+        prune_arms=choice.arms, prune_keep=choice.keep,
+    )  # fmt: skip
     if done is None:
         return  # under torchrun, rank 0 alone reports
     spec, run_dir = done
     record = read_prune(run_dir)
-    if record is None:
+    if record is not None:
+        text = prune_markdown(record, compare=spec.report.compare)
+        atomic_write_text(run_dir / PRUNE_DIR / REPORT_FILE, text)
+        click.echo(text)
+        click.echo(f"\nprune: {run_dir / PRUNE_FILE}, {run_dir / PRUNE_DIR / REPORT_FILE}")
+    elif choice.arms is None and choice.keep is None:
         raise UsageError(f"{run_dir}: the prune stage wrote no {PRUNE_FILE}")
-    text = prune_markdown(record, compare=spec.report.compare)
-    atomic_write_text(run_dir / PRUNE_DIR / REPORT_FILE, text)
-    click.echo(text)
-    click.echo(f"\nprune: {run_dir / PRUNE_FILE}, {run_dir / PRUNE_DIR / REPORT_FILE}")
+    else:  # the stage has said which units --arms/--keep left out
+        click.echo(f"prune: the chosen units are in {run_dir / PRUNE_DIR}; no {PRUNE_FILE} yet")
     if wanted and to is not None:
         from geospec.layout import prune_unit_dir
         from geospec.prune.exports import export_with_tokenizer
@@ -93,22 +119,52 @@ def prune(
         click.echo(export_with_tokenizer(prune_unit_dir(run_dir, keep, arm, chosen), to))
 
 
+class Choice(NamedTuple):
+    """``--arms`` and ``--keep`` as given (None: every arm, every keep fraction)."""
+
+    arms: list[str] | None = None
+    keep: list[float] | None = None
+
+
+T = TypeVar("T")
+
+
+def _listed(option: str, text: str | None, kind: Callable[[str], T]) -> list[T] | None:
+    """A comma-separated option's values (one line, exit 2, when one is not a ``kind``)."""
+    if text is None:
+        return None
+    try:
+        values = [kind(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        example = "flap,owl" if option == "--arms" else "0.5,0.75"
+        raise UsageError(f"{option} {text}: give values separated by commas ({option} {example})")
+    return values
+
+
 def _has_prune(
     spec_path: Path,
     export: str | None = None,
     seed: int | None = None,
     wanted: list[tuple[float, str, int]] | None = None,
+    choice: Choice | None = None,
 ) -> Callable[[Spec], Spec]:
-    """A check that the spec has a [prune] section (one line naming the file, exit 2); with
-    ``export`` (``ARM@KEEP``), the spec exporting that unit group too, the unit appended to
-    ``wanted`` (keep, arm, seed)."""
+    """A check that the spec has a [prune] section (one line naming the file, exit 2) whose arms
+    and keep fractions ``choice`` names; with ``export`` (``ARM@KEEP``, one of the chosen
+    units), the spec exporting that unit group too, the unit appended to ``wanted`` (keep, arm,
+    seed). Checked when the spec is loaded, before any stage runs."""
 
     def check(spec: Spec) -> Spec:
+        from geospec.prune.units import Unit, chosen_units
+
         if spec.prune is None:
             raise UsageError(f"{spec_path}: no [prune] section; add one (docs/prune.md)")
+        prune = spec.prune
+        if choice is not None:
+            _check_choice(prune, choice)
         if export is None:
             return spec
-        prune = spec.prune
         arm, _, text = export.rpartition("@")
         names = [a.name for a in prune.arms]
         try:
@@ -129,6 +185,10 @@ def _has_prune(
             raise UsageError(
                 f"--seed {chosen}: not one of prune.calibration.seeds {', '.join(map(str, seeds))}"
             )
+        if choice is not None and Unit(keep, arm, chosen) not in chosen_units(
+            prune, choice.arms, choice.keep
+        ):
+            raise UsageError(f"--export {export}: --arms/--keep leave this unit out; choose it too")
         if wanted is not None:
             wanted.append((keep, arm, chosen))
         if prune.exports(keep, arm):
@@ -138,3 +198,18 @@ def _has_prune(
         return spec.model_copy(update={"prune": exported})
 
     return check
+
+
+def _check_choice(prune: PruneSpec, choice: Choice) -> None:
+    """--arms names arms (or grid arms) and --keep fractions of prune.keep (one line, exit 2)."""
+    for name in choice.arms or ():
+        if not prune.arms_named(name):
+            arms = [*prune.sweeps, *(arm.name for arm in prune.arms)]
+            raise UsageError(f"--arms: no [prune] arm is named {name!r}; the arms are "
+                             + ", ".join(arms))  # fmt: skip
+    for keep in choice.keep or ():
+        if keep not in prune.fractions:
+            raise UsageError(
+                f"--keep {keep:g}: not one of prune.keep "
+                + ", ".join(f"{k:g}" for k in prune.fractions)
+            )

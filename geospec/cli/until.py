@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,14 @@ def run_until(
     from_stage: str | None,
     out: Path | None,
     adapt: Callable[[Spec], Spec] = lambda spec: spec,
+    prune_arms: Sequence[str] | None = None,
+    prune_keep: Sequence[float] | None = None,
 ) -> tuple[Spec, Path] | None:
-    """Load the spec (``--set`` applied, then ``adapt``: a command enabling its own stage), run
-    the stages up to ``stage`` and return the spec and run directory; None on the ranks other
-    than 0 under torchrun, which report nothing."""
+    """Load the spec (``--set`` applied, then ``adapt``: a command enabling its own stage and
+    checking its options), run the stages up to ``stage`` (only the prune units ``prune_arms``
+    and ``prune_keep`` choose: :func:`~geospec.pipeline.executor.run_pipeline`) and return the
+    spec and run directory; None on the ranks other than 0 under torchrun, which report
+    nothing."""
     from geospec.cli.console import stderr, warn_broken_plugins
     from geospec.pipeline.executor import run_pipeline
     from geospec.spec.loading import load_spec
@@ -55,6 +59,8 @@ def run_until(
         until_stage=stage,
         run_dir=run_dir,
         console=stderr(),  # what each stage does; the command prints its result to stdout
+        prune_arms=prune_arms,
+        prune_keep=prune_keep,
     )
     if os.environ.get("RANK", "0") != "0":
         return None

@@ -43,6 +43,11 @@ class RunContext:
     """Train only these arms (``geospec run --arms``; None: every arm)."""
     seeds: tuple[int, ...] | None = None
     """Train only these seeds (``geospec run --seeds``; None: every seed)."""
+    prune_arms: tuple[str, ...] | None = None
+    """Compute only these [prune] arms' units (``geospec prune --arms``: an arm's name, or a
+    grid arm's for every setting; None: every arm)."""
+    prune_keep: tuple[float, ...] | None = None
+    """Compute only the units at these keep fractions (``geospec prune --keep``; None: all)."""
 
     @property
     def is_main(self) -> bool:

@@ -74,6 +74,8 @@ def run_pipeline(
     overrides: Sequence[str] = (),
     arms: Sequence[str] | None = None,
     seeds: Sequence[int] | None = None,
+    prune_arms: Sequence[str] | None = None,
+    prune_keep: Sequence[float] | None = None,
 ) -> list[str]:
     """Run the stages in order; returns the stages that did work (empty: already up to date).
 
@@ -82,7 +84,9 @@ def run_pipeline(
     ``overrides``: the ``--set`` values ``spec`` was loaded with (a launcher whose later job runs
     the pipeline again passes them on). ``arms``, ``seeds``: train only these (the train stage
     then stays unfinished while other runs are untrained, and the report says which are
-    missing); each must be one of the spec's.
+    missing); each must be one of the spec's. ``prune_arms``, ``prune_keep``: likewise compute
+    only these prune units (:attr:`RunContext.prune_arms`); the prune stage then stays unfinished
+    while other units are missing.
     """
     for option, value in (("--from", from_stage), ("--until", until_stage)):
         if value is not None and value not in STAGES:
@@ -105,6 +109,8 @@ def run_pipeline(
             overrides=tuple(overrides),
             arms=None if arms is None else tuple(arms),
             seeds=None if seeds is None else tuple(seeds),
+            prune_arms=None if prune_arms is None else tuple(prune_arms),
+            prune_keep=None if prune_keep is None else tuple(prune_keep),
         )
         if run.is_main:
             prepare_run_dir(run.run_dir)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -144,9 +144,12 @@ def prune_units(
     console: Console,
     say: Callable[[str], None],
     heal: Healer | None,
-) -> dict[str, Any]:
-    """Compute (or reuse) every unit, writing each unit's record as it finishes, and return
-    ``prune.json``'s content (:func:`geospec.prune.units.gather`)."""
+    left_out: Collection[Unit] = (),
+) -> dict[str, Any] | None:
+    """Compute (or reuse) every unit but those ``left_out`` (``geospec prune --arms/--keep``),
+    writing each unit's record as it finishes, and return ``prune.json``'s content
+    (:func:`geospec.prune.units.gather`); None when units were left out, since it gathers every
+    unit."""
     import torch
 
     from geospec.engine.progress import stage_progress
@@ -205,7 +208,7 @@ def prune_units(
     )
     with torch.no_grad():
         reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
-    units = units_of(prune)
+    units = [unit for unit in units_of(prune) if unit not in left_out]
     results: dict[Unit, dict[str, Any]] = {}
     scored: dict[int, Scored] = {}  # by calibration seed
     profiles: dict[int, Mapping[str, Sequence[float]]] = {}  # by calibration seed, when needed
@@ -273,6 +276,8 @@ def prune_units(
             atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
             results[unit] = result
             advance(1)
+    if left_out:
+        return None
     record = gather(prune, dims, reference, results, width, len(sites))
     for budget in record["budgets"]:
         for sweep, found in budget.get("sweeps", {}).items():

@@ -52,6 +52,29 @@ def missing_exports(prune: PruneSpec, stage_key: str, run_dir: Path) -> list[Uni
     ]
 
 
+def is_finished(prune: PruneSpec, stage_key: str, run_dir: Path, unit: Unit) -> bool:
+    """Whether the unit's record holds its key and, when ``prune.export`` asks for its model,
+    the model is written: nothing is left to do for it."""
+    unit_dir, key = unit.directory(run_dir), unit_key(stage_key, unit)
+    return finished_unit(unit_dir, key) is not None and (
+        not prune.exports(unit.keep, unit.arm) or has_model(unit_dir, key)
+    )
+
+
+def chosen_units(
+    prune: PruneSpec, arms: Sequence[str] | None, keep: Sequence[float] | None
+) -> list[Unit]:
+    """The units ``geospec prune --arms A,B --keep F,G`` computes (None: every arm, every keep
+    fraction); a grid arm's name chooses every setting of its grid (:meth:`PruneSpec.
+    arms_named`)."""
+    names = None if arms is None else {found for name in arms for found in prune.arms_named(name)}
+    return [
+        unit
+        for unit in units_of(prune)
+        if (names is None or unit.arm in names) and (keep is None or unit.keep in keep)
+    ]
+
+
 def units_of(prune: PruneSpec) -> list[Unit]:
     """Every unit of a prune, in the order they are computed (a calibration seed's units
     together: its scores are computed once)."""

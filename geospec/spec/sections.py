@@ -658,6 +658,11 @@ class PruneSpec(Section):
                 found.setdefault(arm.sweep, []).append(arm.name)
         return found
 
+    def arms_named(self, name: str) -> list[str]:
+        """The arms ``name`` chooses (``geospec prune --arms``): the arm of that name, or every
+        setting of the grid arm of that name (its expanded arms' names are spelled out)."""
+        return [arm.name for arm in self.arms if name in (arm.name, arm.sweep)]
+
     def exports(self, keep: float, arm: str) -> bool:
         """Whether the units of ``arm`` at ``keep`` write their model (``export``)."""
         if isinstance(self.export, bool):

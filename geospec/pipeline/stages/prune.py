@@ -27,13 +27,13 @@ from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.errors import GeospecError
 from geospec.layout import PRUNE_FILE
-from geospec.pipeline.context import Plan, RunContext, Upstream
+from geospec.pipeline.context import INCOMPLETE, Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section
 from geospec.pipeline.run_dir import PRUNE_KEYS
 from geospec.pipeline.stages.demand import DemandStage
 from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.probe import Probe
-from geospec.prune.units import missing_exports
+from geospec.prune.units import chosen_units, is_finished, missing_exports, units_of
 from geospec.spec.resolve import measures
 from geospec.spec.sections import (
     DIAGNOSTIC_PROFILES,
@@ -152,8 +152,10 @@ class PruneStage:
                 names.update(schedule.required_profiles())
         return sorted(names)
 
-    def write(self, run: RunContext, key: str, profiles: dict[str, list[float]]) -> dict[str, Any]:
-        """Every unit (reused where its key matches), then prune.json."""
+    def write(self, run: RunContext, key: str, profiles: dict[str, list[float]]) -> Any:
+        """Every unit (reused where its key matches), then prune.json; with ``geospec prune
+        --arms/--keep``, the chosen units, and prune.json only once no other unit is missing
+        (until then the stage is unfinished: :data:`INCOMPLETE`)."""
         from geospec.pipeline.stages.reference import load_reference
         from geospec.prune.corpora import eval_batches
         from geospec.prune.heal import check_healable
@@ -161,6 +163,11 @@ class PruneStage:
 
         prune = self.prune
         assert prune is not None
+        chosen = chosen_units(prune, run.prune_arms, run.prune_keep)
+        todo = [unit for unit in units_of(prune) if not is_finished(prune, key, run.run_dir, unit)]
+        left_out = [unit for unit in todo if unit not in chosen]
+        if left_out and len(left_out) == len(todo):  # the chosen ones are done: nothing to load
+            return self.unfinished(run, left_out)
         model, d_model = load_reference(run, self.reference)
         check_healable(model, prune.heal)
         device = next(model.parameters()).device
@@ -179,9 +186,31 @@ class PruneStage:
             model, d_model, inputs, data.train, corpora, run.run_dir,
             console=run.console, say=run.say,
             heal=self.healer(run, corpora, model) if prune.heal.steps > 0 else None,
+            left_out=left_out,
         )  # fmt: skip
+        if record is None:
+            return self.unfinished(run, left_out)
         atomic_write_json(run.run_dir / PRUNE_FILE, sealed({**record, "key": key}))
         return record
+
+    def unfinished(self, run: RunContext, left_out: list[Unit]) -> Any:
+        """Say which units --arms/--keep left out and how to compute them; the stage stays
+        unfinished (its key unrecorded), so the next prune computes them, reusing the others."""
+        seeds: dict[str, list[int]] = {}  # by ARM@KEEP, as --export names a unit group
+        for unit in left_out:
+            seeds.setdefault(f"{unit.arm}@{unit.keep:g}", []).append(unit.seed)
+        names = ", ".join(
+            f"{name} (seed {', '.join(map(str, found))})" for name, found in seeds.items()
+        )
+        run.say(
+            f"[yellow]![/] prune: {len(left_out)} unit(s) not chosen by --arms/--keep are not "
+            f"computed: {names}; prune.json and the report wait for them. Run the same command "
+            "without --arms and --keep to compute them (the units computed so far are reused)"
+        )
+        # an older prune.json was gathered from other units (another key, or a unit since
+        # lost): it must not be read as this prune's
+        (run.run_dir / PRUNE_FILE).unlink(missing_ok=True)
+        return INCOMPLETE
 
     def redrawn_profiles(
         self, run: RunContext, model: nn.Module, width: int, needed: set[str]
