@@ -761,6 +761,49 @@ def test_a_healed_unit_exports_its_healed_model_with_the_compensation(tmp_path: 
         record = json.loads((tmp_path / "run" / "prune.json").read_text())
         flap = record["budgets"][0]["arms"]["flap"]
         assert flap["healed_loss"]["docs.jsonl"]["0"] != flap["loss"]["docs.jsonl"]["0"]
+        # the checkpoint's tokenizer beside it: AutoTokenizer reads the export as it is
+        text = json.loads((tmp_path / "other.jsonl").read_text().splitlines()[0])["text"]
+        own = hf.AutoTokenizer.from_pretrained(tmp_path / "model")(text)["input_ids"]
+        assert hf.AutoTokenizer.from_pretrained(unit / "model")(text)["input_ids"] == own
+
+
+def test_exports_are_written_in_the_checkpoints_dtype_or_the_one_named(tmp_path: Path) -> None:
+    """A bf16 checkpoint's pruned models are bf16 (half a float32 export's size) although they
+    are computed in reference.dtype (float32); export_dtype names another, and changing it
+    writes the models again without computing any unit again (the stage keeps its key)."""
+    from safetensors import safe_open
+
+    spec = prune_spec(tmp_path, arms=PRUNE_SPEC["arms"][:2], keep=0.5,
+                      calibration={"windows": 8, "seeds": [0]})  # fmt: skip
+    checkpoint = tmp_path / "model"
+    hf.AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).save_pretrained(
+        checkpoint
+    )
+    assert json.loads((checkpoint / "config.json").read_text())["dtype"] == "bfloat16"
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / "flap" / "seed-0"
+
+    def stored() -> set[torch.dtype]:
+        with safe_open(str(unit / "model" / "model.safetensors"), "pt") as file:
+            return {file.get_tensor(name).dtype for name in file.keys()}  # noqa: SIM118
+
+    invoke("prune", str(spec))
+    assert stored() == {torch.bfloat16}
+    assert json.loads((unit / "model" / "config.json").read_text())["dtype"] == "bfloat16"
+    ids = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        half = geospec.load_pruned(unit / "model", dtype=torch.float32)(input_ids=ids).logits
+    record = (unit / "result.json").read_bytes()
+    key = json.loads((tmp_path / "run" / "prune.json").read_text())["key"]
+    data = tomlkit.parse(spec.read_text())
+    data["prune"]["export_dtype"] = "float32"
+    spec.write_text(tomlkit.dumps(data))
+    invoke("prune", str(spec))
+    assert stored() == {torch.float32}
+    assert (unit / "result.json").read_bytes() == record  # written again, not computed again
+    assert json.loads((tmp_path / "run" / "prune.json").read_text())["key"] == key
+    with torch.no_grad():  # the same pruned model, its weights rounded to bf16 or not
+        full = geospec.load_pruned(unit / "model")(input_ids=ids).logits
+    torch.testing.assert_close(half, full, atol=0.05, rtol=0.05)
 
 
 def test_healing_can_distil_from_the_unpruned_model(tmp_path: Path) -> None:

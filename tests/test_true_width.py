@@ -179,7 +179,7 @@ def test_an_export_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyP
     model = hf_models.llama()
     sites = find_ffn_sites(model, hf_models.WIDTH, lambda: logits_of(model, IDS[:1]))
 
-    def full_disk(model: object, path: Path, extra: object) -> None:
+    def full_disk(model: object, path: Path, extra: object, dtype: object) -> None:
         path.write_bytes(b"partial")
         raise OSError(28, "No space left on device")
 

@@ -255,6 +255,7 @@ def export_pruned(
     widths: Sequence[int],
     directory: Path,
     padded: bool = False,
+    dtype: str | None = None,
 ) -> Stored:
     """Save the (currently pruned) Hugging Face ``model`` to the new ``directory``, atomically (a
     staging directory renamed into place), the true widths in ``config.json``'s geospec block.
@@ -265,7 +266,8 @@ def export_pruned(
     returned :class:`Stored`'s ``note`` says what the padding costs. A bias the cut gave an
     output projection (compensation) is carried: a Llama-family config is saved with
     ``mlp_bias = True`` and zero biases where the model has none; a config without an MLP bias
-    is a :class:`UsageError` (:func:`compensated_export_problem`)."""
+    is a :class:`UsageError` (:func:`compensated_export_problem`). ``dtype`` ("bfloat16", ...):
+    the weights' (None: the model's own)."""
     from transformers import AutoModelForCausalLM
 
     from geospec.atomic import atomic_directory
@@ -282,7 +284,8 @@ def export_pruned(
     if not padded:
         note = "pruned by geospec prune; FFN layers stored at their true widths (load with "
         note += "geospec.load_pruned)"
-        return save_true_width(model, widths, directory, note, zero_biases)
+        stored = None if dtype is None else getattr(torch, dtype)
+        return save_true_width(model, widths, directory, note, zero_biases, stored)
     true, padded_parameters = parameter_counts(model, widths)
     config = export_config(model)
     padded_width = max(widths)
@@ -314,7 +317,8 @@ def export_pruned(
                 state[f"{key}.bias"] = _pad(state[f"{key}.bias"], 0, extra)
         key = f"{prefix}.{layout.output}.weight"
         state[key] = _pad(state[key], 0 if layout.transposed else 1, extra)
-    exported = AutoModelForCausalLM.from_config(config, dtype=next(model.parameters()).dtype)
+    weights = next(model.parameters()).dtype if dtype is None else getattr(torch, dtype)
+    exported = AutoModelForCausalLM.from_config(config, dtype=weights)
     missing, unexpected = exported.load_state_dict(state, strict=False)
     tied = {k for k in missing if "lm_head" in k} if config.tie_word_embeddings else set()
     if set(missing) - tied or unexpected:

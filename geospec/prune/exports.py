@@ -5,6 +5,7 @@ where the run recorded it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import tempfile
@@ -72,6 +73,28 @@ def run_tokenizer_source(unit: Path) -> Path | None:
     return None
 
 
+def save_run_tokenizer(unit: Path, directory: Path) -> bool:
+    """Save the unit's reference checkpoint's tokenizer (chat template included: a GGUF's comes
+    with it) into ``directory``, so that ``AutoTokenizer`` reads the export as it is; False when
+    the run does not say where it is (:func:`run_tokenizer_source`)."""
+    source = run_tokenizer_source(unit)
+    if source is None:
+        return False
+    _tokenizer(source).save_pretrained(directory)
+    return True
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer(source: Path) -> Any:
+    """The tokenizer at ``source`` (a .gguf file or a directory), read once per process: a prune
+    saves it into every unit's export."""
+    from transformers import AutoTokenizer
+
+    if source.suffix == ".gguf":
+        return AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    return AutoTokenizer.from_pretrained(source)
+
+
 def export_prune_unit(
     unit: Path, to: Path, fmt: str, dtype: str = "f16", tokenizer: Path | None = None
 ) -> str:
@@ -113,21 +136,14 @@ def export_with_tokenizer(unit: Path, to: Path) -> str:
     model = unit_model(unit)
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
-    source = run_tokenizer_source(unit)
     with atomic_directory(to) as work:
         shutil.copytree(
             model, work, dirs_exist_ok=True, ignore=shutil.ignore_patterns(EXPORTED_FILE)
         )
-        if source is not None:
-            from transformers import AutoTokenizer
-
-            if source.suffix == ".gguf":
-                tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-            else:
-                tokenizer = AutoTokenizer.from_pretrained(source)
-            tokenizer.save_pretrained(work)
+        # a unit's model/ holds the tokenizer already (save_run_tokenizer); older ones do not
+        found = (work / "tokenizer_config.json").is_file() or save_run_tokenizer(unit, work)
     widths = " ".join(map(str, read_widths(model)))
-    with_tokenizer = "with its tokenizer" if source is not None else "without a tokenizer"
+    with_tokenizer = "with its tokenizer" if found else "without a tokenizer"
     name = f"{unit.parent.name} seed {unit.name.removeprefix('seed-')}"
     return f"exported {name} at widths {widths}, {with_tokenizer} -> {to}"
 

@@ -131,6 +131,8 @@ class PruneInputs:
 
     bos: int | None = None
     """The token every window starts with (the tokenizer's BOS, ``TokenData.bos_id``), or None."""
+    export_dtype: str = "float32"
+    """The dtype exported models are written in (``prune.export_dtype`` resolved)."""
 
 
 def prune_units(
@@ -221,7 +223,8 @@ def prune_units(
             unit_key = key_of(inputs.key, unit)
             stored = finished_unit(unit_dir, unit_key)
             export = prune.exports(unit.keep, unit.arm)
-            if stored is not None and (not export or has_model(unit_dir, unit_key)):
+            done = export and has_model(unit_dir, unit_key, inputs.export_dtype)
+            if stored is not None and (not export or done):
                 results[unit] = stored
                 advance(1)
                 continue
@@ -240,12 +243,14 @@ def prune_units(
                 if "healed_loss" in stored:  # the model it hands out is the healed one
                     export_healed(
                         model, sites, orders, stored["widths"], means, unit_dir / HEAL_DIR,
-                        target, unit_key,
+                        target, unit_key, inputs.export_dtype,
                     )  # fmt: skip
                 else:
                     cut = pruned(sites, orders, stored["widths"], compensation=means)
                     with torch.no_grad(), cut:
-                        export_unit(model, sites, stored["widths"], target, unit_key)
+                        export_unit(
+                            model, sites, stored["widths"], target, unit_key, inputs.export_dtype
+                        )
                 results[unit] = stored
                 advance(1)
                 continue
@@ -321,7 +326,7 @@ def pruned_unit(
         own = None if calibration is None else eval_loss(model, calibration)
         params = ffn_parameters(sites)
         if export and heal is None:
-            export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR, key)
+            export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR, key, inputs.export_dtype)
         else:  # an earlier computation's model is not this one's
             shutil.rmtree(unit_dir / UNIT_MODEL_DIR, ignore_errors=True)
         if heal is not None:
@@ -336,7 +341,7 @@ def pruned_unit(
         if export:
             export_healed(
                 model, sites, orders, widths, compensation, unit_dir / HEAL_DIR,
-                unit_dir / UNIT_MODEL_DIR, key,
+                unit_dir / UNIT_MODEL_DIR, key, inputs.export_dtype,
             )  # fmt: skip
     return result
 
@@ -350,6 +355,7 @@ def export_healed(
     heal_dir: Path,
     directory: Path,
     key: str,
+    dtype: str,
 ) -> None:
     """Export the unit's healed model (trained in ``heal_dir``) as :func:`export_unit` exports a
     pruned one: ``model`` is cut as the unit was, the healed weights are copied into it
@@ -366,21 +372,30 @@ def export_healed(
         own = {name: value.clone() for name, value in model.state_dict().items()}
         try:
             load_into_llama(model, healed)
-            export_unit(model, sites, widths, directory, key)
+            export_unit(model, sites, widths, directory, key, dtype)
         finally:
             model.load_state_dict(own)
 
 
 def export_unit(
-    model: nn.Module, sites: Sequence[FFNSite], widths: Sequence[int], directory: Path, key: str
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    widths: Sequence[int],
+    directory: Path,
+    key: str,
+    dtype: str,
 ) -> None:
-    """Export the pruned model into ``directory`` (at its true widths), replacing an older
-    export of the unit, and mark it with the unit's ``key`` (:func:`~geospec.prune.units.
-    has_model`); the write is whole or nothing (a full disk: one line)."""
+    """Export the pruned model into ``directory`` (at its true widths, in ``dtype``) with the
+    checkpoint's tokenizer beside it (``AutoTokenizer`` reads it), replacing an older export of
+    the unit, and mark it with the unit's ``key`` and the dtype (:func:`~geospec.prune.units.
+    has_model`), last: a directory without the mark is written again (a full disk: one line)."""
     from geospec.atomic import atomic_write_text
     from geospec.prune.apply import export_pruned
+    from geospec.prune.exports import save_run_tokenizer
+    from geospec.prune.units import export_mark
 
     shutil.rmtree(directory, ignore_errors=True)  # from other inputs: the unit is recomputed
     with writing(directory):
-        export_pruned(model, sites, widths, directory)
-        atomic_write_text(directory / EXPORTED_FILE, key + "\n")
+        export_pruned(model, sites, widths, directory, dtype=dtype)
+        save_run_tokenizer(directory.parent, directory)
+        atomic_write_text(directory / EXPORTED_FILE, export_mark(key, dtype) + "\n")

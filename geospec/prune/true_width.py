@@ -174,12 +174,14 @@ def save_true_width(
     directory: Path,
     note: str,
     zero_biases: Mapping[str, torch.Tensor] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Stored:
     """Write ``model`` (a transformers model whose MLPs are at ``widths``, e.g. cut by
     :func:`geospec.prune.apply.pruned`) to the new ``directory`` at its true widths; atomic (a
     staging directory renamed into place). ``zero_biases`` (a compensated Llama-family cut:
     :func:`geospec.prune.apply.compensation_biases`) are stored beside its weights and its
-    config says ``mlp_bias = True``."""
+    config says ``mlp_bias = True``. ``dtype``: the floating-point tensors' (None: the model's
+    own), which the config then declares."""
     from geospec.atomic import atomic_directory
     from geospec.version import __version__
 
@@ -191,6 +193,8 @@ def save_true_width(
     setattr(config, width_key(config), max(widths))
     if zero_biases:
         config.mlp_bias = True
+    if dtype is not None:
+        config.dtype = dtype  # transformers 5 writes it as "dtype" (4.x: torch_dtype)
     config.geospec = {  # RECORD, as geospec export records a trained model's widths
         "version": __version__,
         "ffn_widths": widths,
@@ -205,13 +209,22 @@ def save_true_width(
         generation = getattr(model, "generation_config", None)
         if generation is not None:
             generation.save_pretrained(work)
-        _save_weights(model, work / WEIGHTS_FILE, zero_biases or {})
+        _save_weights(model, work / WEIGHTS_FILE, zero_biases or {}, dtype)
     return Stored(directory, widths, None, true, true, padded)
 
 
-def _save_weights(model: Any, path: Path, extra: Mapping[str, torch.Tensor]) -> None:
-    """The state dict as one safetensors file, a tied tensor once (as save_pretrained does)."""
+def _save_weights(
+    model: Any, path: Path, extra: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None
+) -> None:
+    """The state dict as one safetensors file, a tied tensor once (as save_pretrained does),
+    floating-point tensors in ``dtype`` (None: as they are)."""
     from safetensors.torch import save_file
+
+    def stored(tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach().to("cpu")
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        return tensor.contiguous().clone()
 
     seen: set[int] = set()
     tensors: dict[str, torch.Tensor] = {}
@@ -219,8 +232,8 @@ def _save_weights(model: Any, path: Path, extra: Mapping[str, torch.Tensor]) -> 
         if tensor.data_ptr() in seen and tensor.numel() > 0:
             continue  # the tied copy (lm_head.weight): transformers ties it back on load
         seen.add(tensor.data_ptr())
-        tensors[name] = tensor.detach().to("cpu").contiguous().clone()
-    tensors |= {name: tensor.to("cpu").contiguous().clone() for name, tensor in extra.items()}
+        tensors[name] = stored(tensor)
+    tensors |= {name: stored(tensor) for name, tensor in extra.items()}
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 

@@ -42,22 +42,23 @@ def unit_key(stage_key: str, unit: Unit) -> str:
     return digest("prune-unit", stage_key, unit.keep, unit.arm, unit.seed)
 
 
-def missing_exports(prune: PruneSpec, stage_key: str, run_dir: Path) -> list[Unit]:
-    """The units ``prune.export`` asks a model of that have none written for their key."""
+def missing_exports(prune: PruneSpec, stage_key: str, run_dir: Path, dtype: str) -> list[Unit]:
+    """The units ``prune.export`` asks a model of that have none written for their key, in
+    ``dtype``."""
     return [
         unit
         for unit in units_of(prune)
         if prune.exports(unit.keep, unit.arm)
-        and not has_model(unit.directory(run_dir), unit_key(stage_key, unit))
+        and not has_model(unit.directory(run_dir), unit_key(stage_key, unit), dtype)
     ]
 
 
-def is_finished(prune: PruneSpec, stage_key: str, run_dir: Path, unit: Unit) -> bool:
+def is_finished(prune: PruneSpec, stage_key: str, run_dir: Path, unit: Unit, dtype: str) -> bool:
     """Whether the unit's record holds its key and, when ``prune.export`` asks for its model,
-    the model is written: nothing is left to do for it."""
+    the model is written (in ``dtype``): nothing is left to do for it."""
     unit_dir, key = unit.directory(run_dir), unit_key(stage_key, unit)
     return finished_unit(unit_dir, key) is not None and (
-        not prune.exports(unit.keep, unit.arm) or has_model(unit_dir, key)
+        not prune.exports(unit.keep, unit.arm) or has_model(unit_dir, key, dtype)
     )
 
 
@@ -98,15 +99,22 @@ def finished_unit(unit_dir: Path, key: str) -> dict[str, Any] | None:
     return dict(unsealed(stored))
 
 
-def has_model(unit_dir: Path, key: str) -> bool:
-    """Whether the unit's exported model is there, written for the unit computed from ``key``."""
+def has_model(unit_dir: Path, key: str, dtype: str) -> bool:
+    """Whether the unit's exported model is there, written for the unit computed from ``key``
+    in ``dtype`` (``prune.export_dtype`` resolved)."""
     marker = unit_dir / UNIT_MODEL_DIR / EXPORTED_FILE
     return (unit_dir / UNIT_MODEL_DIR / "config.json").is_file() and (
-        marker.is_file() and marker.read_text().strip() == key
+        marker.is_file() and marker.read_text().strip() == export_mark(key, dtype)
     )
 
 
-#: In an exported model's directory: the key of the unit it was exported from.
+def export_mark(key: str, dtype: str) -> str:
+    """What an exported model's :data:`EXPORTED_FILE` holds: the unit's key and the dtype it was
+    written in (another ``export_dtype`` writes the model again)."""
+    return f"{key} {dtype}"
+
+
+#: In an exported model's directory: the key of the unit it was exported from, and its dtype.
 EXPORTED_FILE = "geospec-unit-key"
 
 

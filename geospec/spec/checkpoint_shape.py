@@ -328,6 +328,9 @@ class CheckpointFacts:
     vocab_size: int | None = None
     experts: int = 0
     """Experts per FFN (a mixture of experts; 0 for a dense FFN)."""
+    dtype: str | None = None
+    """The dtype config.json declares its weights in (``dtype``, or 4.x's ``torch_dtype``);
+    None for a GGUF file or a config that does not say."""
 
 
 #: config.json keys holding a model's maximum positions, in the order transformers' families use.
@@ -340,6 +343,7 @@ def facts_from_config(config: Mapping[str, Any], described: str) -> CheckpointFa
     key = next((k for k in _POSITION_KEYS if isinstance(config.get(k), int)), "")
     experts = next((config[k] for k in _EXPERT_KEYS if isinstance(config.get(k), int)), 0)
     vocab = config.get("vocab_size")
+    dtype = config.get("dtype", config.get("torch_dtype"))
     return CheckpointFacts(
         described,
         config.get("model_type") if isinstance(config.get("model_type"), str) else None,
@@ -348,6 +352,7 @@ def facts_from_config(config: Mapping[str, Any], described: str) -> CheckpointFa
         key,
         vocab if isinstance(vocab, int) else None,
         experts,
+        dtype if isinstance(dtype, str) else None,
     )
 
 

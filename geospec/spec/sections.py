@@ -624,6 +624,13 @@ class PruneSpec(Section):
     """Write pruned models as checkpoints (at their true widths, docs/prune.md): true, every
     unit's; a list of `"ARM@KEEP"` (`["flap@0.5"]`), those units' only, every calibration seed;
     false, none. A finished unit is exported without being computed again."""
+    export_dtype: Annotated[
+        Literal["checkpoint", "float32", "bfloat16", "float16"], ADDED_LATER
+    ] = "checkpoint"
+    """The dtype pruned models are written in: "checkpoint", the one the checkpoint's
+    config.json declares (a bf16 checkpoint's export is as compact as it; a GGUF file declares
+    none: reference.dtype), or the one named. Not part of what a unit computes: changing it
+    writes the models again, nothing is recomputed."""
     heal: Annotated[PruneHeal, ADDED_LATER] = Field(default_factory=PruneHeal)
     """Fine-tune every pruned model (steps > 0) and measure it again (docs/prune.md)."""
     allocation_seeds: Annotated[bool, ADDED_LATER] = False

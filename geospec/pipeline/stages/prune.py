@@ -101,10 +101,10 @@ class PruneStage:
         )
         key = digest(
             "prune",
-            # which units write their model is not what they compute: a finished unit is
-            # exported without being recomputed (the key holds export = false, what it held in
-            # a prune that exported nothing, so those keep their keys)
-            section(self.prune.model_copy(update={"export": False})),
+            # which units write their model, and in which dtype, is not what they compute: a
+            # finished unit is exported without being recomputed (the key holds export = false
+            # and the default dtype, what it held before, so those prunes keep their keys)
+            section(self.prune.model_copy(update={"export": False, "export_dtype": "checkpoint"})),
             upstream.key("reference"),
             data_key(self.data),
             self.model.seq_len,
@@ -115,7 +115,11 @@ class PruneStage:
         )
         path = run.run_dir / PRUNE_FILE
         # models asked for since the units finished: the stage runs, reusing every unit
-        unwritten = missing_exports(self.prune, key, run.run_dir) if self.prune.export else []
+        unwritten = (
+            missing_exports(self.prune, key, run.run_dir, self.export_dtype(run))
+            if self.prune.export
+            else []
+        )
         return Plan(
             key,
             run=lambda: self.write(run, key, profiles),
@@ -164,7 +168,8 @@ class PruneStage:
         prune = self.prune
         assert prune is not None
         chosen = chosen_units(prune, run.prune_arms, run.prune_keep)
-        todo = [unit for unit in units_of(prune) if not is_finished(prune, key, run.run_dir, unit)]
+        dtype = self.export_dtype(run)
+        todo = [u for u in units_of(prune) if not is_finished(prune, key, run.run_dir, u, dtype)]
         left_out = [unit for unit in todo if unit not in chosen]
         if left_out and len(left_out) == len(todo):  # the chosen ones are done: nothing to load
             return self.unfinished(run, left_out)
@@ -180,7 +185,7 @@ class PruneStage:
         )
         inputs = PruneInputs(
             prune, key, self.model.seq_len, self.model.multiple_of, self.model.activation,
-            profiles, redraw=redraw, bos=data.bos_id,
+            profiles, redraw=redraw, bos=data.bos_id, export_dtype=dtype,
         )  # fmt: skip
         record = prune_units(
             model, d_model, inputs, data.train, corpora, run.run_dir,
@@ -192,6 +197,25 @@ class PruneStage:
             return self.unfinished(run, left_out)
         atomic_write_json(run.run_dir / PRUNE_FILE, sealed({**record, "key": key}))
         return record
+
+    def export_dtype(self, run: RunContext) -> str:
+        """The dtype pruned models are written in: ``prune.export_dtype``, where "checkpoint"
+        is the dtype the checkpoint's config.json declares (a GGUF file, which declares none,
+        or another: ``reference.dtype``, the dtype the model is computed in)."""
+        from geospec.engine.pretrained import DTYPES
+        from geospec.spec.checkpoint_shape import read_checkpoint_facts
+
+        assert self.prune is not None
+        if self.prune.export_dtype != "checkpoint":
+            return self.prune.export_dtype
+        checkpoint = self.reference.checkpoint
+        facts = (
+            read_checkpoint_facts(checkpoint, self.reference.revision, run.spec_dir)
+            if checkpoint is not None
+            else None
+        )
+        declared = None if facts is None else facts.dtype
+        return declared if declared in DTYPES else self.reference.dtype
 
     def unfinished(self, run: RunContext, left_out: list[Unit]) -> Any:
         """Say which units --arms/--keep left out and how to compute them; the stage stays
