@@ -1,4 +1,5 @@
-"""``geospec eval SPEC``: score every trained arm x seed on the spec's lm-eval tasks."""
+"""``geospec eval SPEC``: score every trained arm x seed, and every pruned model a [prune]
+exports, on the spec's lm-eval tasks."""
 
 from __future__ import annotations
 
@@ -18,14 +19,17 @@ from geospec.cli.console import plugin_option, set_option, spec_argument
 @set_option
 @plugin_option
 def evaluate(spec_path: Path, again: bool, out: Path | None, overrides: tuple[str, ...]) -> None:
-    """Evaluate every trained arm x seed of SPEC on its [eval] tasks with lm-evaluation-harness
-    (pip install "geospec[eval]"), then rebuild the report.
+    """Evaluate every trained arm x seed of SPEC, and every pruned model its [prune] exports, on
+    its [eval] tasks with lm-evaluation-harness (pip install "geospec[eval]"), then rebuild the
+    report.
 
     Runs the pipeline as `geospec run` does, up to the eval stage (stages already done are
-    skipped; runs not trained yet are trained first) and the report: each run is exported as a
-    transformers checkpoint to a temporary directory and scored; its scores go to its
-    eval.json, and results.json and report.md compare every metric with the baseline, paired
-    by seed. Runs evaluated with the same settings are not evaluated again.
+    skipped; runs not trained yet are trained first, units not pruned yet are pruned) and the
+    report: each run is exported as a transformers checkpoint to a temporary directory and
+    scored, each pruned model read from its export at its true widths; the scores go to the
+    run's or unit's eval.json, and results.json and report.md compare every metric with the
+    baseline, paired by seed (a pruned model by calibration seed). Models evaluated with the
+    same settings are not evaluated again.
     """
     from geospec.cli.console import stderr, warn_broken_plugins
     from geospec.errors import UsageError

@@ -69,7 +69,9 @@ def prune(
     Runs the stages up to prune (profiles, diagnostics and demand where SPEC enables them, for
     the arms that read them), writes every pruned model's losses (and, with export, its
     transformers checkpoint) under prune/, prune.json and report.md's pruning section, and
-    prints the comparison with the baseline arm. An interrupted prune resumes.
+    prints the comparison with the baseline arm. An interrupted prune resumes. With [eval] (and
+    nothing to train), every exported pruned model is also scored on its lm-eval tasks, and the
+    comparison has a row per metric.
 
     With --export ARM@KEEP --to DIR, also one pruned model as a directory that
     geospec.load_pruned reads (the checkpoint's tokenizer beside it), the units' other work
@@ -82,7 +84,7 @@ def prune(
     from geospec.atomic import atomic_write_text
     from geospec.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
     from geospec.pipeline.run_dir import read_prune
-    from geospec.report.prune import prune_markdown
+    from geospec.report.prune import prune_markdown, with_unit_scores
 
     if (export_unit is None) != (to is None) or (seed is not None and export_unit is None):
         raise UsageError(
@@ -95,7 +97,7 @@ def prune(
     wanted: list[tuple[float, str, int]] = []
     adapt = _has_prune(spec_path, export_unit, seed, wanted, choice)
     done = run_until(
-        "prune", spec_path, overrides, from_stage, out, adapt=adapt,
+        _last_stage, spec_path, overrides, from_stage, out, adapt=adapt,
         prune_arms=choice.arms, prune_keep=choice.keep,
     )  # fmt: skip
     if done is None:
@@ -103,7 +105,7 @@ def prune(
     spec, run_dir = done
     record = read_prune(run_dir)
     if record is not None:
-        text = prune_markdown(record, compare=spec.report.compare)
+        text = prune_markdown(with_unit_scores(record, run_dir), compare=spec.report.compare)
         atomic_write_text(run_dir / PRUNE_DIR / REPORT_FILE, text)
         click.echo(text)
         click.echo(f"\nprune: {run_dir / PRUNE_FILE}, {run_dir / PRUNE_DIR / REPORT_FILE}")
@@ -117,6 +119,13 @@ def prune(
 
         keep, arm, chosen = wanted[0]
         click.echo(export_with_tokenizer(prune_unit_dir(run_dir, keep, arm, chosen), to))
+
+
+def _last_stage(spec: Spec) -> str:
+    """Up to prune; with [eval] in a spec that trains nothing, up to eval: the pruned models
+    are scored too (a spec that also trains arms scores them with geospec eval or run, which
+    train first)."""
+    return "eval" if spec.eval is not None and spec.probe_only else "prune"
 
 
 class Choice(NamedTuple):

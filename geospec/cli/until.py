@@ -30,7 +30,7 @@ out_option = click.option(
 
 
 def run_until(
-    stage: str,
+    stage: str | Callable[[Spec], str],
     spec_path: Path,
     overrides: tuple[str, ...],
     from_stage: str | None,
@@ -43,7 +43,7 @@ def run_until(
     checking its options), run the stages up to ``stage`` (only the prune units ``prune_arms``
     and ``prune_keep`` choose: :func:`~geospec.pipeline.executor.run_pipeline`) and return the
     spec and run directory; None on the ranks other than 0 under torchrun, which report
-    nothing."""
+    nothing. ``stage`` may be chosen from the loaded spec."""
     from geospec.cli.console import stderr, warn_broken_plugins
     from geospec.pipeline.executor import run_pipeline
     from geospec.spec.loading import load_spec
@@ -56,7 +56,7 @@ def run_until(
         spec_path,
         overrides=overrides,
         from_stage=from_stage,
-        until_stage=stage,
+        until_stage=stage if isinstance(stage, str) else stage(spec),
         run_dir=run_dir,
         console=stderr(),  # what each stage does; the command prints its result to stdout
         prune_arms=prune_arms,

@@ -1,4 +1,5 @@
-"""lm-evaluation-harness on one exported checkpoint: named tasks in, one number per metric out.
+"""lm-evaluation-harness on one exported checkpoint (a trained arm's) or model object (a pruned
+model read at its true widths): named tasks in, one number per metric out.
 
 lm-eval (the ``eval`` extra) is imported only here, when an evaluation runs. Tasks are looked up
 first among the local task folders alone (geospec's bundled tasks and the spec's
@@ -86,17 +87,22 @@ def scores_of(output: dict[str, Any]) -> dict[str, Any]:
 
 #: lm-eval's warnings that say nothing to a geospec user, by logger: one per example whose
 #: context is longer than the model's window (lm-eval cuts it from the left, docs/pipeline.md;
-#: with a small model, every example), and an invitation to pass options that the bundled
-#: task's loader does not take.
-QUIET = {
-    "lm_eval.models.huggingface": "Combined length of context",
-    "lm_eval.api.task": "Custom kwargs can be passed",
+#: with a small model, every example), the advice against the model object a pruned model is
+#: handed over as (geospec passes none of the options it says are ignored), and an invitation
+#: to pass options that the bundled task's loader does not take.
+QUIET: dict[str, tuple[str, ...]] = {
+    "lm_eval.models.huggingface": (
+        "Combined length of context",
+        "`pretrained` model kwarg is not of type `str`",
+        "Passed an already-initialized model through `pretrained`",
+    ),
+    "lm_eval.api.task": ("Custom kwargs can be passed",),
 }
 
 
 def _quiet(record: logging.LogRecord) -> bool:
-    prefix = QUIET.get(record.name)
-    return prefix is None or prefix not in str(record.msg)
+    message = str(record.msg)
+    return not any(prefix in message for prefix in QUIET.get(record.name, ()))
 
 
 @dataclass
@@ -137,15 +143,37 @@ class Harness:
     def evaluate(self, model_dir: Path, device: str) -> dict[str, Any]:
         """The scores of the transformers checkpoint in ``model_dir`` (:func:`scores_of`), in
         float32 on ``device``."""
-        from lm_eval import simple_evaluate
         from lm_eval.models.huggingface import HFLM
 
+        self._quiet()
+        model = HFLM(
+            pretrained=str(model_dir),
+            device=device,
+            dtype="float32",
+            batch_size=self.evaluation.batch_size,
+        )
+        return self._scores(model)
+
+    def evaluate_model(self, model: Any, tokenizer: Any) -> dict[str, Any]:
+        """The scores of a transformers model object (a pruned model read at its uneven widths,
+        which plain ``from_pretrained`` cannot build) with its tokenizer, on the model's device
+        and in its dtype, handed to lm-eval's HFLM as they are."""
+        from lm_eval.models.huggingface import HFLM
+
+        self._quiet()
+        wrapped = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.evaluation.batch_size)
+        return self._scores(wrapped)
+
+    @staticmethod
+    def _quiet() -> None:
         for name in QUIET:
             logging.getLogger(name).addFilter(_quiet)
+
+    def _scores(self, model: Any) -> dict[str, Any]:
+        """lm-eval's ``simple_evaluate`` of ``model`` (an HFLM) on the spec's tasks."""
+        from lm_eval import simple_evaluate
+
         spec = self.evaluation
-        model = HFLM(
-            pretrained=str(model_dir), device=device, dtype="float32", batch_size=spec.batch_size
-        )
         output = simple_evaluate(
             model=model,
             tasks=list(spec.tasks),

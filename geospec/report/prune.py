@@ -1,6 +1,8 @@
 """Pruning as table rows, from prune.json, and the report.md section: per budget, every arm's
 widths, FFN parameters (equal within one multiple per layer: checked), perplexity on each eval
-corpus, and its paired difference in loss from the baseline over the calibration seeds."""
+corpus, and its paired difference in loss from the baseline over the calibration seeds; with
+``[eval]``, every lm-eval metric of the pruned models (the units' eval.json:
+:func:`with_unit_scores`) compared with the baseline the same way."""
 
 from __future__ import annotations
 
@@ -89,6 +91,113 @@ def values_by(losses: Mapping[str, float]) -> dict[int, float]:
     return {int(s): float(v) for s, v in losses.items()}
 
 
+def with_unit_scores(prune: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    """prune.json's content with every scored unit's lm-eval metrics (its intact eval.json that
+    scores the unit there now: :func:`geospec.prune.evaluation.read_unit_scores`): per budget
+    and arm ``"eval": {"<task>/<metric>": {"<seed>": value}}``, and ``"eval"`` at the top
+    (``metrics``, ``higher_is_better`` per metric, ``lm_eval`` versions, ``samples`` per task)
+    when any unit is scored. Without scores, the record unchanged."""
+    from geospec.layout import prune_unit_dir
+    from geospec.prune.evaluation import read_unit_scores
+
+    found = dict(prune)
+    higher: dict[str, bool | None] = {}
+    versions: set[str] = set()
+    samples: dict[str, Any] = {}
+    budgets = []
+    for budget in prune["budgets"]:
+        arms = {}
+        for name, arm in budget["arms"].items():
+            values: dict[str, dict[str, float]] = {}
+            for seed in prune["seeds"]:
+                record = read_unit_scores(prune_unit_dir(run_dir, budget["keep"], name, seed))
+                if record is None:
+                    continue
+                versions.add(str(record.get("lm_eval")))
+                for task, entry in record["tasks"].items():
+                    samples[task] = entry.get("samples")
+                    for metric, value in entry["metrics"].items():
+                        label = f"{task}/{metric}"
+                        higher.setdefault(label, entry["higher_is_better"].get(metric))
+                        if value is not None:
+                            values.setdefault(label, {})[str(seed)] = float(value)
+            arms[name] = {**arm, "eval": values} if values else dict(arm)
+        budgets.append({**budget, "arms": arms})
+    if not higher:
+        return found
+    found["budgets"] = budgets
+    found["eval"] = {
+        "metrics": sorted(higher),
+        "higher_is_better": higher,
+        "lm_eval": sorted(versions),
+        "samples": samples,
+    }
+    return found
+
+
+def eval_rows(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> list[list[str]]:
+    """One row per lm-eval metric and arm at one budget: the mean over the calibration seeds,
+    and the paired difference from the baseline's score on the same seeds as the loss's (mean,
+    t interval, the seeds it is better on in the metric's direction, the exact sign-flip p),
+    that p Holm-adjusted across the arms of each metric."""
+    from geospec.stats import paired_difference, sign_flip_p, summarize
+
+    evaluation = prune["eval"]
+    baseline = budget["arms"][prune["baseline"]].get("eval", {})
+    rows: list[list[str]] = []
+    for label in evaluation["metrics"]:
+        higher = evaluation["higher_is_better"].get(label)
+        arrow = "" if higher is None else (" ↑" if higher else " ↓")
+        p_values: dict[str, float | None] = {}
+        first = len(rows)
+        for name, arm in budget["arms"].items():
+            ours = values_by(arm.get("eval", {}).get(label, {}))
+            if not ours:
+                rows.append([f"{label}{arrow}", name, "(not evaluated)", *["-"] * 5])
+                continue
+            mean = summarize(list(ours.values())).mean
+            row = [f"{label}{arrow}", name, f"{mean:.4g}"]
+            theirs = values_by(baseline.get(label, {}))
+            if name == prune["baseline"] or not theirs:
+                rows.append([*row, *["-"] * 5])
+                continue
+            diff = paired_difference(ours, theirs)
+            flip = sign_flip_p([ours[s] - theirs[s] for s in diff.seeds])
+            ci = "-" if math.isnan(diff.ci[0]) else f"[{diff.ci[0]:+.4g}, {diff.ci[1]:+.4g}]"
+            better = (
+                sum((ours[s] > theirs[s]) if higher else (ours[s] < theirs[s]) for s in diff.seeds)
+                if higher is not None
+                else None
+            )
+            p_values[str(len(rows))] = flip
+            rows.append(
+                [
+                    *row,
+                    f"{diff.mean:+.4g}",
+                    ci,
+                    "-" if better is None else f"{better}/{diff.n}",
+                    "-" if flip is None else f"{flip:.3g}",
+                    "-",
+                ]
+            )
+        for index, adjusted in holm(p_values).items():
+            if adjusted is not None and int(index) >= first:
+                rows[int(index)][-1] = f"{adjusted:.3g}"
+    return rows
+
+
+EVAL_HEADERS = [
+    "metric",
+    "arm",
+    "score (mean over seeds)",
+    "Δ vs baseline",
+    "95% CI",
+    "better",
+    "p (sign-flip)",
+    "p (Holm)",
+]
+
+
 HEADERS = [
     "arm",
     "widths",
@@ -159,6 +268,18 @@ def prune_markdown(
             "",
         ]
         lines += markdown_table(HEADERS, budget_rows(prune, budget))
+        if prune.get("eval"):
+            evaluation = prune["eval"]
+            examples = ", ".join(f"{task} {n}" for task, n in evaluation["samples"].items())
+            lines += [
+                "Downstream evaluation of the pruned models: each exported model scored by "
+                f"lm-evaluation-harness ({', '.join(evaluation['lm_eval']) or '-'}; examples per "
+                f"task: {examples}); Δ is the paired difference from {prune['baseline']} over "
+                'the calibration seeds, as for the loss (↑: higher is better; "better" counts '
+                "the seeds on which the arm is better in the metric's direction).",
+                "",
+                *markdown_table(EVAL_HEADERS, eval_rows(prune, budget)),
+            ]
         for sweep, found in budget.get("sweeps", {}).items():
             loss = found["calibration_loss"][found["best"]]
             lines += [

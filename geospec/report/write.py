@@ -46,8 +46,9 @@ def write_report(run_dir: Path, plots: bool = True) -> dict[str, Any]:
         text += "\n" + demand_markdown(demand, drawn)
     prune = read_prune(run_dir)
     if prune is not None:  # the prune stage ran
-        from geospec.report.prune import prune_markdown
+        from geospec.report.prune import prune_markdown, with_unit_scores
 
+        prune = with_unit_scores(prune, run_dir)  # the pruned models' lm-eval scores, if any
         drawn = []
         if plots:
             from geospec.report.plots import prune_plot

@@ -312,8 +312,16 @@ def _compare_problems(spec: Spec, arms: dict[str, int]) -> list[tuple[str, str]]
 
 
 def eval_problems(spec: Spec) -> list[str]:
-    """Why the arms of ``spec`` cannot be evaluated: nothing is trained, or the model has no
-    transformers equivalent to export it as (the two families of geospec.engine.export)."""
+    """Why the arms of ``spec`` cannot be evaluated: nothing is trained and no pruned model is
+    exported, or the model has no transformers equivalent to export it as (the two families of
+    geospec.engine.export). A prune's models are its checkpoint's family: exported as they are."""
+    if spec.probe_only and spec.prune is not None:
+        if spec.prune.export is False:
+            return [
+                "[prune] export = false writes no pruned model to evaluate; set prune.export = "
+                'true (or list the units to evaluate: export = ["flap@0.5", "uniform@0.5"])'
+            ]
+        return []
     if spec.probe_only:
         return ["a probe_only spec trains no arm to evaluate; remove [eval] or probe_only"]
     m = spec.model
