@@ -433,6 +433,19 @@ def test_a_window_loss_is_the_loss_of_that_window_alone(pruned_run: Path) -> Non
     assert found == pytest.approx([mean_loss(model, [single]) for single in singles], abs=1e-9)
 
 
+def test_a_units_model_directory_serves_a_transformers_pipeline(pruned_run: Path) -> None:
+    """A unit's model/ as it is: load_pruned and the tokenizer beside it make a text-generation
+    pipeline whose greedy continuation is the model's own generate."""
+    unit = pruned_run / "run" / "prune" / "keep-0.5" / "shift" / "seed-0" / "model"
+    model = geospec.load_pruned(unit)
+    tokenizer = hf.AutoTokenizer.from_pretrained(unit)
+    generate = hf.pipeline("text-generation", model=model, tokenizer=tokenizer)
+    found = generate("w1 w2 w3", max_new_tokens=4, do_sample=False, return_tensors=True)
+    ids = tokenizer("w1 w2 w3", return_tensors="pt")["input_ids"]
+    expected = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert list(found[0]["generated_token_ids"]) == expected[0].tolist()
+
+
 def test_prune_writes_every_arm_budget_and_seed(pruned_run: Path) -> None:
     record = json.loads((pruned_run / "run" / "prune.json").read_text())
     assert [b["keep"] for b in record["budgets"]] == [0.75, 0.5]
