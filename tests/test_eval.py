@@ -138,15 +138,23 @@ def scores(run_dir: Path, arm: str, seed: int) -> dict[str, Any]:
 
 
 def last_word_scores(model_dir: Path, texts: list[str]) -> tuple[float, float]:
-    """Accuracy and perplexity of each text's last word given the rest, by definition: the
-    log-probability of the word's tokens (those of the whole text after the context's), the
-    window cut from the left to the model's length, and whether greedy decoding gives them."""
-    import torch
+    """Accuracy and perplexity of each text's last word given the rest, by definition
+    (:func:`model_last_word_scores`), on the exported checkpoint in ``model_dir``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    window = model.config.n_positions
+    return model_last_word_scores(model, tokenizer, model.config.n_positions, texts)
+
+
+def model_last_word_scores(
+    model: Any, tokenizer: Any, window: int, texts: list[str]
+) -> tuple[float, float]:
+    """Accuracy and perplexity of each text's last word given the rest, by definition: the
+    log-probability of the word's tokens (those of the whole text after the context's), the
+    window cut from the left to the model's length, and whether greedy decoding gives them."""
+    import torch
+
     hits, log_likelihoods = [], []
     for text in texts:
         context, word = text.rsplit(" ", 1)

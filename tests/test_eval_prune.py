@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 pytestmark = [pytest.mark.eval, pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 pytest.importorskip("lm_eval")
 
-from test_eval import OWN_LOADER, OWN_YAML  # noqa: E402
+from test_eval import OWN_LOADER, OWN_YAML, model_last_word_scores  # noqa: E402
 from test_prune import invoke, prune_spec  # noqa: E402
 
 TASK = "geospec_austen_lastword"
@@ -72,10 +71,8 @@ def scores(run: Path, arm: str, seed: int) -> dict[str, Any]:
 
 
 def last_word_scores(model_dir: Path, texts: list[str]) -> tuple[float, float]:
-    """Accuracy and perplexity of each text's last word given the rest, by definition, on the
-    pruned model read at its true widths: the log-probability of the word's tokens (those of the
-    whole text after the context's), the window cut from the left to the model's length, and
-    whether greedy decoding gives them."""
+    """Accuracy and perplexity of each text's last word given the rest, by definition
+    (test_eval's :func:`model_last_word_scores`), on the pruned model read at its true widths."""
     import torch
     from transformers import AutoTokenizer
 
@@ -84,18 +81,7 @@ def last_word_scores(model_dir: Path, texts: list[str]) -> tuple[float, float]:
     model = geospec.load_pruned(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     window = model.config.max_position_embeddings
-    hits, log_likelihoods = [], []
-    for text in texts:
-        context, word = text.rsplit(" ", 1)
-        whole = tokenizer.encode(f"{context} {word}")
-        target = whole[len(tokenizer.encode(context)) :]
-        inputs = whole[-(window + 1) :][:-1]
-        with torch.no_grad():
-            logits = model(torch.tensor([inputs])).logits[0, -len(target) :]
-        log_probs = torch.log_softmax(logits.double(), dim=-1)
-        log_likelihoods.append(float(log_probs[range(len(target)), target].sum()))
-        hits.append(log_probs.argmax(dim=-1).tolist() == target)
-    return sum(hits) / len(hits), math.exp(-sum(log_likelihoods) / len(log_likelihoods))
+    return model_last_word_scores(model, tokenizer, window, texts)
 
 
 def test_every_pruned_model_is_scored_as_its_own_likelihoods_say(scored: Path) -> None:

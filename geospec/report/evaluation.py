@@ -18,6 +18,7 @@ results.json, when the spec has ``[eval]``::
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +53,8 @@ def eval_results(
         values[name] = {}
         for seed in resolved["seeds"]:
             record = read_scores(arm_seed_dir(run_dir, name, seed))
-            if record is None:
-                continue
-            versions.add(str(record.get("lm_eval")))
-            for task, entry in record["tasks"].items():
-                samples[task] = entry.get("samples")
-                for metric, value in entry["metrics"].items():
-                    label = f"{task}/{metric}"
-                    higher.setdefault(label, entry["higher_is_better"].get(metric))
-                    if value is not None:
-                        values[name].setdefault(label, {})[int(seed)] = float(value)
+            if record is not None:
+                add_scores(record, int(seed), values[name], higher, versions, samples)
     metrics = sorted(higher)
     baseline = values.get(resolved["baseline"], {})
     per_arm: dict[str, dict[str, Any]] = {}
@@ -109,3 +102,24 @@ def _improved(
     if higher_is_better:
         return sum(arm[s] > baseline[s] for s in shared)
     return sum(arm[s] < baseline[s] for s in shared)
+
+
+def add_scores(
+    record: Mapping[str, Any],
+    key: Any,
+    into: dict[str, dict[Any, float]],
+    higher: dict[str, bool | None],
+    versions: set[str],
+    samples: dict[str, Any],
+) -> None:
+    """One eval.json's scores into ``into`` (``task/metric`` -> ``key`` -> value), noting each
+    metric's direction in ``higher``, lm-eval's version and the examples per task (a trained
+    arm's seed and a pruned unit's are read the same way)."""
+    versions.add(str(record.get("lm_eval")))
+    for task, entry in record["tasks"].items():
+        samples[task] = entry.get("samples")
+        for metric, value in entry["metrics"].items():
+            label = f"{task}/{metric}"
+            higher.setdefault(label, entry["higher_is_better"].get(metric))
+            if value is not None:
+                into.setdefault(label, {})[key] = float(value)

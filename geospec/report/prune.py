@@ -99,6 +99,7 @@ def with_unit_scores(prune: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     when any unit is scored. Without scores, the record unchanged."""
     from geospec.layout import prune_unit_dir
     from geospec.prune.evaluation import read_unit_scores
+    from geospec.report.evaluation import add_scores
 
     found = dict(prune)
     higher: dict[str, bool | None] = {}
@@ -111,16 +112,8 @@ def with_unit_scores(prune: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
             values: dict[str, dict[str, float]] = {}
             for seed in prune["seeds"]:
                 record = read_unit_scores(prune_unit_dir(run_dir, budget["keep"], name, seed))
-                if record is None:
-                    continue
-                versions.add(str(record.get("lm_eval")))
-                for task, entry in record["tasks"].items():
-                    samples[task] = entry.get("samples")
-                    for metric, value in entry["metrics"].items():
-                        label = f"{task}/{metric}"
-                        higher.setdefault(label, entry["higher_is_better"].get(metric))
-                        if value is not None:
-                            values.setdefault(label, {})[str(seed)] = float(value)
+                if record is not None:
+                    add_scores(record, str(seed), values, higher, versions, samples)
             arms[name] = {**arm, "eval": values} if values else dict(arm)
         budgets.append({**budget, "arms": arms})
     if not higher:
