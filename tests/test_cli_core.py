@@ -163,6 +163,17 @@ def test_the_prune_quick_start_spec_is_short_and_validates_without_torch(tmp_pat
     )
     assert "is valid" in done.stdout and "4 x 512 = 2048" in done.stdout
     assert "the checkpoint is pruned" in done.stdout
+    assert "no [prune] arm reads" not in done.stdout  # it sets measure = []
+    # without measure = [], its uniform and flap arms read none of what "all" would measure
+    spec.write_text(text.replace("measure = []", "#"))
+    found = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert found.exit_code == 0, found.output
+    assert "profiles no [prune] arm reads; set measure = [] to skip them" in found.output
+    geometric = '[[prune.arms]]\nname = "shift"\nschedule = { kind = "geometric", profile = '
+    spec.write_text(spec.read_text() + geometric + '"shift/spherical" }\n')
+    found = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert "list only the pairs they read in measure (shift/spherical)" in found.output
+    spec.write_text(text)
     widths = CliRunner().invoke(cli, ["widths", str(spec)])  # no [[arms]]: no empty table
     assert widths.exit_code == 0 and "has no [[arms]]: it prunes the checkpoint" in widths.output
     readme = (ROOT / "README.md").read_text()

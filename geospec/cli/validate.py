@@ -27,7 +27,12 @@ def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None
     """Check a spec and print what it resolves to (--json: every value, defaults filled in)."""
     from geospec.solve.widths import compute_widths
     from geospec.spec.loading import load_spec
-    from geospec.spec.summary import memory_lines, spec_summary, uncached_hub_notes
+    from geospec.spec.summary import (
+        memory_lines,
+        spec_summary,
+        uncached_hub_notes,
+        unread_measure_note,
+    )
 
     warn_broken_plugins()
     spec = load_spec(spec_path, overrides)
@@ -46,6 +51,8 @@ def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None
     for arm, note in computable.notes.items():
         stdout().print(f"[cyan]note:[/] arm {escape(arm)} {escape(note)}", highlight=False)
     for note in uncached_hub_notes(spec):
+        stdout().print(f"[cyan]note:[/] {escape(note)}", highlight=False)
+    if (note := unread_measure_note(spec)) is not None:
         stdout().print(f"[cyan]note:[/] {escape(note)}", highlight=False)
     for line in memory_lines(spec, computable.widths):  # per process, before anything is built
         stdout().print(escape(line), highlight=False)

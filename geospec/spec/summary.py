@@ -128,6 +128,37 @@ def spec_summary(spec: Spec) -> Group:
     return Group(head, *shown, pruning)
 
 
+def unread_measure_note(spec: Spec) -> str | None:
+    """A note when ``measure = "all"`` (the default) would measure profiles that nothing reads:
+    a prune with no training arms whose schedules read fewer profiles than every registered
+    pair (``measure = []``, or the pairs they read, skips the rest)."""
+    from geospec.kinds import reads_scores
+    from geospec.plugin import create_plugin
+    from geospec.spec.resolve import measures
+
+    if spec.measure is not None or spec.prune is None or spec.arms:
+        return None
+    read: set[str] = set()
+    for arm in spec.prune.arms:
+        schedule = create_plugin("schedule", arm.schedule)
+        if not reads_scores(schedule):
+            read.update(schedule.required_profiles())
+    every = {entry.profile for entry in measures(spec)}
+    unread = every - read
+    if not unread:
+        return None
+    wanted = sorted(every & read)
+    fix = (
+        "set measure = [] to skip them"
+        if not wanted
+        else "list only the pairs they read in measure (" + ", ".join(wanted) + ")"
+    )
+    return (
+        f'measure = "all" (the default) measures {len(unread)} profiles no [prune] arm reads; '
+        f"{fix} (docs/prune.md)"
+    )
+
+
 def uncached_hub_notes(spec: Spec) -> list[str]:
     """A note for each hub model the spec reads (``reference.checkpoint``, a pretrained
     ``data.tokenizer.path``; once for both when they name the same commit) at a commit the
