@@ -52,8 +52,9 @@ def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None
         stdout().print(f"[cyan]note:[/] arm {escape(arm)} {escape(note)}", highlight=False)
     for note in uncached_hub_notes(spec):
         stdout().print(f"[cyan]note:[/] {escape(note)}", highlight=False)
-    if (note := unread_measure_note(spec)) is not None:
-        stdout().print(f"[cyan]note:[/] {escape(note)}", highlight=False)
+    unread = unread_measure_note(spec)
+    if unread is not None:
+        stdout().print(f"[cyan]note:[/] {escape(unread)}", highlight=False)
     for line in memory_lines(spec, computable.widths):  # per process, before anything is built
         stdout().print(escape(line), highlight=False)
     stdout().print(f"[green]✓[/] {escape(str(spec_path))} is valid", highlight=False)
