@@ -125,7 +125,7 @@ def load_into_llama(model: Any, gpt: GPT) -> None:
     if widths != c.ffn_widths:
         raise UsageError(f"the FFN widths {c.ffn_widths} are not the model's {widths}")
     out_bias = [layer.mlp.down_proj.bias is not None for layer in layers]
-    if c.ffn_out_bias != all(out_bias) or (any(out_bias) and not all(out_bias)):
+    if out_bias != [c.ffn_out_bias] * len(layers):
         raise UsageError("the FFN output biases of the healed model and the target differ")
     state = gpt.state_dict()
     d, kv = c.d_model, c.kv_width

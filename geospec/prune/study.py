@@ -223,8 +223,9 @@ def prune_units(
             unit_key = key_of(inputs.key, unit)
             stored = finished_unit(unit_dir, unit_key)
             export = prune.exports(unit.keep, unit.arm)
-            done = export and has_model(unit_dir, unit_key, inputs.export_dtype)
-            if stored is not None and (not export or done):
+            if stored is not None and (
+                not export or has_model(unit_dir, unit_key, inputs.export_dtype)
+            ):
                 results[unit] = stored
                 advance(1)
                 continue

@@ -8,7 +8,14 @@ from typing import Any
 
 from geospec.engine.model_size import Shape
 from geospec.kinds import ModelDims
-from geospec.spec.sections import BPETokenizer, GPT2Tokenizer, MeasureSpec, ModelSpec, Spec
+from geospec.spec.sections import (
+    BPETokenizer,
+    GPT2Tokenizer,
+    MeasureSpec,
+    ModelSpec,
+    PruneSpec,
+    Spec,
+)
 
 
 def measures(spec: Spec) -> list[MeasureSpec]:
@@ -21,6 +28,19 @@ def measures(spec: Spec) -> list[MeasureSpec]:
         MeasureSpec.model_validate({"geometry": geometry, "statistic": statistic})
         for statistic, geometry in get_registries().all_measures()
     ]
+
+
+def prune_profiles(prune: PruneSpec) -> list[str]:
+    """The profiles the ``[prune]`` arms' schedules read (sorted; score allocations read none)."""
+    from geospec.kinds import reads_scores
+    from geospec.plugin import create_plugin
+
+    names: set[str] = set()
+    for arm in prune.arms:
+        schedule = create_plugin("schedule", arm.schedule)
+        if not reads_scores(schedule):
+            names.update(schedule.required_profiles())
+    return sorted(names)
 
 
 def model_dims(model: ModelSpec) -> ModelDims:

@@ -132,17 +132,11 @@ def unread_measure_note(spec: Spec) -> str | None:
     """A note when ``measure = "all"`` (the default) would measure profiles that nothing reads:
     a prune with no training arms whose schedules read fewer profiles than every registered
     pair (``measure = []``, or the pairs they read, skips the rest)."""
-    from geospec.kinds import reads_scores
-    from geospec.plugin import create_plugin
-    from geospec.spec.resolve import measures
+    from geospec.spec.resolve import measures, prune_profiles
 
     if spec.measure is not None or spec.prune is None or spec.arms:
         return None
-    read: set[str] = set()
-    for arm in spec.prune.arms:
-        schedule = create_plugin("schedule", arm.schedule)
-        if not reads_scores(schedule):
-            read.update(schedule.required_profiles())
+    read = set(prune_profiles(spec.prune))
     every = {entry.profile for entry in measures(spec)}
     unread = every - read
     if not unread:

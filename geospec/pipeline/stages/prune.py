@@ -34,7 +34,7 @@ from geospec.pipeline.stages.demand import DemandStage
 from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.probe import Probe
 from geospec.prune.units import chosen_units, is_finished, missing_exports, units_of
-from geospec.spec.resolve import measures
+from geospec.spec.resolve import measures, prune_profiles
 from geospec.spec.sections import (
     DIAGNOSTIC_PROFILES,
     DataSpec,
@@ -145,16 +145,8 @@ class PruneStage:
 
     def needed_profiles(self) -> list[str]:
         """The profiles the prune arms' schedules read (sorted)."""
-        from geospec.kinds import reads_scores
-        from geospec.plugin import create_plugin
-
         assert self.prune is not None
-        names: set[str] = set()
-        for arm in self.prune.arms:
-            schedule = create_plugin("schedule", arm.schedule)
-            if not reads_scores(schedule):
-                names.update(schedule.required_profiles())
-        return sorted(names)
+        return prune_profiles(self.prune)
 
     def write(self, run: RunContext, key: str, profiles: dict[str, list[float]]) -> Any:
         """Every unit (reused where its key matches), then prune.json; with ``geospec prune
