@@ -27,7 +27,6 @@ import torch
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
-from geospec.prune.allocate import pruned_dims
 from geospec.prune.apply import (
     calibration_windows,
     eval_loss,
@@ -35,6 +34,7 @@ from geospec.prune.apply import (
     neuron_scores,
     pruned,
 )
+from geospec.shapes.pruned import pruned_dims
 
 
 def model_of(gguf: str | None) -> torch.nn.Module:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from geospec.errors import UsageError
 from geospec.plugin_base import Plugin
-from geospec.solve.profiles import check_profile, resample_profile
-from geospec.solve.rounding import InfeasibleBudget, round_to_budget, units_between
+from geospec.profiles import check_profile, resample_profile
+from geospec.rounding import InfeasibleBudget, round_to_budget, units_between
 
 if TYPE_CHECKING:
     import torch

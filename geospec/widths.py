@@ -9,6 +9,6 @@ __getattr__ = moved_names(
     {
         "compute_widths": "geospec.solve.widths",
         "write_widths": "geospec.solve.widths",
-        "read_profiles": "geospec.solve.profiles",
+        "read_profiles": "geospec.profiles",
     },
 )

@@ -1,4 +1,4 @@
-"""Training memory estimated before anything is built (geospec.engine.memory), checked against
+"""Training memory estimated before anything is built (geospec.shapes.memory), checked against
 what torch really holds: the weights and AdamW state of a built model (exactly), the tensors a
 forward pass saves for backward (within a factor), the peak memory of real `geospec train`
 processes (within a factor), and a process under an address-space limit (`ulimit -v`) that is
@@ -17,9 +17,9 @@ import pytest
 import torch
 from small_spec import small_spec
 
-from geospec.engine.memory import saved_activations, says_out_of_memory, training_memory
 from geospec.engine.model import GPT, GPTConfig
-from geospec.engine.model_size import Shape
+from geospec.shapes.memory import saved_activations, says_out_of_memory, training_memory
+from geospec.shapes.model_size import Shape
 
 pytestmark = pytest.mark.torch
 
@@ -233,7 +233,7 @@ def test_validate_shows_each_arms_memory_and_the_issues_huge_model(tmp_path: Pat
 
     from geospec.cli import cli
     from geospec.disk import size
-    from geospec.engine.model_size import count_params
+    from geospec.shapes.model_size import count_params
 
     model = {"n_layers": 512, "d_model": 16384, "n_heads": 128, "ffn_width": 65536,
              "seq_len": 2048, "multiple_of": 64}  # fmt: skip

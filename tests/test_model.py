@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geospec.engine.model import GPT, GPTConfig, config_from_spec
-from geospec.engine.model_size import Shape, count_params
 from geospec.errors import SpecError, UsageError
 from geospec.kinds import ModelDims
 from geospec.registry.loading import get_registries
+from geospec.shapes.model_size import Shape, count_params
 from geospec.spec.sections import ModelSpec
 
 pytestmark = pytest.mark.torch

@@ -18,8 +18,8 @@ import tomlkit
 from click.testing import CliRunner
 
 from geospec.cli import cli
-from geospec.engine.hub import Source, locate
 from geospec.errors import UsageError
+from geospec.hub import Source, locate
 from geospec.pipeline.stages.reference import Reference
 from geospec.spec.loading import load_spec
 from geospec.testing import minimal_spec

@@ -16,7 +16,8 @@ from geospec.cli import cli
 from geospec.errors import SpecError, UsageError
 from geospec.kinds import ModelDims, Schedule
 from geospec.plugin import create_plugin
-from geospec.prune.allocate import allocate, pruned_dims
+from geospec.prune.allocate import allocate
+from geospec.shapes.pruned import pruned_dims
 from geospec.solve.widths import compute_widths
 from geospec.spec.loading import validate_spec
 from geospec.spec.sections import ArmSpec

@@ -25,7 +25,7 @@ from geospec.errors import UsageError
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
-from geospec.prune.allocate import allocate, pruned_dims
+from geospec.prune.allocate import allocate
 from geospec.prune.apply import (
     calibration_stats,
     calibration_windows,
@@ -36,6 +36,7 @@ from geospec.prune.apply import (
     neuron_scores,
     pruned,
 )
+from geospec.shapes.pruned import pruned_dims
 from geospec.spec.sections import ArmSpec, PruneSpec
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
@@ -992,7 +993,7 @@ def test_a_probe_only_run_with_arms_reports_no_pending_runs(pruned_run: Path) ->
     """The probe-only spec of the module's prune lists arms (their widths are solved): status
     counts no run as pending and the report has no partial-run note nor untrained rows; a run
     directory from before run.json said probe_only is recognised by its train stage's key."""
-    from geospec.pipeline.keys import PROBE_ONLY_TRAIN_KEY
+    from geospec.records import PROBE_ONLY_TRAIN_KEY
 
     run_dir = pruned_run / "run"
     invoke("run", str(pruned_run / "spec.toml"))

@@ -95,7 +95,7 @@ MOVED = [
     ("geospec.specfile", "load_spec", "geospec.spec"),
     ("geospec.widths", "compute_widths", "geospec.solve.widths"),
     ("geospec.widths", "write_widths", "geospec.solve.widths"),
-    ("geospec.widths", "read_profiles", "geospec.solve.profiles"),
+    ("geospec.widths", "read_profiles", "geospec.profiles"),
     ("geospec.train", "train_model", "geospec.engine.train"),
     ("geospec.train", "load_model", "geospec.engine.train"),
     ("geospec.model", "GPT", "geospec.engine.model"),
@@ -104,6 +104,10 @@ MOVED = [
     ("geospec.intrinsic_dimension", "two_nn", "geospec.measure.intrinsic_dimension"),
     ("geospec.intrinsic_dimension", "fit_two_nn", "geospec.measure.intrinsic_dimension"),
     ("geospec.data", "prepare_data", "geospec.engine.token_data"),
+    # 0.2.0's homes, moved down a floor (docs/architecture.md, "Packages in layers")
+    ("geospec.solve.profiles", "read_profiles", "geospec.profiles"),
+    ("geospec.solve.profiles", "check_profile", "geospec.profiles"),
+    ("geospec.engine.model_size", "count_params", "geospec.shapes.model_size"),
     *(
         ("geospec.sensitivity", name, "geospec.measure.sensitivity")
         for name in (

@@ -13,8 +13,8 @@ import tomlkit
 from click.testing import CliRunner
 
 from geospec.cli import cli
-from geospec.engine.model_size import Shape, count_params
 from geospec.engine.rehearsal import STATE_BYTES_PER_PARAM, dry_run_vocab, gpu_cost
+from geospec.shapes.model_size import Shape, count_params
 from geospec.solve.widths import compute_widths
 from geospec.spec.loading import load_spec
 from geospec.testing import minimal_spec

@@ -13,7 +13,6 @@ from scipy import stats
 
 from geospec.cli import cli
 from geospec.digests import sealed
-from geospec.engine.model_size import Shape, count_params
 from geospec.errors import UsageError
 from geospec.report.results import (
     build_results,
@@ -22,6 +21,7 @@ from geospec.report.results import (
     reliability_notes,
 )
 from geospec.report.write import write_report
+from geospec.shapes.model_size import Shape, count_params
 from geospec.stats import MIN_RELIABILITY, comparison
 
 LOSSES = {

@@ -15,7 +15,7 @@ from scipy.optimize import brentq, minimize
 
 from geospec.errors import GeospecError
 from geospec.kinds import ModelDims, WidthProblem
-from geospec.solve.rounding import InfeasibleBudget, round_to_budget, units_between
+from geospec.rounding import InfeasibleBudget, round_to_budget, units_between
 
 
 @st.composite

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from geospec.cli import cli
 from geospec.errors import UsageError
-from geospec.prune.allocate import pruned_dims
+from geospec.shapes.pruned import pruned_dims
 
 LLAMA = {
     "model_type": "llama",

@@ -18,10 +18,10 @@ from geospec.cli import cli
 from geospec.errors import PluginError, SpecError, UsageError
 from geospec.kinds import Geometry, ModelDims, Schedule, Statistic
 from geospec.plugin import PluginParams
+from geospec.profiles import read_profiles
 from geospec.registry.entries import Provider
 from geospec.registry.hookspecs import Register
 from geospec.registry.loading import build_registries, use_registries
-from geospec.solve.profiles import read_profiles
 from geospec.solve.widths import (
     WidthsResult,
     arm_order,

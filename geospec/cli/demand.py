@@ -30,7 +30,7 @@ def demand(
     """
     from geospec.errors import GeospecError
     from geospec.layout import DEMAND_FILE
-    from geospec.pipeline.run_dir import read_demand
+    from geospec.records import read_demand
     from geospec.report.terminal import print_demand
 
     done = run_until("demand", spec_path, overrides, from_stage, out, adapt=_enabled)

@@ -29,7 +29,7 @@ def diagnose(
     """
     from geospec.errors import GeospecError
     from geospec.layout import DIAGNOSTICS_FILE
-    from geospec.pipeline.run_dir import read_diagnostics
+    from geospec.records import read_diagnostics
     from geospec.report.terminal import print_diagnostics
 
     done = run_until("diagnose", spec_path, overrides, from_stage, out, adapt=_enabled)

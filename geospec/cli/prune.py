@@ -83,7 +83,7 @@ def prune(
     """
     from geospec.atomic import atomic_write_text
     from geospec.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
-    from geospec.pipeline.run_dir import read_prune
+    from geospec.records import read_prune
     from geospec.report.prune import prune_markdown, with_unit_scores
 
     if (export_unit is None) != (to is None) or (seed is not None and export_unit is None):

@@ -14,10 +14,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from geospec.cli.console import plugin_option, set_option, spec_argument, warn_broken_plugins
-from geospec.engine.model_size import ffn_params
 from geospec.errors import UsageError
 from geospec.layout import RUN_FILE, WIDTHS_FILE
-from geospec.solve.profiles import read_profiles
+from geospec.profiles import read_profiles
+from geospec.shapes.model_size import ffn_params
 from geospec.solve.widths import WidthsResult, compute_widths, write_widths
 from geospec.spec.sections import Spec
 

@@ -2,7 +2,7 @@
 
 Each block computes ``x = x + attn(norm1(x)); x = x + ffn(norm2(x))``. Submodule names are part
 of the interface (probing hooks ``blocks[i].norm2`` and ``blocks[i].ffn``; checkpoints use names
-such as ``blocks.3.ffn.fc.weight``). Layout, chosen to match :mod:`~geospec.engine.model_size`
+such as ``blocks.3.ffn.fc.weight``). Layout, chosen to match :mod:`~geospec.shapes.model_size`
 exactly:
 
 - ``wte`` token embedding; ``wpe`` learned positions (GPT-2) or none with rotary embeddings (RoPE,
@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geospec.engine.model_size import (
+from geospec.errors import SpecError, UsageError
+from geospec.shapes.model_size import (
     Shape,
     attention_problems,
     count_params,
     kv_head_problems,
     kv_width,
 )
-from geospec.errors import SpecError, UsageError
 from geospec.spec.sections import ModelSpec
 
 LAYERNORM_EPS = 1e-5  # GPT-2's

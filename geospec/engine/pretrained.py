@@ -1,14 +1,14 @@
 """Loading a pretrained Hugging Face causal LM: a local directory, a GGUF file, or a hub id at a
-pinned commit (:mod:`geospec.engine.hub`)."""
+pinned commit (:mod:`geospec.hub`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from geospec.engine.hub import Source, locate
 from geospec.engine.tokenizer import load_error
 from geospec.errors import UsageError
+from geospec.hub import Source, locate
 
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -188,7 +188,7 @@ def tokenizer_digests(data: DataSpec, spec_dir: Path | None) -> list[str]:
     same path holding another tokenizer (a checkpoint replaced, two projects' ``./model``)
     must not reuse the tokens of the first."""
     from geospec.digests import file_digest
-    from geospec.engine.hub import locate
+    from geospec.hub import locate
     from geospec.spec.sections import PretrainedTokenizer
 
     spec = data.tokenizer

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from geospec.engine.hub import Source, check_hub_files, locate
 from geospec.errors import UsageError
+from geospec.hub import Source, check_hub_files, locate
 from geospec.spec.sections import BPETokenizer, GPT2Tokenizer, PretrainedTokenizer
 
 EOT = "<|endoftext|>"

@@ -66,7 +66,14 @@ from geospec.engine.identity import (  # defined here before they moved: the old
     fingerprint,
     weights_digest,
 )
-from geospec.engine.memory import (
+from geospec.engine.model import GPT, GPTConfig
+from geospec.engine.progress import TrainProgress
+from geospec.engine.run_files import RESULT_FILE
+from geospec.engine.stopping import Stopping, StopSignal, stop_signals
+from geospec.engine.token_data import TokenData
+from geospec.engine.train_state import TrainState
+from geospec.errors import GeospecError, OutOfMemory, Preempted, UsageError
+from geospec.shapes.memory import (
     advice,
     host_available,
     memory_refusal,
@@ -74,14 +81,7 @@ from geospec.engine.memory import (
     says_out_of_memory,
     training_memory,
 )
-from geospec.engine.model import GPT, GPTConfig
-from geospec.engine.model_size import Shape
-from geospec.engine.progress import TrainProgress
-from geospec.engine.run_files import RESULT_FILE
-from geospec.engine.stopping import Stopping, StopSignal, stop_signals
-from geospec.engine.token_data import TokenData
-from geospec.engine.train_state import TrainState
-from geospec.errors import GeospecError, OutOfMemory, Preempted, UsageError
+from geospec.shapes.model_size import Shape
 from geospec.spec.sections import TrainSpec
 
 __all__ = [

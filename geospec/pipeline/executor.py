@@ -25,7 +25,7 @@ from rich.console import Console
 from geospec.errors import UsageError
 from geospec.layout import STAGES_FILE
 from geospec.pipeline.context import INCOMPLETE, Done, RunContext, Stage, Upstream
-from geospec.pipeline.run_dir import StageLog, pin_measures, prepare_run_dir, write_run_metadata
+from geospec.pipeline.run_dir import pin_measures, prepare_run_dir, write_run_metadata
 from geospec.pipeline.stages.demand import DemandStage
 from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.eval import Eval
@@ -36,6 +36,7 @@ from geospec.pipeline.stages.reference import Reference, release_reference
 from geospec.pipeline.stages.report import Report
 from geospec.pipeline.stages.solve import Solve
 from geospec.pipeline.stages.train import Train
+from geospec.records import StageLog
 from geospec.spec.sections import Spec
 
 STAGE_TYPES: tuple[type[Stage], ...] = (

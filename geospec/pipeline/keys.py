@@ -22,11 +22,6 @@ def section(model: Any) -> Any:
     return model.model_dump(mode="json") if isinstance(model, BaseModel) else model
 
 
-#: The train stage's key in a spec that trains no arm (``probe_only``): the same for every such
-#: spec, so a run directory says by it alone that nothing was to be trained.
-PROBE_ONLY_TRAIN_KEY = digest("train", "probe-only")
-
-
 def data_key(data: DataSpec) -> str:
     return digest("data", section(data))
 

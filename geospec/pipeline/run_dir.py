@@ -1,7 +1,7 @@
-"""The run directory: artifact names, the stage-key record, who owns a training directory, the
-run's metadata, one reader for JSON artifacts, and the readers of the optional stages' records
-(diagnostics.json, demand.json, prune.json: read by their stages, their commands and the report,
-which is why they live here, below both the stages and ``geospec.report``).
+"""The run directory as the pipeline keeps it: who owns a training directory, failure records,
+the launcher's submissions, the run's metadata and ``measure = "all"`` pinned when a run begins.
+The records the report reads too (the stage keys, the optional stages' records, a training
+directory's key) are :mod:`geospec.records`'s, below both.
 
 Layout (docs/pipeline.md): ``spec.resolved.toml``, ``plugins.json``, ``env.json``, ``run.json``,
 ``stages.json``, ``reference/``, ``clouds/``, ``profiles.json``, ``diagnostics.json``,
@@ -21,105 +21,29 @@ import platform
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec.artifacts import json_problem, read_json, read_json_or_none
+from geospec.artifacts import json_problem, read_json
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import file_digest, sealed
 from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
 from geospec.errors import GeospecError, UsageError, last_line
 from geospec.layout import (
-    DEMAND_FILE,
-    DIAGNOSTICS_FILE,
     EVAL_FILE,
     FAILURE_FILE,
     MEASURES_FILE,
-    PRUNE_FILE,
     RUN_FILE,
     RUN_KEY_FILE,
-    STAGES_FILE,
     SUBMITTED_FILE,
 )
+from geospec.moved import moved_names
+from geospec.records import stored_run_key
 from geospec.version import __version__
 
 if TYPE_CHECKING:
     from geospec.pipeline.context import RunContext
     from geospec.spec.sections import Spec
-
-# ---------------------------------------------------------------------------------------------
-# the optional stages' records
-
-#: What the demand measurement (keyed by the demand stage's compute key) consists of.
-MEASURED_KEYS = (
-    "loss",
-    "importance",
-    "keep",
-    "multiple",
-    "layers",
-    "additivity",
-    "orders",
-    "fallback",
-)
-#: What each optional stage's record holds at the top level: one without these keys, unreadable
-#: or changed after geospec sealed it is written again, and left out of the report until then.
-DIAGNOSTICS_KEYS = ("profiles", "loss", "layers", "additivity", "correlations", "keys")
-DEMAND_KEYS = ("profiles", *MEASURED_KEYS, "correlations", "keys")
-PRUNE_KEYS = ("keep", "baseline", "corpora", "reference", "budgets", "key")
-
-
-def _sound_record(path: Path, keys: tuple[str, ...]) -> dict[str, Any] | None:
-    if json_problem(path, *keys) is not None:
-        return None
-    data: dict[str, Any] = read_json(path)
-    return data
-
-
-def read_diagnostics(run_dir: Path) -> dict[str, Any] | None:
-    """The run's diagnostics.json, or None when the diagnose stage has not written a sound one."""
-    return _sound_record(Path(run_dir) / DIAGNOSTICS_FILE, DIAGNOSTICS_KEYS)
-
-
-def read_demand(run_dir: Path) -> dict[str, Any] | None:
-    """The run's demand.json, or None when the demand stage has not written a sound one."""
-    return _sound_record(Path(run_dir) / DEMAND_FILE, DEMAND_KEYS)
-
-
-def read_prune(run_dir: Path) -> dict[str, Any] | None:
-    """The run's prune.json, or None when the prune stage has not written a sound one."""
-    return _sound_record(Path(run_dir) / PRUNE_FILE, PRUNE_KEYS)
-
-
-@dataclass(frozen=True)
-class StageLog:
-    """The stages' keys as ``stages.json`` records them (read afresh each time: several
-    ``geospec run`` processes may share a run directory)."""
-
-    path: Path
-
-    def keys(self) -> dict[str, str]:
-        try:
-            stored = json.loads(self.path.read_text()) if self.path.exists() else {}
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            stored = {}  # a damaged bookkeeping file only costs recomputation
-        if not isinstance(stored, dict):
-            return {}
-        return {stage: key for stage, key in stored.items() if isinstance(key, str)}
-
-    def record(self, stage: str, key: str) -> None:
-        keys = self.keys()
-        if keys.get(stage) != key:
-            keys[stage] = key
-            atomic_write_json(self.path, keys)
-
-    def forget(self, stage: str) -> None:
-        """Drop ``stage``'s key: it did part of its work, and runs again next time."""
-        keys = self.keys()
-        if stage in keys:
-            del keys[stage]
-            atomic_write_json(self.path, keys)
-
 
 # ---------------------------------------------------------------------------------------------
 # training directories
@@ -220,17 +144,6 @@ def prepare_run_dir(path: Path) -> Path:
             f"out: {shown} cannot be written ({reason}); choose another folder"
         ) from None
     return resolved
-
-
-def stored_run_key(out: Path) -> str | None:
-    """The key recorded in a training directory; None when there is none or it is unreadable
-    (the run then resumes, and the trainer's own fingerprint check guards what it resumes)."""
-    try:
-        record = json.loads((out / RUN_KEY_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    key = record.get("key") if isinstance(record, dict) else None
-    return key if isinstance(key, str) else None
 
 
 def is_trained(out: Path, key: str) -> bool:
@@ -337,20 +250,6 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
     )
 
 
-def trains_nothing(run_dir: Path, record: Any = None) -> bool:
-    """Whether the run's spec trains no arm (``probe_only``: a probe-only or pruning spec), so
-    that status and the report list no runs and count none as pending: its run.json
-    (``record``, read here when None) says so, or, in a run directory from before run.json
-    said it, its train stage recorded the probe-only key."""
-    from geospec.pipeline.keys import PROBE_ONLY_TRAIN_KEY
-
-    if record is None:
-        record = read_json_or_none(run_dir / RUN_FILE)
-    if isinstance(record, dict) and record.get("probe_only") is True:
-        return True
-    return StageLog(run_dir / STAGES_FILE).keys().get("train") == PROBE_ONLY_TRAIN_KEY
-
-
 def pin_measures(spec: Spec, run_dir: Path, say: Callable[[str], None]) -> Spec:
     """``spec`` with ``measure = "all"`` as this run first resolved it (``measures.json``): a
     plugin installed or removed later changes no stage key of the run; what it would change is
@@ -441,3 +340,14 @@ def environment() -> dict[str, Any]:
     except (OSError, subprocess.TimeoutExpired):
         info["git_sha"] = None
     return info
+
+
+# the optional stages' readers lived here until they moved below the report (docs/diagnostics.md
+# showed ``read_diagnostics`` imported from this module)
+__getattr__ = moved_names(
+    __name__,
+    {
+        name: "geospec.records"
+        for name in ("read_diagnostics", "read_demand", "read_prune", "trains_nothing")
+    },
+)  # fmt: skip

@@ -30,13 +30,8 @@ from geospec.layout import (
     arm_seed_dir,
 )
 from geospec.locks import claim_holder, holder_alive
-from geospec.pipeline.run_dir import (
-    StageLog,
-    measure_all_note,
-    read_failure,
-    read_submissions,
-    trains_nothing,
-)
+from geospec.pipeline.run_dir import measure_all_note, read_failure, read_submissions
+from geospec.records import StageLog, trains_nothing
 
 #: The pipeline's stages in order (as geospec.pipeline.executor.STAGES, without importing it).
 STAGE_NAMES = (

@@ -10,9 +10,12 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from geospec.errors import UsageError
+
+if TYPE_CHECKING:
+    from geospec.spec.sections import PruneSpec, ReferenceSpec
 
 #: A prune unit's record and its exported model (as the prune stage writes them).
 UNIT_FILE = "result.json"
@@ -53,7 +56,7 @@ def run_tokenizer_source(unit: Path) -> Path | None:
     relative paths from the spec file's directory); None when the run does not say."""
     import tomllib
 
-    from geospec.engine.hub import spec_path
+    from geospec.hub import spec_path
 
     run_dir = unit.resolve().parents[3]
     try:
@@ -189,3 +192,22 @@ def _gguf_line(written: Any) -> str:
         f"{' '.join(map(str, written.widths))}): {written.parameters:,} parameters, "
         f"{size(written.bytes)} -> {written.path}"
     )
+
+
+def export_dtype(prune: PruneSpec, reference: ReferenceSpec, spec_dir: Path) -> str:
+    """The dtype a prune's models are written in: ``prune.export_dtype``, where "checkpoint" is
+    the dtype the checkpoint's config.json declares (a GGUF file, which declares none, or
+    another: ``reference.dtype``, the dtype the model is computed in)."""
+    from geospec.engine.pretrained import DTYPES
+    from geospec.spec.checkpoint_shape import read_checkpoint_facts
+
+    if prune.export_dtype != "checkpoint":
+        return prune.export_dtype
+    checkpoint = reference.checkpoint
+    facts = (
+        read_checkpoint_facts(checkpoint, reference.revision, spec_dir)
+        if checkpoint is not None
+        else None
+    )
+    declared = None if facts is None else facts.dtype
+    return declared if declared in DTYPES else reference.dtype

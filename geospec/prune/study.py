@@ -161,9 +161,10 @@ def prune_units(
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
     from geospec.plugin import create_plugin
-    from geospec.prune.allocate import allocate, pruned_dims
+    from geospec.prune.allocate import allocate
     from geospec.prune.apply import compensated_export_problem, eval_loss, pruned
     from geospec.prune.search import SuffixCutLosses
+    from geospec.shapes.pruned import pruned_dims
 
     prune = inputs.prune
     first = next(iter(corpora.values()))[0][0][:1]

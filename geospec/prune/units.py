@@ -76,6 +76,22 @@ def chosen_units(
     ]
 
 
+def left_out_note(left_out: Sequence[Unit]) -> str:
+    """What ``geospec prune --arms/--keep`` left uncomputed, by ARM@KEEP (as ``--export`` names a
+    unit group) with their seeds, and how to compute them."""
+    seeds: dict[str, list[int]] = {}
+    for unit in left_out:
+        seeds.setdefault(f"{unit.arm}@{unit.keep:g}", []).append(unit.seed)
+    names = ", ".join(
+        f"{name} (seed {', '.join(map(str, found))})" for name, found in seeds.items()
+    )
+    return (
+        f"{len(left_out)} unit(s) not chosen by --arms/--keep are not computed: {names}; "
+        "prune.json and the report wait for them. Run the same command without --arms and "
+        "--keep to compute them (the units computed so far are reused)"
+    )
+
+
 def units_of(prune: PruneSpec) -> list[Unit]:
     """Every unit of a prune, in the order they are computed (a calibration seed's units
     together: its scores are computed once)."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from geospec.artifacts import json_problem
 from geospec.layout import EVAL_FILE, arm_seed_dir
-from geospec.pipeline.run_dir import stored_run_key
+from geospec.records import stored_run_key
 from geospec.stats import comparison, finite, holm, summarize
 
 

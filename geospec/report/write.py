@@ -9,7 +9,7 @@ from geospec.artifacts import read_json
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import sealed
 from geospec.layout import REPORT_FILE, RESULTS_FILE, RUN_FILE
-from geospec.pipeline.run_dir import read_demand, read_diagnostics, read_prune
+from geospec.records import read_demand, read_diagnostics, read_prune
 from geospec.report.results import build_results
 
 #: Figures the diagnose stage draws; the report shows those that exist.

@@ -1,3 +1,3 @@
 """From work profiles to integer widths: schedule outputs checked against the budget
-(``widths``), profile checks and resampling (``profiles``), largest-remainder rounding
-(``rounding``). Torch-free."""
+(``widths``, with the profile checks of :mod:`geospec.profiles` and the largest-remainder
+rounding of :mod:`geospec.rounding`). Torch-free."""

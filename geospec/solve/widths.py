@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from geospec.atomic import atomic_write_json
-from geospec.engine.model_size import total_ffn_params
 from geospec.errors import GeospecError, PluginError, UsageError
-from geospec.solve.profiles import check_profile, read_profiles
+from geospec.profiles import check_profile, read_profiles
+from geospec.shapes.model_size import total_ffn_params
+from geospec.spec.checks import dependency_cycle
 from geospec.spec.resolve import model_dims
 from geospec.spec.sections import ArmSpec, ModelSpec
 
@@ -223,31 +224,6 @@ def arm_order(sources: Mapping[str, Sequence[str]]) -> list[str]:
         ready = (n for n in sources if n not in order and all(s in order for s in sources[n]))
         order.append(next(ready))
     return order
-
-
-def dependency_cycle(sources: Mapping[str, Sequence[str]]) -> list[str] | None:
-    """A cycle among the arms, as the path ``[a, b, ..., a]``, or None (sources not among the
-    arms are ignored: they are reported on their own)."""
-    state: dict[str, str] = {}  # "open" while on the current path, "done" once explored
-
-    def visit(name: str, path: list[str]) -> list[str] | None:
-        state[name] = "open"
-        for source in sources.get(name, ()):
-            if state.get(source) == "open":  # on the current path: the path closes a cycle
-                return [*path[path.index(source) :], source]
-            if source in sources and source not in state:
-                found = visit(source, [*path, source])
-                if found:
-                    return found
-        state[name] = "done"
-        return None
-
-    for name in sources:
-        if name not in state:
-            found = visit(name, [name])
-            if found:
-                return found
-    return None
 
 
 def width_problems(widths: Sequence[int], model: ModelSpec, multiples: bool) -> list[str]:

@@ -233,12 +233,13 @@ def read_checkpoint_shape(
 ) -> CheckpointShape | str:
     """The shape of ``reference.checkpoint``, or why it cannot be read (a sentence)."""
     if revision is not None:
-        from geospec.spec.sections import COMMIT, HUB_ID
+        from geospec.hub import HUB_ID
+        from geospec.spec.sections import COMMIT
 
         if not (HUB_ID.match(checkpoint) and COMMIT.match(revision)):
             return "it is no hub id at a commit (the spec's own check says why)"
         return _hub_shape(checkpoint, revision)
-    from geospec.engine.hub import spec_path
+    from geospec.hub import spec_path
 
     path = spec_path(checkpoint, spec_dir)
     if path.is_file() and path.suffix == ".gguf":
@@ -259,8 +260,8 @@ class HubUnreadable(str):
 def _hub_shape(checkpoint: str, revision: str) -> CheckpointShape | str:
     """config.json of a hub id at its commit: from the Hugging Face cache, or downloaded (one
     small file; offline, a commit missing from the cache is said with the commits it holds)."""
-    from geospec.engine.hub import Source, check_hub_files
     from geospec.errors import UsageError
+    from geospec.hub import Source, check_hub_files
 
     try:
         cached = check_hub_files(
@@ -382,9 +383,9 @@ def read_checkpoint_facts(
     """The facts of ``reference.checkpoint``, or None where they cannot be read (a missing or
     unreadable checkpoint is said by :func:`read_checkpoint_shape`'s caller already)."""
     if revision is not None:
-        from geospec.engine.hub import Source, check_hub_files
         from geospec.errors import UsageError
-        from geospec.spec.sections import COMMIT, HUB_ID
+        from geospec.hub import HUB_ID, Source, check_hub_files
+        from geospec.spec.sections import COMMIT
 
         if not (HUB_ID.match(checkpoint) and COMMIT.match(revision)):
             return None
@@ -396,7 +397,7 @@ def read_checkpoint_facts(
             return None
         path, described = Path(cached), f"config.json of {checkpoint} at {revision[:12]}"
     else:
-        from geospec.engine.hub import spec_path
+        from geospec.hub import spec_path
 
         local = spec_path(checkpoint, spec_dir)
         if local.is_file() and local.suffix == ".gguf":

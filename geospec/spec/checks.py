@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel
 
-from geospec.engine.model_size import attention_problems, kv_head_problems
 from geospec.kinds import reads_scores
-from geospec.prune.allocate import keep_problem, pruned_dims
 from geospec.registry.loading import get_registries
-from geospec.solve.widths import dependency_cycle
+from geospec.shapes.model_size import attention_problems, kv_head_problems
+from geospec.shapes.pruned import keep_problem, pruned_dims
 from geospec.spec.resolve import measures, model_dims
 from geospec.spec.sections import (
     DIAGNOSTIC_PROFILES,
@@ -373,4 +373,29 @@ def _holding(params: dict[str, object], value: str) -> str | None:
             inner = _holding(held, value)
             if inner is not None:
                 return f"{key}.{inner}"
+    return None
+
+
+def dependency_cycle(sources: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """A cycle among the arms, as the path ``[a, b, ..., a]``, or None (sources not among the
+    arms are ignored: they are reported on their own)."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once explored
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = "open"
+        for source in sources.get(name, ()):
+            if state.get(source) == "open":  # on the current path: the path closes a cycle
+                return [*path[path.index(source) :], source]
+            if source in sources and source not in state:
+                found = visit(source, [*path, source])
+                if found:
+                    return found
+        state[name] = "done"
+        return None
+
+    for name in sources:
+        if name not in state:
+            found = visit(name, [name])
+            if found:
+                return found
     return None

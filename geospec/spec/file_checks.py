@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from geospec.engine.hub import spec_path
+from geospec.hub import spec_path
 from geospec.spec.checkpoint_shape import CheckpointFacts, read_checkpoint_facts
 from geospec.spec.sections import PretrainedTokenizer, Spec
 
@@ -162,8 +162,8 @@ def loading_memory_problem(spec: Spec) -> str | None:
     reference.dtype and the fixes), or None: where it fits, where the weights go to a GPU (whose
     free memory only torch can tell), where [model]'s size is unknown, or with
     GEOSPEC_SKIP_MEMORY_CHECK=1."""
-    from geospec.engine.memory import host_available
-    from geospec.engine.model_size import count_params
+    from geospec.shapes.memory import host_available
+    from geospec.shapes.model_size import count_params
     from geospec.spec.resolve import declared_vocab_size, model_shape
 
     if spec.reference.checkpoint is None or os.environ.get("GEOSPEC_SKIP_MEMORY_CHECK") == "1":

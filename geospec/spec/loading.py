@@ -15,8 +15,8 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from tomlkit.exceptions import KeyAlreadyPresent, ParseError
 
-from geospec.engine.hub import spec_path
 from geospec.errors import SpecError
+from geospec.hub import spec_path
 from geospec.plugin import PluginTable
 from geospec.spec.checks import cross_check
 from geospec.spec.sections import Spec

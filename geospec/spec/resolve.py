@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from geospec.engine.model_size import Shape
 from geospec.kinds import ModelDims
+from geospec.shapes.model_size import Shape
 from geospec.spec.sections import (
     BPETokenizer,
     GPT2Tokenizer,

@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from geospec.hub import HUB_ID
 from geospec.plugin import (
     GeometryRef,
     ImportanceRef,
@@ -33,8 +34,6 @@ from geospec.stats import MIN_RELIABILITY
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
 """Seeds are what torch and numpy accept: integers in [0, 2**32)."""
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-"""A Hugging Face hub model id: 'organisation/name'."""
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 """A git commit id, the only hub revision that cannot move (branches and tags can)."""
 

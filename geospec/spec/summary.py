@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from geospec.engine.model_size import count_params, total_ffn_params
+from geospec.shapes.model_size import count_params, total_ffn_params
 from geospec.spec.resolve import declared_vocab_size, measures, model_shape
 from geospec.spec.sections import PretrainedTokenizer, Spec
 
@@ -159,7 +159,7 @@ def uncached_hub_notes(spec: Spec) -> list[str]:
     Hugging Face cache does not hold. Where ``[model]`` was filled from the checkpoint, its
     config.json is cached by now (or validation failed), so the note is for a spec that gives
     ``[model]`` in full."""
-    from geospec.engine.hub import Source, uncached_note
+    from geospec.hub import Source, uncached_note
 
     sources = []
     if spec.reference.checkpoint is not None and spec.reference.revision is not None:
@@ -199,7 +199,7 @@ def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:
     same FFN budget: only the widest layer's backward differs)."""
     import os
 
-    from geospec.engine.memory import micro_batching, training_memory
+    from geospec.shapes.memory import micro_batching, training_memory
 
     vocab = declared_vocab_size(spec)
     if vocab is None or spec.probe_only:

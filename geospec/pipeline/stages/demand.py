@@ -29,8 +29,8 @@ from geospec.errors import GeospecError
 from geospec.layout import DEMAND_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.run_dir import DEMAND_KEYS, MEASURED_KEYS, read_demand
 from geospec.pipeline.stages.probe import Probe
+from geospec.records import DEMAND_KEYS, MEASURED_KEYS, read_demand
 from geospec.spec.sections import DEMAND_PROFILES, DemandSpec, Spec
 
 if TYPE_CHECKING:

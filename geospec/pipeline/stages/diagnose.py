@@ -29,8 +29,8 @@ from geospec.errors import GeospecError
 from geospec.layout import CLOUDS_DIR, DIAGNOSTICS_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.run_dir import DIAGNOSTICS_KEYS, read_diagnostics
 from geospec.pipeline.stages.probe import Probe
+from geospec.records import DIAGNOSTICS_KEYS, read_diagnostics
 from geospec.spec.resolve import measures
 from geospec.spec.sections import DiagnoseSpec, MeasureSpec, Spec
 from geospec.stats import finite

@@ -2,7 +2,7 @@
 
 Either the spec's own model trained with the uniform width (``reference/``, a training directory
 like any arm's), or a pretrained checkpoint that is only checked and keyed: local files by their
-paths, sizes and times, a hub model by its id and commit (:mod:`geospec.engine.hub`).
+paths, sizes and times, a hub model by its id and commit (:mod:`geospec.hub`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from geospec.engine.hub import Source, locate
 from geospec.engine.run_files import RESULT_FILE
 from geospec.errors import UsageError
+from geospec.hub import Source, locate
 from geospec.layout import REFERENCE_DIR
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section, training_settings
@@ -65,7 +65,7 @@ class Reference:
         if self.reference.checkpoint is not None:
             source = checkpoint_source(run.spec_dir, self.reference)  # a missing path: one line
             if source.on_hub:
-                from geospec.engine.hub import check_hub_files
+                from geospec.hub import check_hub_files
 
                 check_hub_files(source, "config.json")  # a wrong commit is said here, not later
             dtype = "" if self.reference.dtype == "float32" else f" in {self.reference.dtype}"

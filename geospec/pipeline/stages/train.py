@@ -27,6 +27,7 @@ from geospec.pipeline.keys import arm_run_key, digest
 from geospec.pipeline.launching import Trainer
 from geospec.pipeline.run_dir import is_trained, record_submissions
 from geospec.plugin_base import PluginParams
+from geospec.records import PROBE_ONLY_TRAIN_KEY
 from geospec.spec.sections import DataSpec, ModelSpec, Spec, TrainSpec
 
 
@@ -52,7 +53,7 @@ class Train:
     def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         if self.probe_only:
             note = "[dim]- train: probe-only spec, no arm is trained[/]"
-            return Plan(digest("train", "probe-only"), current=True, note=note, main_only=False)
+            return Plan(PROBE_ONLY_TRAIN_KEY, current=True, note=note, main_only=False)
         widths: dict[str, list[int]] = upstream.output("solve")
         runs = [
             (arm, seed, arm_seed_dir(run.run_dir, arm, seed), self.run_key(widths[arm], seed))

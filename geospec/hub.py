@@ -9,12 +9,16 @@ commit id pins a hub model (branches and tags move), so the spec requires one
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from geospec.errors import UsageError
-from geospec.spec.sections import HUB_ID
+
+#: A Hugging Face hub id ("owner/name"): what a spec's checkpoint or tokenizer path is read as
+#: when it names no local file.
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 @dataclass(frozen=True)

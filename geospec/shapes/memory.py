@@ -24,14 +24,23 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from geospec.disk import size
-from geospec.engine.model_size import Shape, attention_params, count_params, ffn_params, norm_params
 from geospec.errors import UsageError
+from geospec.shapes.model_size import Shape, attention_params, count_params, ffn_params, norm_params
 
-if TYPE_CHECKING:
-    from geospec.spec.sections import TrainSpec
+
+class Batching(Protocol):
+    """What :func:`micro_batching` reads of ``[train]`` (a ``TrainSpec``; a protocol, as the
+    spec's sections sit above this module)."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def micro_batch_size(self) -> int | None: ...
+
 
 FP32 = 4
 BF16 = 2
@@ -149,7 +158,7 @@ def _activations(shape: Shape, widths: Sequence[int], micro_batch: int, compute:
     return saved_activations(shape, widths, micro_batch, compute) + logits + backward
 
 
-def micro_batching(train: TrainSpec, world_size: int) -> tuple[int, int]:
+def micro_batching(train: Batching, world_size: int) -> tuple[int, int]:
     """(sequences per micro-batch, micro-batches per step) on each process."""
     if train.batch_size % world_size:
         raise UsageError(
