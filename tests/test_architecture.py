@@ -283,6 +283,8 @@ FLOORS: list[set[str]] = [
     {"testing", "pytest_plugin", "specfile", "widths", "train", "model", "sensitivity",
      "intrinsic_dimension", "cli", "geospec", "__main__"},
 ]  # fmt: skip
+
+
 def package_of(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "geospec"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from geospec.hub_dataset import PARQUET_REVISION, load_problem
 
 from geospec.engine.corpus import Corpus
+from geospec.engine.hub_dataset import PARQUET_REVISION, load_problem
 from geospec.errors import UsageError
 from geospec.spec.loading import load_spec
 from geospec.spec.sections import DataSpec

@@ -22,12 +22,12 @@ from click.testing import CliRunner
 import geospec
 from geospec.cli import cli
 from geospec.errors import UsageError
+from geospec.measure.calibration import calibration_stats
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
 from geospec.prune.allocate import allocate
 from geospec.prune.apply import (
-    calibration_stats,
     calibration_windows,
     compensated_export_problem,
     eval_loss,
@@ -86,7 +86,7 @@ def test_the_block_calibration_gathers_every_linears_input_rms(family: str) -> N
     """Every linear map of each decoder layer, weights out x in (GPT-2's Conv1D transposed);
     layer 0's attention input is the first norm of the embeddings, whose RMS per feature over
     the calibration tokens is computed here by hand."""
-    from geospec.prune.apply import calibrate
+    from geospec.measure.calibration import calibrate
 
     model = hf_models.llama() if family == "llama" else hf_models.gpt2()
     tokens = np.random.default_rng(0).integers(0, hf_models.VOCAB, 400)

@@ -7,7 +7,7 @@
   ``.parquet`` (one document per row, from ``data.text_field``); compressed files (gzip, bz2, xz,
   zstd) are read transparently.
 - anything else in ``source`` is a Hugging Face hub dataset name (``hub_config``, ``hub_split``,
-  ``hub_revision``, ``streaming``), read by :mod:`~geospec.hub_dataset`: online through
+  ``hub_revision``, ``streaming``), read by :mod:`~geospec.engine.hub_dataset`: online through
   datasets, offline (``HF_HUB_OFFLINE=1``) from the Hugging Face cache.
 
 Text (the bundled corpora and ``.txt``, plain or gzip/bz2/xz) is read here, exactly as datasets'
@@ -194,7 +194,7 @@ class Corpus:
                 yield from batch[field]
 
     def _hub_texts(self) -> Iterator[str]:
-        from geospec.hub_dataset import documents_in, load_hub_dataset
+        from geospec.engine.hub_dataset import documents_in, load_hub_dataset
 
         d = self.data
         dataset = load_hub_dataset(d)

@@ -25,7 +25,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from geospec.measure.cut import ffn_cut, ffn_width, kept_neurons, kept_width
+from geospec.kinds import ActivationStats, Importance
+from geospec.measure.cut import (
+    CutError,
+    ffn_cut,
+    ffn_layout,
+    ffn_width,
+    kept_neurons,
+    kept_width,
+    neuron_order,
+    neuron_weights,
+)
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import (
     Batch,
@@ -262,3 +272,27 @@ def _demand(
         pairs=pairs,
         fallback=fallback,
     )
+
+
+def neuron_orders(
+    sites: Sequence[FFNSite],
+    importance: Importance,
+    calibration: Callable[[], list[ActivationStats]],
+) -> list[list[int]]:
+    """Every layer's neuron ordering by ``importance``, most important first; a score that reads
+    activations gets each layer's statistics from ``calibration`` (called only then, after the
+    FFN layout is known to be one geospec can cut)."""
+    try:
+        ffn_layout(sites[0].ffn)
+    except CutError as error:
+        raise CutError(
+            f"the FFN of {type(sites[0].layer).__name__} (the module the probe maps as its FFN): "
+            f"{error}"
+        ) from None
+    stats: Sequence[ActivationStats | None] = (
+        calibration() if importance.needs_activations else [None] * len(sites)
+    )
+    return [
+        neuron_order(importance, neuron_weights(site.ffn, layer, stats=stats[layer]))
+        for layer, site in enumerate(sites)
+    ]

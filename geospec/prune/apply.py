@@ -27,16 +27,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from geospec.errors import UsageError
-from geospec.kinds import ActivationStats, BlockLinears, Importance
+from geospec.kinds import ActivationStats, Importance
+from geospec.measure.calibration import calibration_stats
 from geospec.measure.cut import (
-    activation_stats,
     checked_scores,
     ffn_cut,
     ffn_layout,
@@ -44,7 +44,6 @@ from geospec.measure.cut import (
     neuron_weights,
     order_of,
 )
-from geospec.measure.linears import linear_inputs
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, mean_loss
 from geospec.prune.true_width import Stored
@@ -62,64 +61,6 @@ def calibration_windows(tokens: np.ndarray, seq_len: int, windows: int, seed: in
         )
     drawn = np.random.default_rng(seed).choice(available, size=windows, replace=False)
     return np.sort(drawn) * seq_len
-
-
-class Calibration(NamedTuple):
-    """What one calibration pass over the unpruned model recorded (None: not asked for)."""
-
-    stats: list[ActivationStats] | None
-    """Every FFN's hidden-activation statistics (:func:`calibration_stats`)."""
-    blocks: list[BlockLinears] | None
-    """Every decoder layer's linear maps with their input RMS (OWL's per-weight scores)."""
-
-
-def calibrate(
-    model: nn.Module,
-    sites: Sequence[FFNSite],
-    tokens: np.ndarray,
-    starts: np.ndarray,
-    seq_len: int,
-    batch_size: int,
-    *,
-    stats: bool = True,
-    blocks: bool = False,
-    bos: int | None = None,
-) -> Calibration:
-    """One pass of the unpruned ``model`` over the calibration windows of ``seq_len`` tokens at
-    ``starts``, in batches of ``batch_size``, recording what is asked: the FFNs' activation
-    statistics (``stats``) and every decoder layer's linear inputs (``blocks``,
-    :func:`geospec.measure.linears.linear_inputs`); with ``bos``, each window starts with it
-    (:func:`geospec.engine.batches.input_windows`)."""
-    from geospec.engine.batches import input_windows
-
-    device = next(model.parameters()).device
-    ids = input_windows(tokens, starts, seq_len, bos)
-    with torch.no_grad(), ExitStack() as stack:
-        ffn = stack.enter_context(activation_stats([s.ffn for s in sites])) if stats else None
-        block = stack.enter_context(linear_inputs([s.layer for s in sites])) if blocks else None
-        for start in range(0, len(ids), batch_size):
-            logits_of(model, ids[start : start + batch_size].to(device))
-        return Calibration(None if ffn is None else ffn(), None if block is None else block())
-
-
-def calibration_stats(
-    model: nn.Module,
-    sites: Sequence[FFNSite],
-    tokens: np.ndarray,
-    starts: np.ndarray,
-    seq_len: int,
-    batch_size: int,
-    bos: int | None = None,
-) -> list[ActivationStats]:
-    """Every layer's hidden-activation statistics (signed mean, mean |a|, mean square per
-    neuron, float64 on the CPU) over the calibration windows of ``seq_len`` tokens at
-    ``starts``, run through the unpruned ``model`` in batches of ``batch_size``: what importance
-    scores that need activations read and what bias compensation puts in place of a cut
-    neuron (``[s.mean for s in stats]``). With ``bos`` each window starts with it, as the
-    model reads text (its position counts among the tokens, as in FLAP's calibration)."""
-    stats = calibrate(model, sites, tokens, starts, seq_len, batch_size, bos=bos).stats
-    assert stats is not None
-    return stats
 
 
 def neuron_scores(

@@ -74,7 +74,8 @@ def calibrated(
 ) -> Scored:
     """Calibration sample ``seed``'s work (:class:`Scored`): one calibration pass records what
     the arms need, and each importance scores the neurons from it."""
-    from geospec.prune.apply import calibrate, calibration_windows, neuron_scores
+    from geospec.measure.calibration import calibrate
+    from geospec.prune.apply import calibration_windows, neuron_scores
     from geospec.prune.search import calibration_batches
 
     calibration = prune.calibration

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
     from geospec.measure.probe import FFNSite
 
+    pass
+
 
 @dataclass(frozen=True)
 class DemandStage:
@@ -122,7 +124,8 @@ class DemandStage:
     def measure_reference(self, run: RunContext) -> dict[str, Any]:
         """Everything that needs the reference model: the orderings and the cuts' losses."""
         from geospec.engine.progress import stage_progress
-        from geospec.measure.demand import CutPlan, measure_demand
+        from geospec.measure.cut import CutError
+        from geospec.measure.demand import CutPlan, measure_demand, neuron_orders
         from geospec.measure.demand_record import additivity_record
         from geospec.measure.sensitivity import sample_pairs
         from geospec.plugin import create_plugin
@@ -132,7 +135,10 @@ class DemandStage:
         setup = self.probe.loss_setup(run, settings.windows, settings.batch_size)
         model, batches, sites = setup.model, setup.batches, setup.sites
         importance = create_plugin("importance", settings.importance)
-        orders = self._orders(run, model, sites, importance)
+        try:
+            orders = neuron_orders(sites, importance, lambda: self._calibration(run, model, sites))
+        except CutError as error:
+            raise CutError(f"demand: {error}") from None
         pairs = sample_pairs(len(sites), settings.pairs, settings.seed) if settings.pairs else []
         try:
             plan = CutPlan.of(orders, settings.keep, self.multiple, pairs, settings.pair_keep)
@@ -181,28 +187,6 @@ class DemandStage:
             "fallback": demand.fallback,
         }
 
-    def _orders(
-        self, run: RunContext, model: nn.Module, sites: Sequence[FFNSite], importance: Any
-    ) -> list[list[int]]:
-        """Every layer's neuron ordering by ``importance`` (with calibration activations over the
-        probe's windows when the score needs them)."""
-        from geospec.measure.cut import CutError, ffn_layout, neuron_order, neuron_weights
-
-        try:
-            ffn_layout(sites[0].ffn)
-        except CutError as error:
-            raise CutError(
-                f"demand: the FFN of {type(sites[0].layer).__name__} (the module the probe "
-                f"maps as its FFN): {error}"
-            ) from None
-        stats: list[Any] = [None] * len(sites)
-        if importance.needs_activations:
-            stats = self._calibration(run, model, sites)
-        return [
-            neuron_order(importance, neuron_weights(site.ffn, layer, stats=stats[layer]))
-            for layer, site in enumerate(sites)
-        ]
-
     def _calibration(self, run: RunContext, model: nn.Module, sites: Sequence[FFNSite]) -> Any:
         """Every FFN's hidden-activation statistics (signed mean, mean |a|, mean square per
         neuron) over every token of the probe's windows."""
@@ -211,26 +195,19 @@ class DemandStage:
 
         from geospec.engine.batches import with_bos
         from geospec.engine.progress import stage_progress
-        from geospec.measure.cut import activation_stats
-        from geospec.measure.sensitivity import logits_of
+        from geospec.measure.calibration import calibrate_on
 
         data = run.token_data(self.probe.data)
         sample = self.probe.sample(data)
-        seq_len, batch = self.probe.seq_len, self.probe.probe.batch_size
-        device = next(model.parameters()).device
+        seq_len = self.probe.seq_len
         tokens = self.probe.tokens(data)  # the probe's split: training text in a prune
         read = np.stack([tokens[w : w + seq_len].astype(np.int64) for w in sample.windows])
         windows = with_bos(torch.as_tensor(read), data.bos_id)  # the probe's windows, as it reads
-        with (
-            stage_progress(run.console, run.say, "calibrating", len(windows)) as advance,
-            torch.no_grad(),
-            activation_stats([site.ffn for site in sites]) as means,
-        ):
-            for start in range(0, len(windows), batch):
-                ids = windows[start : start + batch].to(device)
-                logits_of(model, ids)
-                advance(len(ids))
-            return means()
+        with stage_progress(run.console, run.say, "calibrating", len(windows)) as advance:
+            found = calibrate_on(
+                model, sites, windows, self.probe.probe.batch_size, progress=advance
+            )
+        return found.stats
 
 
 def demand_problem(path: Path) -> str | None:
