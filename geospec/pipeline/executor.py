@@ -133,7 +133,7 @@ def run_pipeline(
                 if plan.key is None:  # the stage does not apply to this spec
                     if plan.note is not None:
                         run.say(plan.note)
-                    done[stage.name] = Done(None)
+                    done[stage.name] = Done(None, plan.load())
                     continue
                 current = plan.current
                 if current is None:
