@@ -168,14 +168,13 @@ def prune_only_spec(directory: Path, *arms: dict[str, Any], **sections: Any) -> 
     if not (directory / "model").exists():
         word_checkpoint(directory / "model")
         word_corpus(directory / "docs.jsonl", 0)
-    spec = pruning(
-        *arms,
-        out=str(directory / "run"),
-        model={"seq_len": 16, "multiple_of": 8},
-        data={"files": ["docs.jsonl"]},
-        probe={"tokens": 64},
-        **sections,
-    )
+    defaults: dict[str, Any] = {
+        "out": str(directory / "run"),
+        "model": {"seq_len": 16, "multiple_of": 8},
+        "data": {"files": ["docs.jsonl"]},
+        "probe": {"tokens": 64},
+    }
+    spec = pruning(*arms, **(defaults | sections))
     for name in ("n_layers", "d_model", "n_heads", "ffn_width"):  # read from the checkpoint
         spec["model"].pop(name)
     spec["prune"] |= {
@@ -260,3 +259,25 @@ def test_a_prune_run_pinned_to_every_pair_before_keeps_its_keys(tmp_path: Path) 
     assert json.loads((run / "stages.json").read_text()) == keys
     assert json.loads((run / "profiles.json").read_text())["profiles"] == profiles
     assert status(run)["notes"] == []
+
+
+@pytest.mark.torch
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_diagnose_turned_off_keeps_its_record_while_nothing_is_probed(tmp_path: Path) -> None:
+    """diagnostics.json of the same reference and probe settings stays in the report after
+    [diagnose] is turned off, though the probe then does not apply (its key is not recorded);
+    one from another probe is dropped, as before."""
+    run = tmp_path / "run"
+    diagnose = {"enabled": True, "windows": 4, "pairs": 1}
+    invoke("prune", str(prune_only_spec(tmp_path, UNIFORM, FLAP, diagnose=diagnose)))
+    assert (run / "clouds" / "meta.json").exists()  # the diagnose stage reads the clouds
+    measured = (run / "diagnostics.json").read_bytes()
+    off = prune_only_spec(tmp_path, UNIFORM, FLAP, diagnose=diagnose | {"enabled": False})
+    assert "probe: not needed" in invoke("run", str(off))
+    assert (run / "diagnostics.json").read_bytes() == measured
+    assert "## Diagnostics" in (run / "report.md").read_text()
+    other = prune_only_spec(
+        tmp_path, UNIFORM, FLAP, diagnose=diagnose | {"enabled": False}, probe={"tokens": 32}
+    )
+    invoke("run", str(other))
+    assert not (run / "diagnostics.json").exists()
