@@ -420,7 +420,8 @@ def pinned_profile(table: Any) -> str | None:
         part.get("kind") if isinstance(part, dict) else part
         for part in (table.get("statistic"), table.get("geometry"))
     ]
-    return "/".join(kinds) if all(isinstance(kind, str) for kind in kinds) else None
+    named = [kind for kind in kinds if isinstance(kind, str)]
+    return "/".join(named) if len(named) == 2 else None
 
 
 def measure_all_note(
