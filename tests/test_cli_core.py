@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from geospec import __version__
 from geospec.cli import cli
+from geospec.registry.loading import get_registries
 from geospec.testing import minimal_spec
 
 ROOT = Path(__file__).parents[1]
@@ -163,16 +164,21 @@ def test_the_prune_quick_start_spec_is_short_and_validates_without_torch(tmp_pat
     )
     assert "is valid" in done.stdout and "4 x 512 = 2048" in done.stdout
     assert "the checkpoint is pruned" in done.stdout
-    assert "no [prune] arm reads" not in done.stdout  # it sets measure = []
-    # without measure = [], its uniform and flap arms read none of what "all" would measure
-    spec.write_text(text.replace("measure = []", "#"))
+    # measure = "all" (the default) is what its uniform and flap arms read: nothing, and so
+    # nothing is probed; no other registered profile is named
+    said = " ".join(done.stdout.split())
+    assert "measures none (the [prune] arms read no measured profile;" in said
+    assert "probe skipped: nothing reads the clouds" in said
+    registered = {f"{s}/{g}" for s, g in get_registries().all_measures()}
+    assert "shift/spherical" in registered and not any(name in said for name in registered)
+    geometric = '[[prune.arms]]\nname = "shift"\nschedule = { kind = "geometric", profile = '
+    spec.write_text(text + geometric + '"shift/spherical" }\n')
     found = CliRunner().invoke(cli, ["validate", str(spec)])
     assert found.exit_code == 0, found.output
-    assert "profiles no [prune] arm reads; set measure = [] to skip them" in found.output
-    geometric = '[[prune.arms]]\nname = "shift"\nschedule = { kind = "geometric", profile = '
-    spec.write_text(spec.read_text() + geometric + '"shift/spherical" }\n')
-    found = CliRunner().invoke(cli, ["validate", str(spec)])
-    assert "list only the pairs they read in measure (shift/spherical)" in found.output
+    said = " ".join(found.output.split())
+    assert "measures shift/spherical (what the [prune] arms read:" in said
+    assert [name for name in registered if name in said] == ["shift/spherical"]
+    assert "probe skipped" not in said
     spec.write_text(text)
     widths = CliRunner().invoke(cli, ["widths", str(spec)])  # no [[arms]]: no empty table
     assert widths.exit_code == 0 and "has no [[arms]]: it prunes the checkpoint" in widths.output

@@ -946,7 +946,7 @@ def test_a_prune_spec_needs_no_arms_no_train_and_no_tokenizer(tmp_path: Path) ->
     word_corpus(tmp_path / "docs.jsonl", 0)
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(
-        f'name = "quick"\nout = "{tmp_path / "run"}"\nmeasure = []\n\n'
+        f'name = "quick"\nout = "{tmp_path / "run"}"\n\n'
         '[model]\nseq_len = 16\nmultiple_of = 8\n\n[data]\nfiles = ["docs.jsonl"]\n\n'
         '[reference]\ncheckpoint = "model"\n\n[probe]\ntokens = 64\n\n'
         '[prune]\nkeep = 0.5\neval = { corpora = ["docs.jsonl"], windows = 4 }\n'

@@ -27,12 +27,7 @@ def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None
     """Check a spec and print what it resolves to (--json: every value, defaults filled in)."""
     from geospec.solve.widths import compute_widths
     from geospec.spec.loading import load_spec
-    from geospec.spec.summary import (
-        memory_lines,
-        spec_summary,
-        uncached_hub_notes,
-        unread_measure_note,
-    )
+    from geospec.spec.summary import memory_lines, spec_summary, uncached_hub_notes
 
     warn_broken_plugins()
     spec = load_spec(spec_path, overrides)
@@ -52,9 +47,6 @@ def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None
         stdout().print(f"[cyan]note:[/] arm {escape(arm)} {escape(note)}", highlight=False)
     for note in uncached_hub_notes(spec):
         stdout().print(f"[cyan]note:[/] {escape(note)}", highlight=False)
-    unread = unread_measure_note(spec)
-    if unread is not None:
-        stdout().print(f"[cyan]note:[/] {escape(unread)}", highlight=False)
     for line in memory_lines(spec, computable.widths):  # per process, before anything is built
         stdout().print(escape(line), highlight=False)
     stdout().print(f"[green]✓[/] {escape(str(spec_path))} is valid", highlight=False)

@@ -87,9 +87,10 @@ class Plan:
     The stage is up to date when ``current`` says so, or (``current`` None) when it is not forced,
     its stored key equals ``key``, every artifact exists and ``problem`` is None (an artifact that
     exists but cannot be trusted: damaged, or changed behind geospec's back; it is said and the
-    stage runs again). ``key`` None means the stage does not apply (nothing is recorded or said).
-    ``note`` replaces the "up to date" line. ``main_only`` stages run on rank 0 while the other
-    ranks wait; those ranks then ``load`` the outputs.
+    stage runs again). ``key`` None means the stage does not apply (nothing is recorded; only
+    ``note`` is said, if any; ``load`` gives its output). ``note`` replaces the "up to date"
+    line. ``main_only`` stages run
+    on rank 0 while the other ranks wait; those ranks then ``load`` the outputs.
     """
 
     key: str | None

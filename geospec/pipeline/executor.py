@@ -132,7 +132,9 @@ def run_pipeline(
                 plan = stage.plan(run, upstream, forced=index >= first)
                 works_here = run.is_main or not plan.main_only
                 if plan.key is None:  # the stage does not apply to this spec
-                    done[stage.name] = Done(None)
+                    if plan.note is not None:
+                        run.say(plan.note)
+                    done[stage.name] = Done(None, plan.load())
                     continue
                 current = plan.current
                 if current is None:

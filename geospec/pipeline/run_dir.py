@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec.artifacts import json_problem, read_json
+from geospec.artifacts import json_problem, read_json, read_json_or_none
 from geospec.atomic import atomic_write_json, atomic_write_text
 from geospec.digests import file_digest, sealed
 from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
@@ -223,9 +223,10 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
 
     from geospec.pipeline.keys import section
     from geospec.registry.loading import get_registries
-    from geospec.spec.resolve import resolved_spec
+    from geospec.spec.resolve import all_limited_to, resolved_spec
 
     resolved = resolved_spec(spec)
+    limit = all_limited_to(spec)
     atomic_write_text(run_dir / "spec.resolved.toml", tomlkit.dumps(_without_none(resolved)))
     atomic_write_json(run_dir / "plugins.json", get_registries().describe())
     atomic_write_json(run_dir / "env.json", environment())
@@ -245,19 +246,33 @@ def write_run_metadata(run_dir: Path, spec: Spec, spec_path: Path) -> None:
             **({"eval": {"tasks": list(spec.eval.tasks)}} if spec.eval is not None else {}),
             # status and the report list no runs of a spec that trains none
             **({"probe_only": True} if spec.probe_only else {}),
+            # what status compares a pinned measure = "all" with (a spec that only prunes)
+            **({MEASURE_LIMIT: sorted(limit)} if limit is not None else {}),
             "geospec": __version__,
         },
     )
 
 
+#: The mark of a measures.json written since ``measure = "all"`` depends on the spec
+#: (:func:`geospec.spec.resolve.all_limited_to`): its ``measure`` holds every pair registered
+#: when the run began, and the measures in effect are those of them the spec needs now (so a
+#: [prune] arm added later finds the pair it reads). A record without it (an earlier geospec's)
+#: holds the measures in effect, every one measured, so that the run keeps its stage keys.
+LIMITED = "limited"
+#: run.json's list of the profiles ``measure = "all"`` is limited to (a spec that only prunes:
+#: those its [prune] arms read), for ``geospec status``; absent for every other spec.
+MEASURE_LIMIT = "measure_limit"
+
+
 def pin_measures(spec: Spec, run_dir: Path, say: Callable[[str], None]) -> Spec:
     """``spec`` with ``measure = "all"`` as this run first resolved it (``measures.json``): a
     plugin installed or removed later changes no stage key of the run; what it would change is
-    said, here and by ``geospec status``. The first run records the pairs registered then; a
-    spec that lists its measures keeps no record. A damaged record is said and made again."""
+    said, here and by ``geospec status``. The first run records the pairs registered then (and
+    :data:`LIMITED`); the measures in effect are those of them the spec needs. A spec that lists
+    its measures keeps no record. A damaged record is said and made again."""
     from pydantic import ValidationError
 
-    from geospec.spec.resolve import measures
+    from geospec.spec.resolve import all_limited_to, registered_measures
     from geospec.spec.sections import MeasureSpec
 
     path = run_dir / MEASURES_FILE
@@ -266,32 +281,61 @@ def pin_measures(spec: Spec, run_dir: Path, say: Callable[[str], None]) -> Spec:
         return spec
     problem = json_problem(path, "measure") if path.exists() else None
     if path.exists() and problem is None:
-        recorded = read_json(path)["measure"]
+        record = read_json(path)
     else:
         if problem is not None:
             say(f'[yellow]![/] {problem}; measure = "all" is resolved again from the plugins now')
-        recorded = [entry.key_form() for entry in measures(spec)]
-        atomic_write_json(path, sealed({"measure": recorded}))
+        record = {"measure": [entry.key_form() for entry in registered_measures()], LIMITED: True}
+        atomic_write_json(path, sealed(record))
+    recorded = record["measure"]
+    limit = all_limited_to(spec) if record.get(LIMITED) is True else None
+    # a pair the spec does not need is not read: a plugin since removed that measured it is
+    # no loss to this run
+    chosen = [table for table in recorded if limit is None or pinned_profile(table) in limit]
     try:
-        pinned = [MeasureSpec.model_validate(table) for table in recorded]
+        pinned = [MeasureSpec.model_validate(table) for table in chosen]
     except (ValidationError, GeospecError) as error:
         raise UsageError(
             f'{path}: this run resolved measure = "all" when it began, but a plugin it measures '
             f"is gone ({last_line(str(error))}); install it again, or list the measures in the "
             "spec's [[measure]] tables"
         ) from None
-    note = measure_all_note([e.profile for e in pinned], run_dir)
+    names = [name for name in map(pinned_profile, recorded) if name is not None]
+    note = measure_all_note(names, run_dir, limit)
     if note is not None:
-        say(f"[yellow]![/] {note}")
+        from rich.markup import escape
+
+        say(f"[yellow]![/] {escape(note)}")
     return spec.model_copy(update={"measure": pinned})
 
 
-def measure_all_note(recorded: list[str], run_dir: Path) -> str | None:
+def pinned_profile(table: Any) -> str | None:
+    """The profile a measures.json table measures (None for what geospec never writes)."""
+    if not isinstance(table, dict):
+        return None
+    if isinstance(table.get("name"), str):
+        return str(table["name"])
+    kinds = [
+        part.get("kind") if isinstance(part, dict) else part
+        for part in (table.get("statistic"), table.get("geometry"))
+    ]
+    named = [kind for kind in kinds if isinstance(kind, str)]
+    return "/".join(named) if len(named) == 2 else None
+
+
+def measure_all_note(
+    recorded: list[str], run_dir: Path, limit: set[str] | None = None
+) -> str | None:
     """What the plugins registered now would measure that this run's recorded ``measure =
-    "all"`` does not (or the other way), or None when they agree."""
+    "all"`` does not (or the other way), or None when they agree. With ``limit`` (a
+    :data:`LIMITED` record of a spec that only prunes: the profiles its [prune] arms read), only
+    those profiles count: a plugin whose pairs no arm reads changes nothing the run measures."""
     from geospec.registry.loading import get_registries
 
     now = [f"{statistic}/{geometry}" for statistic, geometry in get_registries().all_measures()]
+    if limit is not None:
+        now = [name for name in now if name in limit]
+        recorded = [name for name in recorded if name in limit]
     added = [name for name in now if name not in recorded]
     gone = [name for name in recorded if name not in now]
     if not added and not gone:
@@ -299,11 +343,28 @@ def measure_all_note(recorded: list[str], run_dir: Path) -> str | None:
     changes = ([f"adds {', '.join(added)}"] if added else []) + (
         [f"no longer has {', '.join(gone)}"] if gone else []
     )
+    every = "every pair registered now" + ("" if limit is None else " that its [prune] arms read")
     return (
         f'measure = "all" was resolved when this run began ({MEASURES_FILE}); the plugins '
         f"installed now {' and '.join(changes)}: this run keeps its profiles. Delete "
-        f"{run_dir / MEASURES_FILE} to measure every pair registered now"
+        f"{run_dir / MEASURES_FILE} to measure {every}"
     )
+
+
+def pinned_measures(run_dir: Path) -> tuple[list[str], set[str] | None] | None:
+    """What ``geospec status`` compares with the plugins registered now: the profiles of the
+    run's measures.json and the limit its spec puts on them (run.json's ``measure_limit``, for
+    a :data:`LIMITED` record); None when the spec lists its measures (or the record cannot be
+    read: the next run says)."""
+    if json_problem(run_dir / MEASURES_FILE, "measure") is not None:
+        return None
+    record = json.loads((run_dir / MEASURES_FILE).read_text())
+    names = [name for name in map(pinned_profile, record["measure"]) if name is not None]
+    run = read_json_or_none(run_dir / RUN_FILE)
+    limit = run.get(MEASURE_LIMIT) if isinstance(run, dict) else None
+    if record.get(LIMITED) is not True or not isinstance(limit, list):
+        return names, None
+    return names, {name for name in limit if isinstance(name, str)}
 
 
 def _without_none(value: Any) -> Any:

@@ -22,7 +22,6 @@ from geospec.engine.run_files import METRICS_FILE, RESULT_FILE
 from geospec.errors import UsageError
 from geospec.layout import (
     EVAL_FILE,
-    MEASURES_FILE,
     REPORT_FILE,
     RUN_FILE,
     RUN_KEY_FILE,
@@ -30,7 +29,12 @@ from geospec.layout import (
     arm_seed_dir,
 )
 from geospec.locks import claim_holder, holder_alive
-from geospec.pipeline.run_dir import measure_all_note, read_failure, read_submissions
+from geospec.pipeline.run_dir import (
+    measure_all_note,
+    pinned_measures,
+    read_failure,
+    read_submissions,
+)
 from geospec.records import StageLog, trains_nothing
 
 #: The pipeline's stages in order (as geospec.pipeline.executor.STAGES, without importing it).
@@ -77,8 +81,8 @@ def status(run_dir: Path) -> dict[str, Any]:
             runs.append(entry)
     counts = {state: sum(r["state"] == state for r in runs) for state in RUN_STATES}
     notes = []
-    pinned = pinned_profiles(run_dir)
-    note = measure_all_note(pinned, run_dir) if pinned is not None else None
+    pinned = pinned_measures(run_dir)
+    note = measure_all_note(pinned[0], run_dir, pinned[1]) if pinned is not None else None
     if note is not None:
         notes.append(note)
     if "damaged" in submissions:
@@ -96,19 +100,6 @@ def status(run_dir: Path) -> dict[str, Any]:
         "seconds_left": seconds_left(runs),
         "notes": notes,
     }
-
-
-def pinned_profiles(run_dir: Path) -> list[str] | None:
-    """The profiles ``measure = "all"`` was resolved to when the run began (measures.json), or
-    None when the spec lists its measures (or the record cannot be read: the next run says)."""
-    if json_problem(run_dir / MEASURES_FILE, "measure") is not None:
-        return None
-    tables = json.loads((run_dir / MEASURES_FILE).read_text())["measure"]
-    return [
-        t.get("name") or f"{t['statistic']['kind']}/{t['geometry']['kind']}"
-        for t in tables
-        if isinstance(t, dict)
-    ]
 
 
 def seconds_left(runs: list[dict[str, Any]]) -> float | None:

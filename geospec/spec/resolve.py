@@ -19,15 +19,41 @@ from geospec.spec.sections import (
 
 
 def measures(spec: Spec) -> list[MeasureSpec]:
-    """The measure entries in effect: ``"all"`` expands to every registered pair with defaults."""
+    """The measure entries in effect. ``"all"`` (the default) expands to the registered pairs,
+    with defaults, that the spec needs (:func:`all_limited_to`): every one in a spec that solves
+    [[arms]]; in a spec that only prunes, those some [prune] arm reads (none for uniform or
+    flap arms)."""
     if spec.measure is not None:
         return list(spec.measure)
+    limit = all_limited_to(spec)
+    return [entry for entry in registered_measures() if limit is None or entry.profile in limit]
+
+
+def registered_measures() -> list[MeasureSpec]:
+    """Every registered geometry x statistic pair, with default parameters."""
     from geospec.registry.loading import get_registries
 
     return [
         MeasureSpec.model_validate({"geometry": geometry, "statistic": statistic})
         for statistic, geometry in get_registries().all_measures()
     ]
+
+
+def prunes_only(spec: Spec) -> bool:
+    """Whether the spec prunes a checkpoint and has no [[arms]] (nothing is trained or solved):
+    its [prune] arms are the only readers of the measured profiles. (Such a spec is probe_only
+    too: ``Spec`` sets it.)"""
+    return spec.prune is not None and not spec.arms
+
+
+def all_limited_to(spec: Spec) -> set[str] | None:
+    """The profiles ``measure = "all"`` is limited to for ``spec``: in a spec that only prunes,
+    those its [prune] arms read (no other stage or output reads a measured profile there); None
+    (every registered pair) in any other, whose report shows every profile beside the widths."""
+    if not prunes_only(spec):
+        return None
+    assert spec.prune is not None
+    return set(prune_profiles(spec.prune))
 
 
 def prune_profiles(prune: PruneSpec) -> list[str]:
@@ -41,6 +67,15 @@ def prune_profiles(prune: PruneSpec) -> list[str]:
         if not reads_scores(schedule):
             names.update(schedule.required_profiles())
     return sorted(names)
+
+
+def probes(spec: Spec) -> bool:
+    """Whether the probe stage applies: a later stage reads its clouds (the measure stage's
+    entries in effect, the diagnose stage) or its key (the demand stage's measurement is keyed
+    by it: the reference's identity reaches demand.json only through that key). A spec that
+    measures nothing with [diagnose] and [demand] off (a prune of uniform and flap arms, a study
+    with measure = []) probes nothing."""
+    return bool(measures(spec)) or spec.diagnose.enabled or spec.demand.enabled
 
 
 def model_dims(model: ModelSpec) -> ModelDims:

@@ -807,7 +807,8 @@ class Spec(Section):
     reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
     probe: ProbeSpec = Field(default_factory=ProbeSpec)
     measure: Annotated[list[MeasureSpec] | None, BeforeValidator(_all_means_none)] = None
-    """A list of geometry x statistic tables, or "all" (the default): every registered pair."""
+    """A list of geometry x statistic tables, or "all" (the default): every registered pair; in a
+    spec that only prunes ([prune] without [[arms]]), every pair its [prune] arms read."""
     arms: list[ArmSpec] = Field(max_length=1000)
     """The trained schedules: at least one, except in a spec that only prunes a
     reference.checkpoint ([prune] without [[arms]]: nothing is trained)."""

@@ -10,7 +10,13 @@ from rich.table import Table
 from rich.text import Text
 
 from geospec.shapes.model_size import count_params, total_ffn_params
-from geospec.spec.resolve import declared_vocab_size, measures, model_shape
+from geospec.spec.resolve import (
+    declared_vocab_size,
+    measures,
+    model_shape,
+    probes,
+    prunes_only,
+)
 from geospec.spec.sections import PretrainedTokenizer, Spec
 
 
@@ -62,7 +68,23 @@ def spec_summary(spec: Spec) -> Group:
             watched = [plugin_call(t.model_dump(mode="json")) for t in spec.train.trackers]
             head.add_row("trackers", Text(", ".join(watched)))
     profiles = [entry.profile for entry in measures(spec)]
-    head.add_row("measures", ", ".join(profiles) if profiles else "(none)")
+    measured = ", ".join(profiles) if profiles else "(none)"
+    if spec.measure is None and prunes_only(spec):  # "all" is what the [prune] arms read
+        measured = (
+            f'{measured} (what the [prune] arms read: measure = "all" in a spec that only prunes)'
+            if profiles
+            else 'none (the [prune] arms read no measured profile; measure = "all" in a spec '
+            "that only prunes is what they read)"
+        )
+    head.add_row("measures", Text(measured))
+    if not probes(spec):
+        head.add_row(
+            "probe",
+            Text(
+                "skipped: nothing reads the clouds (no profile is measured; [diagnose] and "
+                "[demand] are off)"
+            ),
+        )
     if spec.probe.replicates > 1:
         head.add_row(
             "replicates",
@@ -126,31 +148,6 @@ def spec_summary(spec: Spec) -> Group:
     for arm in spec.prune.arms:
         pruning.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
     return Group(head, *shown, pruning)
-
-
-def unread_measure_note(spec: Spec) -> str | None:
-    """A note when ``measure = "all"`` (the default) would measure profiles that nothing reads:
-    a prune with no training arms whose schedules read fewer profiles than every registered
-    pair (``measure = []``, or the pairs they read, skips the rest)."""
-    from geospec.spec.resolve import measures, prune_profiles
-
-    if spec.measure is not None or spec.prune is None or spec.arms:
-        return None
-    read = set(prune_profiles(spec.prune))
-    every = {entry.profile for entry in measures(spec)}
-    unread = every - read
-    if not unread:
-        return None
-    wanted = sorted(every & read)
-    fix = (
-        "set measure = [] to skip them"
-        if not wanted
-        else "list only the pairs they read in measure (" + ", ".join(wanted) + ")"
-    )
-    return (
-        f'measure = "all" (the default) measures {len(unread)} profiles no [prune] arm reads; '
-        f"{fix} (docs/prune.md)"
-    )
 
 
 def uncached_hub_notes(spec: Spec) -> list[str]:

@@ -29,7 +29,7 @@ from geospec.errors import GeospecError
 from geospec.layout import DEMAND_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.stages.probe import Probe
+from geospec.pipeline.stages.probe import Probe, clouds_key
 from geospec.records import DEMAND_KEYS, MEASURED_KEYS, read_demand
 from geospec.spec.sections import DEMAND_PROFILES, DemandSpec, Spec
 
@@ -61,7 +61,7 @@ class DemandStage:
         if not self.demand.enabled:
             if run.is_main and path.exists():
                 stale = read_demand(run.run_dir)
-                if stale is None or stale["keys"].get("probe") != probe_key:
+                if stale is None or stale["keys"].get("probe") != clouds_key(upstream):
                     path.unlink()  # from another reference or probe, or damaged: not reported
             return Plan(None, current=True)
         settings = self.demand.model_dump(mode="json", exclude={"enabled"})

@@ -29,7 +29,7 @@ from geospec.errors import GeospecError
 from geospec.layout import CLOUDS_DIR, DIAGNOSTICS_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.stages.probe import Probe
+from geospec.pipeline.stages.probe import Probe, clouds_key
 from geospec.records import DIAGNOSTICS_KEYS, read_diagnostics
 from geospec.spec.resolve import measures
 from geospec.spec.sections import DiagnoseSpec, MeasureSpec, Spec
@@ -60,7 +60,7 @@ class Diagnose:
         if not self.diagnose.enabled:
             if run.is_main and path.exists():
                 stale = read_diagnostics(run.run_dir)
-                if stale is None or stale["keys"].get("probe") != probe_key:
+                if stale is None or stale["keys"].get("probe") != clouds_key(upstream):
                     path.unlink()  # from another reference or probe, or damaged: not reported
             return Plan(None, current=True)
         settings = self.diagnose.model_dump(mode="json", exclude={"enabled"})

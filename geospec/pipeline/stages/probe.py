@@ -28,6 +28,7 @@ from geospec.errors import UsageError
 from geospec.layout import CLOUDS_DIR, PROBE_META_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section
+from geospec.spec.resolve import probes
 from geospec.spec.sections import DataSpec, ProbeSpec, ReferenceSpec, Spec
 
 if TYPE_CHECKING:
@@ -69,14 +70,27 @@ class Probe:
     loss_seed: int | None = None
     """None: diagnose and demand measure their losses on the first windows of the calibration
     split; k: on windows drawn with seed k (prune.allocation_seeds' seed k)."""
+    needed: bool = True
+    """Whether a later stage reads the clouds or this stage's key
+    (:func:`geospec.spec.resolve.probes`); when none does, the stage does not apply."""
 
     @classmethod
     def from_spec(cls, spec: Spec) -> Probe:
-        return cls(spec.probe, spec.data, spec.model.seq_len, spec.reference)
+        return cls(spec.probe, spec.data, spec.model.seq_len, spec.reference, needed=probes(spec))
 
     def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         # the data section matters too: a pretrained reference's key covers only its checkpoint
         key = digest("probe", section(self.probe), upstream.key("reference"), data_key(self.data))
+        if not self.needed:  # as the prune stage without [prune]: no key recorded, no clouds
+            return Plan(
+                None,
+                current=True,
+                # the key the clouds would have: what a kept diagnostics.json or demand.json
+                # (their stages turned off since) is checked against (:func:`clouds_key`)
+                load=lambda: key,
+                note="[dim]- probe: not needed (no profile is measured, \\[diagnose] and "
+                "\\[demand] are off: nothing reads the clouds)[/]",
+            )
         clouds_dir = run.run_dir / CLOUDS_DIR
         return Plan(
             key,
@@ -219,6 +233,16 @@ class Probe:
             dist=dist,
             bos=data.bos_id,
         )
+
+
+def clouds_key(upstream: Upstream) -> str | None:
+    """The probe stage's key, or where it does not apply (nothing reads the clouds) the key its
+    clouds would have: a diagnose or demand stage turned off keeps its record for the report
+    while it was measured on the reference and probe settings of this key."""
+    key = upstream.key("probe")
+    if key is None:
+        key = upstream.output("probe")
+    return key if isinstance(key, str) else None
 
 
 def cloud_file(layer: int) -> str:
