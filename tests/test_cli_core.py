@@ -186,6 +186,7 @@ def test_the_prune_quick_start_spec_is_short_and_validates_without_torch(tmp_pat
     guide = (ROOT / "docs" / "prune.md").read_text()
     assert text.strip() in guide  # the guide shows the file as it is
     assert "specs/prune-quickstart.toml" in readme
+    assert f"({len(lines)} lines:" in " ".join(readme.split())  # the README counts them right
 
 
 @pytest.mark.parametrize("spec", sorted((ROOT / "specs").glob("*.toml")), ids=lambda p: p.name)

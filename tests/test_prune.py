@@ -541,6 +541,21 @@ def test_geospec_export_writes_a_prune_unit_or_says_why_not(
     with torch.no_grad():
         copied = geospec.load_pruned(tmp_path / "owl")(ids).logits
         torch.testing.assert_close(copied, geospec.load_pruned(unit / "model")(ids).logits)
+    # --padded: a directory plain transformers reads (one intermediate_size), computing the
+    # true-width model's logits, the true widths recorded, the tokenizer beside it
+    padded = tmp_path / "owl-padded"
+    result = CliRunner().invoke(cli, ["export", str(unit), "--to", str(padded), "--padded"])
+    assert result.exit_code == 0, result.output
+    assert f"padded to {max(widths)}" in result.output and "with its tokenizer" in result.output
+    plain = hf.AutoModelForCausalLM.from_pretrained(padded).eval()
+    assert {layer.mlp.down_proj.in_features for layer in plain.model.layers} == {max(widths)}
+    assert json.loads((padded / "config.json").read_text())["geospec"]["ffn_widths"] == widths
+    assert hf.AutoTokenizer.from_pretrained(padded)("a b")["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, copied, atol=1e-5, rtol=1e-5)
+    gguf_padded = ["export", str(unit), "--to", str(tmp_path / "p.gguf"), "--format", "gguf"]
+    refused = CliRunner().invoke(cli, [*gguf_padded, "--padded"])
+    assert refused.exit_code == 2 and "--padded" in refused.output
     if importlib.util.find_spec("gguf") is not None:
         out = tmp_path / "owl.gguf"
         words = CliRunner().invoke(cli, ["export", str(unit), "--to", str(out), "--format", "gguf"])
@@ -1139,6 +1154,7 @@ def test_one_finished_unit_is_exported_without_recomputing_any(tmp_path: Path) -
         (["--export", "flap@0.3", "--to", "x"], "must be one of prune.keep 0.75, 0.5"),
         (["--export", "flap@0.5", "--seed", "7", "--to", "x"], "--seed 7: not one of"),
         (["--export", "flap@0.5"], "--export ARM@KEEP and --to DIR go together"),
+        (["--padded"], "--export ARM@KEEP and --to DIR go together"),
     ],
 )
 def test_a_bad_export_request_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -41,17 +41,32 @@ import click
     "its key). A prune unit (gguf): a .gguf file or a directory with tokenizer.json (default: "
     "the run's reference checkpoint).",
 )
-def export(training_dir: Path, to: Path, fmt: str, dtype: str, tokenizer_dir: Path | None) -> None:
+@click.option(
+    "--padded",
+    is_flag=True,
+    help="A prune unit (hf): every FFN zero-padded to the widest layer, so that plain "
+    "AutoModelForCausalLM.from_pretrained and tools that need one intermediate_size read it "
+    "(the same logits; the zero units cost parameters and time). A trained run's hf export is "
+    "always padded.",
+)
+def export(
+    training_dir: Path,
+    to: Path,
+    fmt: str,
+    dtype: str,
+    tokenizer_dir: Path | None,
+    padded: bool,
+) -> None:
     """Write a finished run's model to OUT. A trained run: its model and tokenizer as a
     transformers checkpoint, GPT-2 (learned positions, layernorm, gelu) or Llama (rope, rmsnorm,
     swiglu), per-layer FFN widths zero-padded to the widest (the same function; the true widths
     in config.json's "geospec" block), or a GGUF file at the true widths. A prune unit: the
-    checkpoint the prune exported (geospec.load_pruned reads it), or a GGUF file at the true
-    widths with the reference's tokenizer."""
+    checkpoint the prune exported (geospec.load_pruned reads it), with --padded one that plain
+    transformers reads, or a GGUF file at the true widths with the reference's tokenizer."""
     from geospec.prune.exports import export_prune_unit, export_training_gguf, is_prune_unit
 
     if is_prune_unit(training_dir):
-        click.echo(export_prune_unit(training_dir, to, fmt, dtype, tokenizer_dir))
+        click.echo(export_prune_unit(training_dir, to, fmt, dtype, tokenizer_dir, padded))
         return
     if fmt == "gguf":
         click.echo(export_training_gguf(training_dir, to, dtype, tokenizer_dir))

@@ -52,6 +52,13 @@ from geospec.spec.sections import PruneSpec, Spec
     default=None,
     help="With --export: a new directory for the model, with the checkpoint's tokenizer.",
 )
+@click.option(
+    "--padded",
+    is_flag=True,
+    help="With --export: every FFN zero-padded to the widest layer, so that plain "
+    "AutoModelForCausalLM.from_pretrained reads the directory (the same logits; the zero "
+    "units cost parameters and time).",
+)
 def prune(
     spec_path: Path,
     from_stage: str | None,
@@ -62,6 +69,7 @@ def prune(
     export_unit: str | None,
     seed: int | None,
     to: Path | None,
+    padded: bool,
 ) -> None:
     """Prune SPEC's pretrained reference.checkpoint to each [prune] keep fraction with every
     [prune] arm's allocation and each calibration seed (docs/prune.md).
@@ -75,7 +83,8 @@ def prune(
 
     With --export ARM@KEEP --to DIR, also one pruned model as a directory that
     geospec.load_pruned reads (the checkpoint's tokenizer beside it), the units' other work
-    reused: `geospec prune SPEC --export flap@0.5 --to flap-half`.
+    reused: `geospec prune SPEC --export flap@0.5 --to flap-half`; with --padded, one that
+    plain AutoModelForCausalLM.from_pretrained reads.
 
     With --arms A,B and/or --keep F,G, only those units (every calibration seed's): each is
     recorded as it finishes, and a later `geospec prune SPEC` reuses them and computes the rest
@@ -86,9 +95,11 @@ def prune(
     from geospec.records import read_prune
     from geospec.report.prune import prune_markdown, with_unit_scores
 
-    if (export_unit is None) != (to is None) or (seed is not None and export_unit is None):
+    if (export_unit is None) != (to is None) or (
+        (seed is not None or padded) and export_unit is None
+    ):
         raise UsageError(
-            "--export ARM@KEEP and --to DIR go together (and --seed with them): "
+            "--export ARM@KEEP and --to DIR go together (and --seed and --padded with them): "
             "geospec prune SPEC --export flap@0.5 --to flap-half"
         )
     if to is not None and to.exists() and (not to.is_dir() or any(to.iterdir())):
@@ -115,10 +126,11 @@ def prune(
         click.echo(f"prune: the chosen units are in {run_dir / PRUNE_DIR}; no {PRUNE_FILE} yet")
     if wanted and to is not None:
         from geospec.layout import prune_unit_dir
-        from geospec.prune.exports import export_with_tokenizer
+        from geospec.prune.exports import export_padded, export_with_tokenizer
 
         keep, arm, chosen = wanted[0]
-        click.echo(export_with_tokenizer(prune_unit_dir(run_dir, keep, arm, chosen), to))
+        unit = prune_unit_dir(run_dir, keep, arm, chosen)
+        click.echo(export_padded(unit, to) if padded else export_with_tokenizer(unit, to))
 
 
 def _last_stage(spec: Spec) -> str:

@@ -99,24 +99,24 @@ def _tokenizer(source: Path) -> Any:
 
 
 def export_prune_unit(
-    unit: Path, to: Path, fmt: str, dtype: str = "f16", tokenizer: Path | None = None
+    unit: Path,
+    to: Path,
+    fmt: str,
+    dtype: str = "f16",
+    tokenizer: Path | None = None,
+    padded: bool = False,
 ) -> str:
     """Write a prune unit's model to ``to``: ``hf``, the unit's checkpoint as the prune stored it
-    (a directory, copied atomically); ``gguf``, a GGUF file at its true widths. The one line the
-    command prints."""
-    from geospec.atomic import atomic_directory
-    from geospec.prune.true_width import read_widths
-
-    model = unit_model(unit)
-    widths = read_widths(model)
+    (a directory, copied atomically, with the run's tokenizer), or with ``padded`` every FFN
+    zero-padded to the widest layer (:func:`export_padded`); ``gguf``, a GGUF file at its true
+    widths. The one line the command prints."""
     if fmt == "hf":
-        if to.exists() and (not to.is_dir() or any(to.iterdir())):
-            raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
-        with atomic_directory(to) as work:
-            shutil.copytree(model, work, dirs_exist_ok=True)
-        return f"exported {unit.parent.name} at widths {' '.join(map(str, widths))} -> {to}"
+        return export_padded(unit, to) if padded else export_with_tokenizer(unit, to)
+    if padded:
+        raise UsageError("--padded: a GGUF file stores the true widths; leave --padded out")
     from geospec.prune.gguf_export import write_gguf
 
+    model = unit_model(unit)
     source = tokenizer or (model if (model / "tokenizer.json").is_file() else None)
     source = source or run_tokenizer_source(unit)
     if source is None:
@@ -126,6 +126,46 @@ def export_prune_unit(
         )
     written = write_gguf(model, _gguf_target(to), dtype, tokenizer=source)
     return _gguf_line(written)
+
+
+def export_padded(unit: Path, to: Path) -> str:
+    """A prune unit's model as a checkpoint that plain ``AutoModelForCausalLM.from_pretrained``
+    (and every tool that needs one ``intermediate_size``) reads: each layer's FFN zero-padded to
+    the widest (its padded units compute exactly zero, so the logits are the true-width
+    model's), in the unit's dtype, with the true widths in config.json's geospec block and the
+    unit's tokenizer beside it. The one line the command prints, with what the padding costs."""
+    import torch
+
+    from geospec.atomic import atomic_directory
+    from geospec.engine.pretrained import hidden_width
+    from geospec.measure.probe import find_ffn_sites
+    from geospec.measure.sensitivity import logits_of
+    from geospec.prune.apply import export_pruned
+    from geospec.prune.true_width import load_pruned, read_widths
+    from geospec.prune.units import EXPORTED_FILE
+
+    source = unit_model(unit)
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+    widths = read_widths(source)
+    model = load_pruned(source)
+    first = torch.zeros((1, 2), dtype=torch.long)
+    sites = find_ffn_sites(model, hidden_width(model), lambda: logits_of(model, first))
+    weights = {"model.safetensors", "model.safetensors.index.json", "config.json", EXPORTED_FILE}
+    with atomic_directory(to) as work:
+        stored = export_pruned(model, sites, widths, work, padded=True)
+        for file in source.iterdir():  # the tokenizer, chat template, generation config
+            if file.is_file() and file.name not in weights and not (work / file.name).exists():
+                shutil.copy2(file, work / file.name)
+        found = (work / "tokenizer_config.json").is_file() or save_run_tokenizer(unit, work)
+    cost = stored.padded_parameters - stored.true_parameters
+    name = f"{unit.parent.name} seed {unit.name.removeprefix('seed-')}"
+    return (
+        f"exported {name} padded to {stored.padded_to or max(widths)} "
+        f"(true widths {' '.join(map(str, widths))}; the padding stores {cost:,} zero "
+        f"parameters, +{cost / stored.true_parameters:.1%}), "
+        f"{'with its tokenizer' if found else 'without a tokenizer'} -> {to}"
+    )
 
 
 def export_with_tokenizer(unit: Path, to: Path) -> str:
