@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -154,7 +155,7 @@ def test_an_import_inside_a_function_closes_a_loop(tmp_path: Path) -> None:
 
 
 def test_the_report_reads_the_run_directory_below_the_stages() -> None:
-    """``report/`` reads artifacts through ``pipeline.run_dir`` (below both), never through a
+    """``report/`` reads artifacts through ``geospec.records`` (below both), never through a
     stage module: the report stage imports ``report/``, so the other way would be a loop of
     packages even where no two modules import each other."""
     offenders = {
@@ -301,3 +302,15 @@ def test_no_package_imports_a_package_above_it() -> None:
             if floor[high] > floor[low]:
                 upward.setdefault((low, high), []).append(f"{module} -> {other}")
     assert not upward, f"imports up a floor: {upward}"
+
+
+def test_the_floors_in_the_docs_are_the_ones_the_test_holds() -> None:
+    """docs/architecture.md's "Packages in layers" list names the packages of each floor, bottom
+    to top, as :data:`FLOORS` does (the top floor's 0.1.0 names are summed up in words)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## Packages in layers", 1)[1].split("\n## ", 1)[0]
+    items = re.findall(r"^\d+\. (.*(?:\n   .*)*)", section, flags=re.M)
+    documented = [set(re.findall(r"`([a-z_]+)`", item.split(" (")[0])) for item in items]
+    assert len(documented) == len(FLOORS)
+    assert documented[:-1] == FLOORS[:-1]
+    assert documented[-1] <= FLOORS[-1]
