@@ -10,7 +10,7 @@ report's results and fairness checks, the budget check on every schedule's outpu
 the solvers and the work statistics. mutmut (3.x) copies the tree into ``mutants/``, runs the
 tests of ``pytest_add_cli_args_test_selection`` once to record which tests reach which
 function, then runs every mutant against only the tests that reach its function: a mutant of
-``geospec/solve/rounding.py`` never waits for the statistics tests, and a mutant of
+``geospec/rounding.py`` never waits for the statistics tests, and a mutant of
 ``plugins/statistics.py`` runs only the statistics tests that call the mutated method.
 
 Printed per module and in total: ``mutation score: K/N killed``. N counts every mutant, K those
@@ -141,16 +141,16 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "values = np.asarray(replicates, )",
     ): "the same",
     (
-        "geospec/solve/rounding.py",
+        "geospec/rounding.py",
         "if lo > hi or n * lo > target or n * hi < target:",
         "if lo > hi and n * lo > target or n * hi < target:",
     ): "lo > hi alone never decides: then n * lo > n * hi, so the target is either below the "
     "first or above the second",
-    ("geospec/solve/rounding.py", "target = budget // multiple", "target = budget / multiple"): (
+    ("geospec/rounding.py", "target = budget // multiple", "target = budget / multiple"): (
         "the budget was just checked to be a multiple: the quotient is whole either way"
     ),
     (
-        "geospec/solve/rounding.py",
+        "geospec/rounding.py",
         "rank = list(priority) if priority is not None else [0.0] * n",
         "rank = list(priority) if priority is not None else [1.0] * n",
     ): "a constant priority orders nothing: any constant is the same",
