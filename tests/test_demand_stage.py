@@ -313,3 +313,26 @@ def test_a_demand_json_fitted_by_an_earlier_geospec_is_fitted_again(measured: Pa
     output = invoke("demand", str(measured / "spec.toml"))
     assert "holds fits of an earlier geospec" in output and "cuts:" not in output
     assert json.loads(path.read_text())["layers"] == before["layers"]
+
+
+def test_the_stages_share_one_loaded_trained_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe and demand stages read the run's trained reference/: one load per process
+    (as a pretrained checkpoint's), and a later pipeline loads it afresh."""
+    import geospec.engine.checkpoint as checkpoint
+
+    real = checkpoint.load_model
+    loads: list[Path] = []
+
+    def counted(directory: Path, *args: object, **kwargs: object) -> object:
+        loads.append(Path(directory))
+        return real(directory, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(checkpoint, "load_model", counted)
+    spec = write_spec(tmp_path, demand__pairs=0, demand__keep=[0.75, 0.5])
+    invoke("demand", str(spec))
+    reference = tmp_path / "run" / "reference"
+    assert loads.count(reference) == 1  # probed, then cut: one load
+    invoke("demand", str(spec), "--from", "probe")
+    assert loads.count(reference) == 2

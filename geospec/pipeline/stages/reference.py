@@ -114,40 +114,45 @@ class Reference:
             )
 
 
-#: The pretrained reference this process loaded last, by what it was loaded from: the probe,
-#: diagnose, demand and prune stages share one copy (loading a GGUF de-quantises it for minutes).
-#: Every stage that changes the model (hooks, cuts, perturbations) restores it on leaving.
+#: The reference this process loaded last, by what it was loaded from (and the files' sizes and
+#: times, so a reference trained again is read afresh): the probe, diagnose, demand and prune
+#: stages share one copy (loading a GGUF de-quantises it for minutes). Every stage that changes
+#: the model (hooks, cuts, perturbations) restores it on leaving.
 _loaded: dict[tuple[object, ...], tuple[nn.Module, int]] = {}
 
 
 def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module, int]:
-    """The reference model on the run's device, and its residual width; a pretrained one is
-    loaded once per process (until :func:`release_reference`)."""
+    """The reference model on the run's device, and its residual width: the pretrained
+    checkpoint, or the run's own trained reference/; loaded once per process (until
+    :func:`release_reference`)."""
     from geospec.engine.train import resolve_device
 
     device = resolve_device(run.device, run.dist.local_rank)  # under torchrun: this rank's GPU
     if reference.checkpoint is not None:
-        from geospec.engine.pretrained import hidden_width, load_pretrained
-
         source = checkpoint_source(run.spec_dir, reference)
         local = [] if source.on_hub else _files(source.path)
-        files = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in local)
-        wanted = (str(source), str(device), reference.trust_remote_code, reference.dtype, files)
-        if wanted not in _loaded:
-            _loaded.clear()  # one at a time: a run has one reference
-            model = load_pretrained(
-                source, str(device), reference.trust_remote_code, reference.dtype
-            )
-            _loaded[wanted] = (model, hidden_width(model))
-        return _loaded[wanted]
-    from geospec.engine.checkpoint import load_model
+        trust, dtype = reference.trust_remote_code, reference.dtype
+        wanted: tuple[object, ...] = (str(source), str(device), trust, dtype, _stamps(local))
+    else:
+        directory = run.run_dir / REFERENCE_DIR
+        wanted = (str(directory), str(device), _stamps(_files(directory)))
+    if wanted not in _loaded:
+        _loaded.clear()  # one at a time: a run has one reference
+        if reference.checkpoint is not None:
+            from geospec.engine.pretrained import hidden_width, load_pretrained
 
-    model = load_model(run.run_dir / REFERENCE_DIR).to(device).eval()
-    return model, model.config.d_model
+            model = load_pretrained(source, str(device), trust, dtype)
+            _loaded[wanted] = (model, hidden_width(model))
+        else:
+            from geospec.engine.checkpoint import load_model
+
+            trained = load_model(directory).to(device).eval()
+            _loaded[wanted] = (trained, trained.config.d_model)
+    return _loaded[wanted]
 
 
 def release_reference() -> None:
-    """Forget the loaded pretrained reference (its memory is needed: training comes next)."""
+    """Forget the loaded reference (its memory is needed: training comes next)."""
     _loaded.clear()
 
 
@@ -156,6 +161,10 @@ def checkpoint_source(spec_dir: Path, reference: ReferenceSpec) -> Source:
     or .gguf file (relative paths are relative to the spec file, like every path in a spec)."""
     assert reference.checkpoint is not None
     return locate(reference.checkpoint, reference.revision, spec_dir, "reference.checkpoint")
+
+
+def _stamps(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
 
 
 def _files(path: Path) -> list[Path]:
