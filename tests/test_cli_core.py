@@ -169,6 +169,7 @@ def test_the_prune_quick_start_spec_is_short_and_validates_without_torch(tmp_pat
     said = " ".join(done.stdout.split())
     assert "measures none (the [prune] arms read no measured profile;" in said
     assert "probe skipped: nothing reads the clouds" in said
+    assert "probe, diagnose and demand read" not in said  # none of them runs
     registered = {f"{s}/{g}" for s, g in get_registries().all_measures()}
     assert "shift/spherical" in registered and not any(name in said for name in registered)
     geometric = '[[prune.arms]]\nname = "shift"\nschedule = { kind = "geometric", profile = '

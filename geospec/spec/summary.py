@@ -92,7 +92,7 @@ def spec_summary(spec: Spec) -> Group:
             f"tokens (the solver uses their mean; flagged below split-half "
             f"{spec.report.min_reliability:g})",
         )
-    if spec.probe.calibration_split == "train":
+    if spec.probe.calibration_split == "train" and probes(spec):  # said only where they run
         head.add_row(
             "calibration",
             "probe, diagnose and demand read the training split (probe.calibration_split): "
