@@ -336,3 +336,27 @@ def test_the_stages_share_one_loaded_trained_reference(
     assert loads.count(reference) == 1  # probed, then cut: one load
     invoke("demand", str(spec), "--from", "probe")
     assert loads.count(reference) == 2
+
+
+def test_demand_without_probing_is_the_demand_after_probing(tmp_path: Path) -> None:
+    """With nothing measured and [diagnose] off the probe stage does not run (nothing reads its
+    clouds), yet the demand stage measures the same cuts: its compute key and its numbers equal
+    those of the same spec whose probe runs for a measured profile."""
+    measured_block = (
+        '[[measure]]\ngeometry = { kind = "spherical" }\nstatistic = { kind = "shift" }\n'
+    )
+    assert measured_block in SPEC
+    bare = SPEC.replace(measured_block, "").replace(
+        "probe_only = true\n", "probe_only = true\nmeasure = []\n"
+    )
+    records = {}
+    for name, text in (("probed", SPEC), ("bare", bare)):
+        directory = tmp_path / name
+        directory.mkdir()
+        invoke("demand", str(write_spec(directory, text, demand__pairs=0)))
+        run = directory / "run"
+        assert (run / "clouds").exists() == (name == "probed")
+        records[name] = json.loads((run / "demand.json").read_text())
+    probed, bare_record = records["probed"], records["bare"]
+    assert bare_record["keys"]["compute"] == probed["keys"]["compute"]
+    assert bare_record["layers"] == probed["layers"] and bare_record["orders"] == probed["orders"]

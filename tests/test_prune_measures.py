@@ -104,9 +104,10 @@ def test_all_in_a_spec_that_only_prunes_is_the_pairs_its_arms_read() -> None:
     geometric = validate_spec(pruning(UNIFORM, FLAP, SHIFT))
     assert {entry.profile for entry in measures(geometric)} == {"shift/spherical"}
     assert probes(geometric)
-    # the diagnose and demand stages read the probe (its clouds, its key) whatever is measured
+    # the diagnose stage reads the probe's clouds whatever is measured
     assert probes(validate_spec(pruning(UNIFORM, FLAP, diagnose={"enabled": True})))
-    assert probes(validate_spec(pruning(UNIFORM, FLAP, demand={"enabled": True})))
+    # demand reads the probe's settings and key, not its clouds
+    assert not probes(validate_spec(pruning(UNIFORM, FLAP, demand={"enabled": True})))
     # a spec that trains arms keeps "all" = every registered pair (its report shows them all)
     training = validate_spec({k: v for k, v in minimal_spec().items() if k != "measure"})
     assert {entry.profile for entry in measures(training)} == every

@@ -71,11 +71,11 @@ def prune_profiles(prune: PruneSpec) -> list[str]:
 
 def probes(spec: Spec) -> bool:
     """Whether the probe stage applies: a later stage reads its clouds (the measure stage's
-    entries in effect, the diagnose stage) or its key (the demand stage's measurement is keyed
-    by it: the reference's identity reaches demand.json only through that key). A spec that
-    measures nothing with [diagnose] and [demand] off (a prune of uniform and flap arms, a study
+    entries in effect, the diagnose stage). The demand stage reads only the probe's settings
+    and its key, which it has without the clouds (:func:`geospec.pipeline.stages.probe.clouds_key`).
+    A spec that measures nothing with [diagnose] off (a prune of uniform and flap arms, a study
     with measure = []) probes nothing."""
-    return bool(measures(spec)) or spec.diagnose.enabled or spec.demand.enabled
+    return bool(measures(spec)) or spec.diagnose.enabled
 
 
 def model_dims(model: ModelSpec) -> ModelDims:

@@ -80,10 +80,7 @@ def spec_summary(spec: Spec) -> Group:
     if not probes(spec):
         head.add_row(
             "probe",
-            Text(
-                "skipped: nothing reads the clouds (no profile is measured; [diagnose] and "
-                "[demand] are off)"
-            ),
+            Text("skipped: nothing reads the clouds (no profile is measured; [diagnose] is off)"),
         )
     if spec.probe.replicates > 1:
         head.add_row(

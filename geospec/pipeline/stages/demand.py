@@ -57,7 +57,9 @@ class DemandStage:
 
     def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         path = run.run_dir / DEMAND_FILE
-        probe_key = upstream.key("probe")
+        # the probe's settings and reference, which the cuts' windows and orderings come from;
+        # the same key whether or not the probe ran (no clouds are read here)
+        probe_key = clouds_key(upstream)
         if not self.demand.enabled:
             if run.is_main and path.exists():
                 stale = read_demand(run.run_dir)

@@ -88,8 +88,8 @@ class Probe:
                 # the key the clouds would have: what a kept diagnostics.json or demand.json
                 # (their stages turned off since) is checked against (:func:`clouds_key`)
                 load=lambda: key,
-                note="[dim]- probe: not needed (no profile is measured, \\[diagnose] and "
-                "\\[demand] are off: nothing reads the clouds)[/]",
+                note="[dim]- probe: not needed (no profile is measured, \\[diagnose] is off: "
+                "nothing reads the clouds)[/]",
             )
         clouds_dir = run.run_dir / CLOUDS_DIR
         return Plan(
