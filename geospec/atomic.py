@@ -66,6 +66,16 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
+def check_new_directory(path: Path, named: str) -> None:
+    """Refuse ``path`` (shown as ``named``: "--to DIR", a path) when it exists and is not an
+    empty directory: an export never writes into, or replaces, what is already there (one line,
+    exit status 2)."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        from geospec.errors import UsageError
+
+        raise UsageError(f"{named}: already exists and is not empty; give a new directory")
+
+
 @contextlib.contextmanager
 def atomic_directory(path: str | Path) -> Iterator[Path]:
     """Yield a new staging directory beside ``path``; on success it is renamed to ``path`` (which

@@ -90,7 +90,7 @@ def prune(
     recorded as it finishes, and a later `geospec prune SPEC` reuses them and computes the rest
     (prune.json and the comparison wait for every unit).
     """
-    from geospec.atomic import atomic_write_text
+    from geospec.atomic import atomic_write_text, check_new_directory
     from geospec.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
     from geospec.records import read_prune
     from geospec.report.prune import prune_markdown, with_unit_scores
@@ -102,8 +102,8 @@ def prune(
             "--export ARM@KEEP and --to DIR go together (and --seed and --padded with them): "
             "geospec prune SPEC --export flap@0.5 --to flap-half"
         )
-    if to is not None and to.exists() and (not to.is_dir() or any(to.iterdir())):
-        raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+    if to is not None:
+        check_new_directory(to, f"--to {to}")
     choice = Choice(_listed("--arms", arms, str), _listed("--keep", keep_fractions, float))
     wanted: list[tuple[float, str, int]] = []
     adapt = _has_prune(spec_path, export_unit, seed, wanted, choice)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
+from geospec.atomic import check_new_directory
 from geospec.disk import writing
 from geospec.engine.model import GPT, LAYERNORM_EPS, RMSNORM_EPS, GPTConfig
 from geospec.errors import UsageError
@@ -390,8 +391,7 @@ def export_training_dir(
     import shutil
     import tempfile
 
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
-        raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+    check_new_directory(to, f"--to {to}")
     exported, tokenizer, eot = training_model(training_dir, tokenizer_dir)
     with writing(to):  # a full disk: one line, and the scratch directory goes
         to.parent.mkdir(parents=True, exist_ok=True)

@@ -242,6 +242,16 @@ def _capture(
             handle.remove()
 
 
+def sample_windows(
+    tokens: np.ndarray, sample: TokenSample, seq_len: int, bos: int | None = None
+) -> torch.Tensor:
+    """The sampled windows as the model reads them (windows x tokens, int64 on the CPU): each
+    window's ``seq_len`` tokens, after ``bos`` when the tokenizer has one (:func:`probe_clouds`,
+    and the demand stage's calibration on the same windows)."""
+    read = np.stack([tokens[w : w + seq_len].astype(np.int64) for w in sample.windows])
+    return with_bos(torch.as_tensor(read), bos)
+
+
 def probe_clouds(
     model: nn.Module,
     tokens: np.ndarray,
@@ -274,12 +284,7 @@ def probe_clouds(
         raise ProbeError(f"unknown probe site {site!r} (residual or ffn)")
     device = next(model.parameters()).device
     run = forward or _default_forward
-    windows = with_bos(
-        torch.as_tensor(
-            np.stack([tokens[w : w + seq_len].astype(np.int64) for w in sample.windows])
-        ),
-        bos,
-    ).to(device)
+    windows = sample_windows(tokens, sample, seq_len, bos).to(device)
     sites = find_ffn_sites(model, width, lambda: run(model, windows[:1]))
     model.eval()
     window_index = torch.as_tensor(sample.window_index)

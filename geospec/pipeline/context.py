@@ -89,8 +89,8 @@ class Plan:
     exists but cannot be trusted: damaged, or changed behind geospec's back; it is said and the
     stage runs again). ``key`` None means the stage does not apply (nothing is recorded; only
     ``note`` is said, if any; ``load`` gives its output). ``note`` replaces the "up to date"
-    line. ``main_only`` stages run
-    on rank 0 while the other ranks wait; those ranks then ``load`` the outputs.
+    line. ``main_only`` stages run on rank 0 while the other ranks wait; those ranks then
+    ``load`` the outputs.
     """
 
     key: str | None

@@ -358,7 +358,7 @@ def pinned_measures(run_dir: Path) -> tuple[list[str], set[str] | None] | None:
     read: the next run says)."""
     if json_problem(run_dir / MEASURES_FILE, "measure") is not None:
         return None
-    record = json.loads((run_dir / MEASURES_FILE).read_text())
+    record = read_json(run_dir / MEASURES_FILE)
     names = [name for name in map(pinned_profile, record["measure"]) if name is not None]
     run = read_json_or_none(run_dir / RUN_FILE)
     limit = run.get(MEASURE_LIMIT) if isinstance(run, dict) else None

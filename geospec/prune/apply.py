@@ -211,7 +211,7 @@ def export_pruned(
     the weights' (None: the model's own)."""
     from transformers import AutoModelForCausalLM
 
-    from geospec.atomic import atomic_directory
+    from geospec.atomic import atomic_directory, check_new_directory
     from geospec.prune.true_width import (
         export_config,
         parameter_counts,
@@ -219,8 +219,7 @@ def export_pruned(
         width_key,
     )
 
-    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
-        raise UsageError(f"{directory}: already exists and is not empty; give a new directory")
+    check_new_directory(directory, str(directory))
     zero_biases = compensation_biases(model, sites)
     if not padded:
         note = "pruned by geospec prune; FFN layers stored at their true widths (load with "

@@ -20,7 +20,7 @@ from typing import Any
 from geospec.artifacts import json_problem, read_json
 from geospec.digests import digest
 from geospec.layout import EVAL_FILE, UNIT_FILE, UNIT_MODEL_DIR
-from geospec.prune.units import EXPORTED_FILE, Unit, unit_key, units_of
+from geospec.prune.units import Unit, unit_key, units_of, written_mark
 from geospec.spec.sections import PruneSpec
 
 #: The fields every scored unit's eval.json holds.
@@ -46,14 +46,6 @@ class UnitEval:
         return self.directory / UNIT_MODEL_DIR
 
 
-def export_mark_of(model_dir: Path) -> str | None:
-    """The mark of the exported model in ``model_dir`` (its unit's key and dtype), or None."""
-    path = model_dir / EXPORTED_FILE
-    if not (model_dir / "config.json").is_file() or not path.is_file():
-        return None
-    return path.read_text().strip() or None
-
-
 def unit_evals(prune: PruneSpec, stage_key: str, run_dir: Path, tasks_key: str) -> list[UnitEval]:
     """Every unit the prune exports, with its eval key when its model is written for the unit
     computed under ``stage_key`` (the prune stage's key)."""
@@ -63,7 +55,7 @@ def unit_evals(prune: PruneSpec, stage_key: str, run_dir: Path, tasks_key: str) 
             continue
         directory = unit.directory(run_dir)
         key_of_unit = unit_key(stage_key, unit)
-        mark = export_mark_of(directory / UNIT_MODEL_DIR)
+        mark = written_mark(directory / UNIT_MODEL_DIR)
         ready = mark is not None and mark.split(" ")[0] == key_of_unit
         key = digest("eval-pruned", mark, tasks_key) if ready else None
         found.append(UnitEval(unit, directory, key_of_unit, key))

@@ -136,7 +136,7 @@ def export_padded(unit: Path, to: Path) -> str:
     unit's tokenizer beside it. The one line the command prints, with what the padding costs."""
     import torch
 
-    from geospec.atomic import atomic_directory
+    from geospec.atomic import atomic_directory, check_new_directory
     from geospec.engine.pretrained import hidden_width
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
@@ -145,8 +145,7 @@ def export_padded(unit: Path, to: Path) -> str:
     from geospec.prune.units import EXPORTED_FILE
 
     source = unit_model(unit)
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
-        raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+    check_new_directory(to, f"--to {to}")
     widths = read_widths(source)
     model = load_pruned(source)
     first = torch.zeros((1, 2), dtype=torch.long)
@@ -159,9 +158,8 @@ def export_padded(unit: Path, to: Path) -> str:
                 shutil.copy2(file, work / file.name)
         found = (work / "tokenizer_config.json").is_file() or save_run_tokenizer(unit, work)
     cost = stored.padded_parameters - stored.true_parameters
-    name = f"{unit.parent.name} seed {unit.name.removeprefix('seed-')}"
     return (
-        f"exported {name} padded to {stored.padded_to or max(widths)} "
+        f"exported {_unit_name(unit)} padded to {stored.padded_to or max(widths)} "
         f"(true widths {' '.join(map(str, widths))}; the padding stores {cost:,} zero "
         f"parameters, +{cost / stored.true_parameters:.1%}), "
         f"{'with its tokenizer' if found else 'without a tokenizer'} -> {to}"
@@ -172,13 +170,12 @@ def export_with_tokenizer(unit: Path, to: Path) -> str:
     """A prune unit's exported model as a new directory ``to`` with the run's tokenizer saved
     beside it (``AutoTokenizer`` reads it; a GGUF source's chat template comes with it), as
     ``geospec prune --export`` writes it. The one line the command prints."""
-    from geospec.atomic import atomic_directory
+    from geospec.atomic import atomic_directory, check_new_directory
     from geospec.prune.true_width import read_widths
     from geospec.prune.units import EXPORTED_FILE
 
     model = unit_model(unit)
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
-        raise UsageError(f"--to {to}: already exists and is not empty; give a new directory")
+    check_new_directory(to, f"--to {to}")
     with atomic_directory(to) as work:
         shutil.copytree(
             model, work, dirs_exist_ok=True, ignore=shutil.ignore_patterns(EXPORTED_FILE)
@@ -187,8 +184,12 @@ def export_with_tokenizer(unit: Path, to: Path) -> str:
         found = (work / "tokenizer_config.json").is_file() or save_run_tokenizer(unit, work)
     widths = " ".join(map(str, read_widths(model)))
     with_tokenizer = "with its tokenizer" if found else "without a tokenizer"
-    name = f"{unit.parent.name} seed {unit.name.removeprefix('seed-')}"
-    return f"exported {name} at widths {widths}, {with_tokenizer} -> {to}"
+    return f"exported {_unit_name(unit)} at widths {widths}, {with_tokenizer} -> {to}"
+
+
+def _unit_name(unit: Path) -> str:
+    """A unit as the export lines name it: its arm and seed ("flap seed 0")."""
+    return f"{unit.parent.name} seed {unit.name.removeprefix('seed-')}"
 
 
 def export_training_gguf(

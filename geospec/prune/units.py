@@ -118,10 +118,16 @@ def finished_unit(unit_dir: Path, key: str) -> dict[str, Any] | None:
 def has_model(unit_dir: Path, key: str, dtype: str) -> bool:
     """Whether the unit's exported model is there, written for the unit computed from ``key``
     in ``dtype`` (``prune.export_dtype`` resolved)."""
-    marker = unit_dir / UNIT_MODEL_DIR / EXPORTED_FILE
-    return (unit_dir / UNIT_MODEL_DIR / "config.json").is_file() and (
-        marker.is_file() and marker.read_text().strip() == export_mark(key, dtype)
-    )
+    return written_mark(unit_dir / UNIT_MODEL_DIR) == export_mark(key, dtype)
+
+
+def written_mark(model_dir: Path) -> str | None:
+    """The mark of the exported model in ``model_dir`` (:func:`export_mark`: its unit's key and
+    dtype), or None when no whole export is there."""
+    path = model_dir / EXPORTED_FILE
+    if not (model_dir / "config.json").is_file() or not path.is_file():
+        return None
+    return path.read_text().strip() or None
 
 
 def export_mark(key: str, dtype: str) -> str:

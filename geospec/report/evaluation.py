@@ -67,7 +67,7 @@ def eval_results(
             if name != resolved["baseline"] and baseline.get(label):
                 against = comparison(seeds, baseline[label], confidence, resolved)
             if against is not None:
-                against["improved"] = _improved(seeds, baseline[label], higher[label])
+                against["improved"] = improved_seeds(seeds, baseline[label], higher[label])
             per_arm[name][label] = {
                 "seeds": {str(seed): value for seed, value in seeds.items()},
                 "mean": finite(spread.mean),
@@ -92,7 +92,7 @@ def eval_results(
     return per_arm, evaluated
 
 
-def _improved(
+def improved_seeds(
     arm: dict[int, float], baseline: dict[int, float], higher_is_better: bool | None
 ) -> int | None:
     """Seeds on which the arm is better than the baseline in the metric's direction."""

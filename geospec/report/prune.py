@@ -133,6 +133,7 @@ def eval_rows(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> list[list[
     and the paired difference from the baseline's score on the same seeds as the loss's (mean,
     t interval, the seeds it is better on in the metric's direction, the exact sign-flip p),
     that p Holm-adjusted across the arms of each metric."""
+    from geospec.report.evaluation import improved_seeds
     from geospec.stats import paired_difference, sign_flip_p, summarize
 
     evaluation = prune["eval"]
@@ -157,11 +158,7 @@ def eval_rows(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> list[list[
             diff = paired_difference(ours, theirs)
             flip = sign_flip_p([ours[s] - theirs[s] for s in diff.seeds])
             ci = "-" if math.isnan(diff.ci[0]) else f"[{diff.ci[0]:+.4g}, {diff.ci[1]:+.4g}]"
-            better = (
-                sum((ours[s] > theirs[s]) if higher else (ours[s] < theirs[s]) for s in diff.seeds)
-                if higher is not None
-                else None
-            )
+            better = improved_seeds(ours, theirs, higher)
             p_values[str(len(rows))] = flip
             rows.append(
                 [

@@ -192,19 +192,14 @@ class DemandStage:
     def _calibration(self, run: RunContext, model: nn.Module, sites: Sequence[FFNSite]) -> Any:
         """Every FFN's hidden-activation statistics (signed mean, mean |a|, mean square per
         neuron) over every token of the probe's windows."""
-        import numpy as np
-        import torch
-
-        from geospec.engine.batches import with_bos
         from geospec.engine.progress import stage_progress
         from geospec.measure.calibration import calibrate_on
+        from geospec.measure.probe import sample_windows
 
         data = run.token_data(self.probe.data)
-        sample = self.probe.sample(data)
-        seq_len = self.probe.seq_len
         tokens = self.probe.tokens(data)  # the probe's split: training text in a prune
-        read = np.stack([tokens[w : w + seq_len].astype(np.int64) for w in sample.windows])
-        windows = with_bos(torch.as_tensor(read), data.bos_id)  # the probe's windows, as it reads
+        sample = self.probe.sample(data)
+        windows = sample_windows(tokens, sample, self.probe.seq_len, data.bos_id)
         with stage_progress(run.console, run.say, "calibrating", len(windows)) as advance:
             found = calibrate_on(
                 model, sites, windows, self.probe.probe.batch_size, progress=advance

@@ -76,7 +76,7 @@ class PruneStage:
             return Plan(None, current=True)
         every = upstream.profiles()
         # keyed by the profiles the arms read: a profile no arm uses changes no pruned model
-        profiles = {name: every[name] for name in self.needed_profiles() if name in every}
+        profiles = {name: every[name] for name in prune_profiles(self.prune) if name in every}
         # re-drawn profiles depend on the probe's settings, the measures and the diagnose and
         # demand settings, which those stages' keys hold (only then, so that the keys of
         # prunes without the option are unchanged)
@@ -127,11 +127,6 @@ class PruneStage:
             if getattr(create_plugin("schedule", arm.schedule), "reads_block_linears", False)
         ]
         return [names] if names else []
-
-    def needed_profiles(self) -> list[str]:
-        """The profiles the prune arms' schedules read (sorted)."""
-        assert self.prune is not None
-        return prune_profiles(self.prune)
 
     def write(self, run: RunContext, key: str, profiles: dict[str, list[float]]) -> Any:
         """Every unit (reused where its key matches), then prune.json; with ``geospec prune

@@ -133,21 +133,26 @@ def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module
         local = [] if source.on_hub else _files(source.path)
         trust, dtype = reference.trust_remote_code, reference.dtype
         wanted: tuple[object, ...] = (str(source), str(device), trust, dtype, _stamps(local))
-    else:
-        directory = run.run_dir / REFERENCE_DIR
-        wanted = (str(directory), str(device), _stamps(_files(directory)))
-    if wanted not in _loaded:
-        _loaded.clear()  # one at a time: a run has one reference
-        if reference.checkpoint is not None:
+
+        def load() -> tuple[nn.Module, int]:
             from geospec.engine.pretrained import hidden_width, load_pretrained
 
             model = load_pretrained(source, str(device), trust, dtype)
-            _loaded[wanted] = (model, hidden_width(model))
-        else:
+            return model, hidden_width(model)
+
+    else:
+        directory = run.run_dir / REFERENCE_DIR
+        wanted = (str(directory), str(device), _stamps(_files(directory)))
+
+        def load() -> tuple[nn.Module, int]:
             from geospec.engine.checkpoint import load_model
 
             trained = load_model(directory).to(device).eval()
-            _loaded[wanted] = (trained, trained.config.d_model)
+            return trained, trained.config.d_model
+
+    if wanted not in _loaded:
+        _loaded.clear()  # one at a time: a run has one reference
+        _loaded[wanted] = load()
     return _loaded[wanted]
 
 
