@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from geospec.cli.console import plugin_option, set_option, spec_argument
-from geospec.cli.until import from_option, out_option, run_until
+from geospec.cli.until import from_option, out_option, run_until, threads_option
 from geospec.spec.sections import Spec
 
 
@@ -15,6 +15,7 @@ from geospec.spec.sections import Spec
 @spec_argument
 @from_option("diagnose")
 @out_option
+@threads_option
 @set_option
 @plugin_option
 def diagnose(

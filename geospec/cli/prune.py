@@ -10,7 +10,7 @@ from typing import NamedTuple, TypeVar
 import click
 
 from geospec.cli.console import plugin_option, set_option, spec_argument
-from geospec.cli.until import from_option, out_option, run_until
+from geospec.cli.until import from_option, out_option, run_until, threads_option
 from geospec.errors import UsageError
 from geospec.spec.sections import PruneSpec, Spec
 
@@ -19,6 +19,7 @@ from geospec.spec.sections import PruneSpec, Spec
 @spec_argument
 @from_option("prune")
 @out_option
+@threads_option
 @set_option
 @plugin_option
 @click.option(

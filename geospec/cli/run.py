@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from geospec.cli.console import plugin_option, set_option, spec_argument
+from geospec.cli.until import threads_option
 from geospec.pipeline.executor import STAGES
 from geospec.spec.sections import Spec
 
@@ -36,6 +37,7 @@ STAGE = click.Choice(STAGES)
 )
 @set_option
 @plugin_option
+@threads_option
 def run(
     spec_path: Path,
     from_stage: str | None,

@@ -24,6 +24,26 @@ def from_option(stage: str) -> Callable[[Any], Any]:
     )
 
 
+def _set_threads(ctx: click.Context, param: click.Parameter, threads: int | None) -> None:
+    from geospec.hardware import check_threads
+
+    if threads is not None:  # checked and set before anything runs; None keeps torch's own
+        checked = check_threads(threads)
+        from geospec.engine.precision import set_threads
+
+        set_threads(checked)
+
+
+threads_option = click.option(
+    "--threads",
+    type=int,
+    default=None,
+    expose_value=False,
+    callback=_set_threads,
+    help="CPU threads for every forward pass (default: torch's, one per physical core); give "
+    "each job its share when several share a machine (train.threads still sets training's).",
+)
+
 out_option = click.option(
     "--out", type=click.Path(path_type=Path), help="Run directory (overrides spec.out)."
 )

@@ -271,6 +271,10 @@ def ffn_cut(
         yield
     finally:
         _install(ffn, original, width)
+        # under autocast (a compute dtype) torch keeps a cast copy of every weight it has cast
+        # until the outermost autocast block ends; the cut's weights are gone now, and a prune
+        # cuts hundreds of times in one block: their copies must not pile up
+        torch.clear_autocast_cache()
 
 
 @contextmanager

@@ -340,7 +340,9 @@ def pruned_unit(
     if own is not None:
         result["calibration_loss"] = own
     if imported is not None and heal is not None:
-        result["healed_loss"] = heal(unit, unit_dir / HEAL_DIR, key, imported)
+        # healing trains in its own precision (train.precision), not the prune's compute dtype
+        with torch.autocast(next(model.parameters()).device.type, enabled=False):
+            result["healed_loss"] = heal(unit, unit_dir / HEAL_DIR, key, imported)
         if export:
             export_healed(
                 model, sites, orders, widths, compensation, unit_dir / HEAL_DIR,

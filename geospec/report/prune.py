@@ -216,6 +216,18 @@ def params_problem(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> str |
     return None
 
 
+def computed_in(prune: Mapping[str, Any]) -> str:
+    """What the prune's forward passes computed in (prune.json's ``compute_dtype``; a record
+    without one is from before it existed, computed in float32)."""
+    dtype = prune.get("compute_dtype", "float32")
+    if dtype == "float32":
+        return "Computed in float32."
+    return (
+        f"Computed in {dtype} (prune.compute_dtype): every number here differs from a float32 "
+        'computation by up to the rounding docs/prune.md measures ("Compute dtype").'
+    )
+
+
 def prune_markdown(
     prune: Mapping[str, Any],
     images: Sequence[str] = (),
@@ -244,6 +256,8 @@ def prune_markdown(
         "Unpruned reference: "
         + ", ".join(f"{c} {math.exp(v):.2f}" for c, v in prune["reference"].items())
         + " (perplexity).",
+        "",
+        computed_in(prune),
         "",
     ]
     for budget in prune["budgets"]:

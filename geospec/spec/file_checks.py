@@ -157,6 +157,21 @@ def _corpus_problems(spec: Spec, spec_dir: Path) -> list[str]:
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def _autocast_copies(spec: Spec) -> int:
+    """Bytes per weight that autocast adds while a stage computes in a narrower dtype than the
+    weights' float32: torch keeps one cast copy of every weight it has cast until the stage's
+    block ends (2 for bfloat16 or float16, 0 otherwise)."""
+    from geospec.hardware import cpu_computes_bf16
+
+    if spec.reference.dtype != "float32":
+        return 0
+    requested = {spec.probe.compute_dtype, spec.diagnose.compute_dtype, spec.demand.compute_dtype}
+    if spec.prune is not None:
+        requested.add(spec.prune.compute_dtype)
+    narrow = requested & {"bfloat16", "float16"} or ("auto" in requested and cpu_computes_bf16())
+    return 2 if narrow else 0
+
+
 def loading_memory_problem(spec: Spec) -> str | None:
     """Why this machine cannot hold the pretrained checkpoint's weights (one line naming
     reference.dtype and the fixes), or None: where it fits, where the weights go to a GPU (whose
@@ -176,7 +191,7 @@ def loading_memory_problem(spec: Spec) -> str | None:
     m = spec.model
     params = count_params(model_shape(spec, vocab), [m.ffn_width] * m.n_layers)
     dtype = spec.reference.dtype
-    weights = params * _DTYPE_BYTES[dtype]
+    weights = params * (_DTYPE_BYTES[dtype] + _autocast_copies(spec))
     # exporting a pruned model builds its padded copy beside the reference
     copies = 2 if spec.prune is not None and spec.prune.export else 1
     free = host_available()

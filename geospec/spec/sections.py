@@ -65,6 +65,9 @@ class AddedLater:
 
 ADDED_LATER = AddedLater()
 
+ComputeDtype = Literal["auto", "float32", "bfloat16", "float16"]
+"""What a stage's forward passes compute in (:mod:`geospec.hardware`)."""
+
 
 class Bookkeeping:
     """Marks a train option that changes how a run is carried out (CPU threads, how often it
@@ -317,6 +320,13 @@ class ProbeSpec(Section):
     demand losses and demand's calibration. A spec with [prune] defaults to "train" (its eval
     windows, the first validation windows of each corpus, then reach nothing but the pruned
     models' scores); any other to "val"."""
+    compute_dtype: Annotated[ComputeDtype, ADDED_LATER] = "float32"
+    """The precision of the probe's forward passes: "float32" (the default: exact, what the
+    committed results were computed in), "bfloat16", "float16" (GPUs only), or "auto": bfloat16
+    where the hardware computes it natively (AVX512_BF16 or AMX on a CPU, a GPU that does),
+    float32 elsewhere. Autocast over the weights as loaded (reference.dtype, unchanged); keys
+    hold the dtype it resolves to, so float32 and bfloat16 results never mix (docs/prune.md,
+    "Compute dtype and threads")."""
 
 
 class MeasureSpec(Section):
@@ -439,6 +449,13 @@ class DiagnoseSpec(Section):
     """Seed of the pair sample."""
     twonn_discard: float = Field(0.1, gt=0.0, lt=1.0)
     """Fraction of the largest nearest-neighbour ratios TwoNN discards (the paper's 0.1)."""
+    compute_dtype: Annotated[ComputeDtype, ADDED_LATER] = "float32"
+    """The precision of the diagnose stage's forward passes (its losses): "float32" (the default:
+    exact, what the committed results were computed in), "bfloat16", "float16" (GPUs only), or
+    "auto": bfloat16 where the hardware computes it natively (AVX512_BF16 or AMX on a CPU, a GPU
+    that does), float32 elsewhere. Autocast over the weights as loaded (reference.dtype,
+    unchanged); keys hold the dtype it resolves to, so float32 and bfloat16 results never mix
+    (docs/prune.md, "Compute dtype and threads")."""
 
 
 KeepFraction = Annotated[float, Field(gt=0.0, lt=1.0)]
@@ -468,6 +485,13 @@ class DemandSpec(Section):
     """The fraction both layers of a pair keep; one of `keep`."""
     seed: Seed = 0
     """Seed of the pair sample."""
+    compute_dtype: Annotated[ComputeDtype, ADDED_LATER] = "float32"
+    """The precision of the demand stage's forward passes (its calibration and losses): "float32"
+    (the default: exact, what the committed results were computed in), "bfloat16", "float16"
+    (GPUs only), or "auto": bfloat16 where the hardware computes it natively (AVX512_BF16 or AMX
+    on a CPU, a GPU that does), float32 elsewhere. Autocast over the weights as loaded
+    (reference.dtype, unchanged); keys hold the dtype it resolves to, so float32 and bfloat16
+    results never mix (docs/prune.md, "Compute dtype and threads")."""
 
     @model_validator(mode="after")
     def _distinct_and_paired(self) -> DemandSpec:
@@ -643,6 +667,14 @@ class PruneSpec(Section):
     mean activation over the calibration sample, collected whatever the importance), so a
     removed neuron contributes its calibration mean instead of zero; "none" cuts only
     (docs/prune.md)."""
+    compute_dtype: Annotated[ComputeDtype, ADDED_LATER] = "float32"
+    """The precision of every forward pass of the prune: calibration, scores, searches and each
+    pruned model's held-out loss: "float32" (the default: exact, what the committed results were
+    computed in), "bfloat16", "float16" (GPUs only), or "auto": bfloat16 where the hardware
+    computes it natively (AVX512_BF16 or AMX on a CPU, a GPU that does), float32 elsewhere.
+    Autocast over the weights as loaded (reference.dtype, unchanged); keys hold the dtype it
+    resolves to, so float32 and bfloat16 results never mix (docs/prune.md, "Compute dtype and
+    threads")."""
 
     @model_validator(mode="before")
     @classmethod

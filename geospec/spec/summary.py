@@ -95,10 +95,12 @@ def spec_summary(spec: Spec) -> Group:
             "probe, diagnose and demand read the training split (probe.calibration_split): "
             "no eval window sets a width",
         )
+    if (computed := compute_row(spec)) is not None:
+        head.add_row("compute dtype", computed)
     if spec.report.compare:
         head.add_row("compare", ", ".join(f"{a} vs {b}" for a, b in spec.report.compare))
     if spec.diagnose.enabled:
-        settings = spec.diagnose.model_dump(mode="json", exclude={"enabled"})
+        settings = spec.diagnose.model_dump(mode="json", exclude={"enabled", "compute_dtype"})
         head.add_row("diagnose", ", ".join(f"{k}={v}" for k, v in settings.items()))
     if spec.demand.enabled:
         d = spec.demand
@@ -185,6 +187,38 @@ def plugin_call(params: dict[str, Any]) -> str:
             value = plugin_call(value)
         parts.append(f"{key}={value}")
     return f"{kind}({', '.join(parts)})" if parts else str(kind)
+
+
+def compute_row(spec: Spec) -> str | None:
+    """What the forward passes on the reference compute in, per stage that runs them (None when
+    none does), as this machine's CPU resolves "auto" (a GPU decides for itself at run time)."""
+    from geospec.hardware import cpu_computes_bf16
+    from geospec.spec.resolve import probes
+
+    stages: dict[str, str] = {"probe": spec.probe.compute_dtype} if probes(spec) else {}
+    if spec.diagnose.enabled:
+        stages["diagnose"] = spec.diagnose.compute_dtype
+    if spec.demand.enabled:
+        stages["demand"] = spec.demand.compute_dtype
+    if spec.prune is not None:
+        stages["prune"] = spec.prune.compute_dtype
+    if not stages:
+        return None
+    weights = spec.reference.dtype if spec.reference.checkpoint is not None else "float32"
+    if weights != "float32":
+        return f"{weights}, the weights' own (reference.dtype)"
+    native = "bfloat16" if cpu_computes_bf16() else "float32"
+    said = []
+    for name, requested in stages.items():
+        said.append(
+            f"{name} {native} (auto on this CPU)" if requested == "auto" else f"{name} {requested}"
+        )
+    note = (
+        "; autocast over float32 weights"
+        if any("bfloat16" in s or "float16" in s for s in said)
+        else ""
+    )
+    return ", ".join(said) + note
 
 
 def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:

@@ -30,6 +30,7 @@ from geospec.layout import DEMAND_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
 from geospec.pipeline.stages.probe import Probe, clouds_key
+from geospec.pipeline.stages.reference import compute_dtype, dtype_key
 from geospec.records import DEMAND_KEYS, MEASURED_KEYS, read_demand
 from geospec.spec.sections import DEMAND_PROFILES, DemandSpec, Spec
 
@@ -66,7 +67,7 @@ class DemandStage:
                 if stale is None or stale["keys"].get("probe") != clouds_key(upstream):
                     path.unlink()  # from another reference or probe, or damaged: not reported
             return Plan(None, current=True)
-        settings = self.demand.model_dump(mode="json", exclude={"enabled"})
+        settings = self.demand.model_dump(mode="json", exclude={"enabled", "compute_dtype"})
         compute_key = digest(
             "demand",
             settings,
@@ -74,6 +75,7 @@ class DemandStage:
             data_key(self.probe.data),
             self.probe.seq_len,
             self.multiple,
+            *dtype_key(self.dtype(run), self.probe.reference),
         )
         key = digest("demand", compute_key, upstream.key("measure"), upstream.key("diagnose"))
         keys = {"compute": compute_key, "probe": probe_key}
@@ -123,8 +125,22 @@ class DemandStage:
             )
         return profiles
 
+    def dtype(self, run: RunContext) -> str:
+        """The dtype its forward passes compute in (demand.compute_dtype resolved)."""
+        requested = self.demand.compute_dtype
+        return compute_dtype(run, requested, self.probe.reference, "demand.compute_dtype")
+
     def measure_reference(self, run: RunContext) -> dict[str, Any]:
-        """Everything that needs the reference model: the orderings and the cuts' losses."""
+        """Everything that needs the reference model: the orderings and the cuts' losses, its
+        forward passes in :meth:`dtype`."""
+        from geospec.engine.precision import computing
+        from geospec.engine.train import resolve_device
+
+        device = resolve_device(run.device, run.dist.local_rank)
+        with computing(self.dtype(run), device):
+            return self._measured(run)
+
+    def _measured(self, run: RunContext) -> dict[str, Any]:
         from geospec.engine.progress import stage_progress
         from geospec.measure.cut import CutError
         from geospec.measure.demand import CutPlan, measure_demand, neuron_orders

@@ -30,6 +30,7 @@ from geospec.layout import CLOUDS_DIR, DIAGNOSTICS_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
 from geospec.pipeline.stages.probe import Probe, clouds_key
+from geospec.pipeline.stages.reference import compute_dtype, dtype_key
 from geospec.records import DIAGNOSTICS_KEYS, read_diagnostics
 from geospec.spec.resolve import measures
 from geospec.spec.sections import DiagnoseSpec, MeasureSpec, Spec
@@ -63,10 +64,12 @@ class Diagnose:
                 if stale is None or stale["keys"].get("probe") != clouds_key(upstream):
                     path.unlink()  # from another reference or probe, or damaged: not reported
             return Plan(None, current=True)
-        settings = self.diagnose.model_dump(mode="json", exclude={"enabled"})
+        settings = self.diagnose.model_dump(mode="json", exclude={"enabled", "compute_dtype"})
+        dtype = self.dtype(run)
         compute_key = digest(
-            "diagnose", settings, probe_key, data_key(self.probe.data), self.probe.seq_len
-        )
+            "diagnose", settings, probe_key, data_key(self.probe.data), self.probe.seq_len,
+            *dtype_key(dtype, self.probe.reference),
+        )  # fmt: skip
         key = digest("diagnose", compute_key, upstream.key("measure"))
         keys = {"compute": compute_key, "probe": probe_key}
         profiles = upstream.output("measure") or {}
@@ -113,11 +116,27 @@ class Diagnose:
             diagnostic_plots(run.run_dir, diagnostics)
         return dict(diagnostics["profiles"])
 
+    def dtype(self, run: RunContext) -> str:
+        """The dtype its forward passes compute in (diagnose.compute_dtype resolved)."""
+        requested = self.diagnose.compute_dtype
+        return compute_dtype(run, requested, self.probe.reference, "diagnose.compute_dtype")
+
     def measure_reference(
         self, run: RunContext, clouds: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     ) -> dict[str, Any]:
         """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity;
-        on ``clouds`` (default: the probe stage's, from the run directory)."""
+        on ``clouds`` (default: the probe stage's, from the run directory); its forward passes
+        in :meth:`dtype`."""
+        from geospec.engine.precision import computing
+        from geospec.engine.train import resolve_device
+
+        device = resolve_device(run.device, run.dist.local_rank)
+        with computing(self.dtype(run), device):
+            return self._measured(run, clouds)
+
+    def _measured(
+        self, run: RunContext, clouds: list[tuple[torch.Tensor, torch.Tensor]] | None
+    ) -> dict[str, Any]:
         from geospec.engine.distributed import spread_over_ranks
         from geospec.engine.progress import stage_progress
         from geospec.measure.intrinsic_dimension import two_nn

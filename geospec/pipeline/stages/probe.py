@@ -28,6 +28,7 @@ from geospec.errors import UsageError
 from geospec.layout import CLOUDS_DIR, PROBE_META_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section
+from geospec.pipeline.stages.reference import compute_dtype, dtype_key
 from geospec.spec.resolve import probes
 from geospec.spec.sections import DataSpec, ProbeSpec, ReferenceSpec, Spec
 
@@ -80,7 +81,14 @@ class Probe:
 
     def plan(self, run: RunContext, upstream: Upstream, forced: bool) -> Plan:
         # the data section matters too: a pretrained reference's key covers only its checkpoint
-        key = digest("probe", section(self.probe), upstream.key("reference"), data_key(self.data))
+        dtype = compute_dtype(run, self.probe.compute_dtype, self.reference, "probe.compute_dtype")
+        key = digest(
+            "probe",
+            section(self.probe.model_copy(update={"compute_dtype": "auto"})),
+            upstream.key("reference"),
+            data_key(self.data),
+            *dtype_key(dtype, self.reference),
+        )
         if not self.needed:  # as the prune stage without [prune]: no key recorded, no clouds
             return Plan(
                 None,
@@ -219,20 +227,22 @@ class Probe:
         """Every layer's (x, y) clouds at the sampled positions, at ``site`` (default: the
         probe's own); with ``dist``, on rank 0 only (see
         :func:`geospec.measure.probe.probe_clouds`)."""
+        from geospec.engine.precision import model_computing
         from geospec.measure.probe import probe_clouds
 
-        return probe_clouds(
-            model,
-            self.tokens(data),
-            sample,
-            self.seq_len,
-            width,
-            site=site or self.probe.site,
-            batch_size=self.probe.batch_size,
-            progress=progress,
-            dist=dist,
-            bos=data.bos_id,
-        )
+        with model_computing(model, self.probe.compute_dtype, "probe.compute_dtype"):
+            return probe_clouds(
+                model,
+                self.tokens(data),
+                sample,
+                self.seq_len,
+                width,
+                site=site or self.probe.site,
+                batch_size=self.probe.batch_size,
+                progress=progress,
+                dist=dist,
+                bos=data.bos_id,
+            )
 
 
 def clouds_key(upstream: Upstream) -> str | None:

@@ -32,6 +32,7 @@ from geospec.pipeline.redraw import RedrawSettings, redrawn_profiles
 from geospec.pipeline.stages.demand import DemandStage
 from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.probe import Probe
+from geospec.pipeline.stages.reference import compute_dtype, dtype_key
 from geospec.prune.exports import export_dtype
 from geospec.prune.units import chosen_units, is_finished, left_out_note, missing_exports, units_of
 from geospec.records import PRUNE_KEYS
@@ -90,7 +91,11 @@ class PruneStage:
             # which units write their model, and in which dtype, is not what they compute: a
             # finished unit is exported without being recomputed (the key holds export = false
             # and the default dtype, what it held before, so those prunes keep their keys)
-            section(self.prune.model_copy(update={"export": False, "export_dtype": "checkpoint"})),
+            section(
+                self.prune.model_copy(
+                    update={"export": False, "export_dtype": "checkpoint", "compute_dtype": "auto"}
+                )
+            ),
             upstream.key("reference"),
             data_key(self.data),
             self.model.seq_len,
@@ -98,6 +103,7 @@ class PruneStage:
             {name: list(values) for name, values in sorted(profiles.items())},
             *redrawn,
             *self.block_arms(),
+            *dtype_key(self.dtype(run), self.reference),
         )
         path = run.run_dir / PRUNE_FILE
         # models asked for since the units finished: the stage runs, reusing every unit
@@ -113,6 +119,12 @@ class PruneStage:
             problem=json_problem(path, *PRUNE_KEYS) if path.exists() else None,
             current=False if unwritten else None,
         )
+
+    def dtype(self, run: RunContext) -> str:
+        """The dtype the prune's forward passes compute in (prune.compute_dtype resolved)."""
+        assert self.prune is not None
+        requested = self.prune.compute_dtype
+        return compute_dtype(run, requested, self.reference, "prune.compute_dtype")
 
     def block_arms(self) -> list[list[str]]:
         """The arms that allocate from every block linear's calibration inputs (``owl`` since it
@@ -132,6 +144,7 @@ class PruneStage:
         """Every unit (reused where its key matches), then prune.json; with ``geospec prune
         --arms/--keep``, the chosen units, and prune.json only once no other unit is missing
         (until then the stage is unfinished: :data:`INCOMPLETE`)."""
+        from geospec.engine.precision import computing
         from geospec.pipeline.stages.reference import load_reference
         from geospec.prune.corpora import eval_batches
         from geospec.prune.heal import check_healable
@@ -164,15 +177,18 @@ class PruneStage:
             prune, key, self.model.seq_len, self.model.multiple_of, self.model.activation,
             profiles, redraw=redraw, bos=data.bos_id, export_dtype=dtype,
         )  # fmt: skip
-        record = prune_units(
-            model, d_model, inputs, data.train, corpora, run.run_dir,
-            console=run.console, say=run.say,
-            heal=heal,
-            left_out=left_out,
-        )  # fmt: skip
+        computed_in = self.dtype(run)
+        with computing(computed_in, device):
+            record = prune_units(
+                model, d_model, inputs, data.train, corpora, run.run_dir,
+                console=run.console, say=run.say,
+                heal=heal,
+                left_out=left_out,
+            )  # fmt: skip
         if record is None:
             return self.unfinished(run, left_out)
-        atomic_write_json(run.run_dir / PRUNE_FILE, sealed({**record, "key": key}))
+        record = {**record, "key": key, "compute_dtype": computed_in}
+        atomic_write_json(run.run_dir / PRUNE_FILE, sealed(record))
         return record
 
     def unfinished(self, run: RunContext, left_out: list[Unit]) -> Any:

@@ -176,3 +176,34 @@ def _files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+
+
+def compute_dtype(run: RunContext, requested: str, reference: ReferenceSpec, field: str) -> str:
+    """The dtype a stage's forward passes on the reference compute in (``requested``, a
+    ``compute_dtype`` value, resolved for the run's device and the dtype the reference is
+    loaded in: :func:`geospec.hardware.resolve_compute_dtype`); a warning is said once."""
+    from geospec.engine.train import resolve_device
+    from geospec.hardware import resolve_compute_dtype
+
+    device = resolve_device(run.device, run.dist.local_rank)
+    dtype, warning = resolve_compute_dtype(requested, device.type, loaded_dtype(reference), field)
+    if warning is not None and warning not in _warned:
+        _warned.add(warning)
+        run.say(f"[yellow]![/] {warning}")
+    return dtype
+
+
+def loaded_dtype(reference: ReferenceSpec) -> str:
+    """The dtype the reference's weights are loaded in: reference.dtype for a checkpoint, float32
+    for the run's own trained reference."""
+    return reference.dtype if reference.checkpoint is not None else "float32"
+
+
+def dtype_key(dtype: str, reference: ReferenceSpec) -> list[dict[str, str]]:
+    """A stage key's part for its compute dtype: empty where the stage computes in the dtype its
+    weights are loaded in (what every stage computed before compute_dtype existed, so those
+    keys are unchanged), else the dtype it autocasts to."""
+    return [] if dtype == loaded_dtype(reference) else [{"compute_dtype": dtype}]
+
+
+_warned: set[str] = set()
