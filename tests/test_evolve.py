@@ -248,6 +248,11 @@ def test_an_evolve_arm_searches_through_the_prune_and_keeps_its_path(tmp_path: P
     unit = tmp_path / "run" / "prune" / "keep-0.5" / "evolve" / "seed-0"
     steps = json.loads((unit / "result.json").read_text())["search"]["trajectory"]
     assert [s["generation"] for s in steps] == [1, 2, 3] and steps[-1]["widths"] == widths
+    path = record["budgets"][0]["arms"]["evolve"]["search"]["0"]
+    assert path == {
+        "fitness": [s["fitness"] for s in steps],
+        "accepted": [s["accepted"] for s in steps],
+    }
 
 
 @pytest.mark.parametrize(
@@ -270,3 +275,21 @@ def test_a_bad_evolve_arm_is_one_line_naming_the_field(
     result = CliRunner().invoke(cli, ["validate", str(spec)])
     assert result.exit_code == 2, result.output
     assert field in result.output
+
+
+def test_stages_longer_than_the_calibration_text_stop_the_prune_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """4 calibration windows of 15 scored tokens hold 60: a stage of 61 is refused by name, exit
+    2, before any generation."""
+    stages = [{"tokens": 61, "survivors": 1}]
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "evolve", "schedule": {"kind": "evolve"} | EVOLVE | {"stages": stages}},
+    ]
+    spec = prune_spec(tmp_path, keep=0.5, calibration={"windows": 4, "seeds": [0]}, arms=arms)
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    assert result.exit_code == 2, result.output
+    error = [line for line in result.output.splitlines() if line.startswith("error")]
+    assert len(error) == 1 and "prune arm 'evolve': stages[0].tokens: 61 tokens need 5" in error[0]
+    assert "generation" not in result.output
