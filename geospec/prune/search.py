@@ -172,10 +172,10 @@ class CalibrationFitness:
         self.fallback: str | None = None
         """Why full forward passes are used (None: from the first changed layer on)."""
         self._checked = False
-        self.tokens = 0
-        """Tokens scored so far (candidates x tokens)."""
 
     def _teacher(self, row: int) -> torch.Tensor:
+        # one window a pass, whichever windows are drawn with it: a window's numbers never
+        # depend on its company, so a resumed search sees the same teacher bit for bit
         if row not in self.teacher:
             logits = logits_of(self.model, self.inputs[row : row + 1])
             self.teacher[row] = logits.float().log_softmax(-1)[0]
@@ -222,7 +222,6 @@ class CalibrationFitness:
                     self._add(batch, candidates, base, firsts, totals)
         finally:
             self.model.train(was_training)
-        self.tokens += len(candidates) * len(rows) * self.window_tokens
         count = len(rows) * self.window_tokens
         return [total / count for total in totals]
 
@@ -283,6 +282,7 @@ class SealedSearchState:
         self._since = time.perf_counter()
 
     def load(self) -> dict[str, Any] | None:
+        self._since = time.perf_counter()  # the search starts now: its first rate from here
         if json_problem(self.path, "key", "state") is not None:
             return None
         data = read_json(self.path)
