@@ -293,3 +293,18 @@ def test_stages_longer_than_the_calibration_text_stop_the_prune_in_one_line(
     error = [line for line in result.output.splitlines() if line.startswith("error")]
     assert len(error) == 1 and "prune arm 'evolve': stages[0].tokens: 61 tokens need 5" in error[0]
     assert "generation" not in result.output
+
+
+def test_a_prune_of_other_arms_runs_no_search(tmp_path: Path) -> None:
+    """``geospec prune --arms uniform`` computes uniform's units and leaves the search alone;
+    the whole prune then searches and reuses them."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "evolve", "schedule": {"kind": "evolve"} | EVOLVE},
+    ]
+    spec = prune_spec(tmp_path, keep=0.5, calibration={"windows": 4, "seeds": [0]}, arms=arms)
+    assert "generation" not in invoke("prune", str(spec), "--arms", "uniform")
+    keep = tmp_path / "run" / "prune" / "keep-0.5"
+    assert (keep / "uniform" / "seed-0" / "result.json").exists()
+    assert not (keep / "evolve" / "seed-0" / "search.json").exists()
+    assert "generation 3/3" in invoke("prune", str(spec))

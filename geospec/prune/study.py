@@ -218,6 +218,15 @@ def prune_units(
     with torch.no_grad():
         reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
     units = [unit for unit in units_of(prune) if unit not in left_out]
+    # the arms those units are or read (a search of an arm left out is not run for nothing)
+    wanted, unread = set(), [unit.arm for unit in units]
+    reads = {arm.name: s.required_arms() for arm, s in zip(prune.arms, schedules, strict=True)}
+    while unread:
+        name = unread.pop()
+        if name not in wanted:
+            wanted.add(name)
+            unread += reads.get(name, [])
+    allocated = [arm for arm in prune.arms if arm.name in wanted]
     results: dict[Unit, dict[str, Any]] = {}
     scored: dict[int, Scored] = {}  # by calibration seed
     teachers: dict[int, dict[int, torch.Tensor]] = {}  # the unpruned model's, by seed and window
@@ -273,14 +282,14 @@ def prune_units(
                     for name in searches
                 }
                 searched = {}  # each evolve arm's search, resumable in its unit's directory
-                for name in evolves:
+                for name in [name for name in evolves if name in wanted]:
                     searched[name] = evolve_search(
                         model, sites, work.orders[arm_importance[name]], work.batches or [],
                         teachers.setdefault(unit.seed, {}), prune, run_dir,
                         Unit(unit.keep, name, unit.seed), inputs.key, say,
                     )  # fmt: skip
                 widths[(unit.seed, unit.keep)] = allocate(
-                    prune.arms, dims[unit.keep], profiles[unit.seed], [],
+                    allocated, dims[unit.keep], profiles[unit.seed], [],
                     arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
                     blocks=work.blocks, cut_losses=losses, searches=searched,
                 )  # fmt: skip
