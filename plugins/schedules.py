@@ -988,12 +988,13 @@ class Greedy(ScoreAllocation):
 
 class EvolveStage(BaseModel):
     """One selection stage of ``evolve``: every candidate left is scored on ``tokens``
-    calibration tokens (whole windows, freshly drawn), and the best ``survivors`` go on."""
+    calibration tokens (the nearest number of whole windows, freshly drawn), and the best
+    ``survivors`` go on."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     tokens: int = Field(ge=1, le=100_000_000)
-    """Calibration tokens each candidate is scored on (rounded up to whole windows)."""
+    """Calibration tokens each candidate is scored on (rounded to whole windows, at least one)."""
     survivors: int = Field(ge=1, le=10_000)
     """How many candidates go on to the next stage (1 in the last: the one that may replace
     the parent)."""
@@ -1144,7 +1145,10 @@ class Evolve(ScoreAllocation):
         fitness = search.fitness(p.fitness)
         draws = []
         for i, stage in enumerate(p.stages):
-            count = -(-stage.tokens // fitness.window_tokens)
+            # whole windows, the nearest count to the tokens asked (at least one): a window's
+            # tokens are model.seq_len - 1 (seq_len with a BOS), seldom a round number
+            window = fitness.window_tokens
+            count = max(1, (2 * stage.tokens + window) // (2 * window))
             if count > fitness.windows:
                 raise UsageError(
                     f"stages[{i}].tokens: {stage.tokens} tokens need {count} calibration windows "

@@ -166,7 +166,8 @@ def test_the_search_finds_the_best_allocation_of_a_small_space(
     steps = trajectory(path)
     assert len(steps) == 8
     for step in steps:
-        assert sum(step["widths"]) == 96 and all(16 <= w <= WIDTH for w in step["widths"])
+        assert sum(step["widths"]) == 96
+        assert all(16 <= w <= WIDTH and w % 8 == 0 for w in step["widths"])
         assert step["fitness"] == pytest.approx(truth[tuple(step["widths"])], rel=1e-5)
     assert [s["fitness"] for s in steps] == sorted((s["fitness"] for s in steps), reverse=True)
 
@@ -206,7 +207,7 @@ def test_a_state_of_other_inputs_or_edited_is_not_resumed(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("params", "field"),
     [
-        ({"stages": [{"tokens": 91, "survivors": 1}]}, "stages[0].tokens"),
+        ({"stages": [{"tokens": 98, "survivors": 1}]}, "stages[0].tokens"),  # 7 windows of 15
         ({"step": 3}, "step"),  # 24 neurons: none of 32, 32, 32 within 16..48 can move
         ({"min_width": 40}, "min_width"),
         ({"max_width": 56}, "max_width"),
@@ -280,9 +281,9 @@ def test_a_bad_evolve_arm_is_one_line_naming_the_field(
 def test_stages_longer_than_the_calibration_text_stop_the_prune_in_one_line(
     tmp_path: Path,
 ) -> None:
-    """4 calibration windows of 15 scored tokens hold 60: a stage of 61 is refused by name, exit
-    2, before any generation."""
-    stages = [{"tokens": 61, "survivors": 1}]
+    """4 calibration windows of 15 scored tokens hold 60: a stage of 68 (5 windows) is refused
+    by name, exit 2, before any generation."""
+    stages = [{"tokens": 68, "survivors": 1}]
     arms = [
         {"name": "uniform", "schedule": {"kind": "uniform"}},
         {"name": "evolve", "schedule": {"kind": "evolve"} | EVOLVE | {"stages": stages}},
@@ -291,7 +292,7 @@ def test_stages_longer_than_the_calibration_text_stop_the_prune_in_one_line(
     result = CliRunner().invoke(cli, ["prune", str(spec)])
     assert result.exit_code == 2, result.output
     error = [line for line in result.output.splitlines() if line.startswith("error")]
-    assert len(error) == 1 and "prune arm 'evolve': stages[0].tokens: 61 tokens need 5" in error[0]
+    assert len(error) == 1 and "prune arm 'evolve': stages[0].tokens: 68 tokens need 5" in error[0]
     assert "generation" not in result.output
 
 
