@@ -6,9 +6,14 @@ seed gives the same widths, and a killed search resumes to the identical result.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -309,3 +314,45 @@ def test_a_prune_of_other_arms_runs_no_search(tmp_path: Path) -> None:
     assert (keep / "uniform" / "seed-0" / "result.json").exists()
     assert not (keep / "evolve" / "seed-0" / "search.json").exists()
     assert "generation 3/3" in invoke("prune", str(spec))
+
+
+def test_a_prune_killed_mid_search_resumes_to_the_same_widths(tmp_path: Path) -> None:
+    """``geospec prune`` killed (SIGKILL) after a few generations of its search, then run
+    again: it resumes after the last generation saved and ends with the widths and trajectory
+    of the same prune never interrupted."""
+    evolve = EVOLVE | {"generations": 60}
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "evolve", "schedule": {"kind": "evolve"} | evolve},
+    ]
+    runs = {}
+    for name in ("whole", "killed"):
+        (tmp_path / name).mkdir()
+        calibration = {"windows": 4, "seeds": [0]}
+        runs[name] = prune_spec(tmp_path / name, keep=0.5, calibration=calibration, arms=arms)
+    invoke("prune", str(runs["whole"]))
+    state = tmp_path / "killed" / "run" / "prune" / "keep-0.5" / "evolve" / "seed-0" / "search.json"
+    # on one thread, as this module's own prunes: another count sums in another order
+    process = subprocess.Popen(
+        [sys.executable, "-m", "geospec", "prune", str(runs["killed"])],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                if len(trajectory(state)) >= 5:
+                    break
+            time.sleep(0.01)
+    finally:
+        process.kill()
+        process.wait()
+    saved = len(trajectory(state))
+    assert 5 <= saved < 60  # killed mid-search
+    output = invoke("prune", str(runs["killed"]))
+    assert f"generation {saved + 1}/60" in output and f"generation {saved}/60" not in output
+    unit = Path("run/prune/keep-0.5/evolve/seed-0/result.json")
+    whole, killed = (json.loads((tmp_path / name / unit).read_text()) for name in runs)
+    assert killed["widths"] == whole["widths"] and killed["search"] == whole["search"]

@@ -301,5 +301,5 @@ class SealedSearchState:
         speed = last.get("tokens", 0) / seconds if seconds > 0 else 0.0
         self.say(
             f"prune: {self.name}: generation {last.get('generation')}/{self.generations}, "
-            f"fitness {last.get('fitness', float('nan')):.5f}, {speed:,.0f} tokens/s"
+            f"fitness {last.get('fitness', float('nan')):.5g}, {speed:,.0f} tokens/s"
         )
