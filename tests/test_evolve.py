@@ -33,6 +33,7 @@ from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
 from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores, pruned
 from geospec.prune.search import CalibrationFitness, SealedSearchState, calibration_batches
+from geospec.report.plots import prune_plot
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -254,6 +255,9 @@ def test_an_evolve_arm_searches_through_the_prune_and_keeps_its_path(tmp_path: P
     unit = tmp_path / "run" / "prune" / "keep-0.5" / "evolve" / "seed-0"
     steps = json.loads((unit / "result.json").read_text())["search"]["trajectory"]
     assert [s["generation"] for s in steps] == [1, 2, 3] and steps[-1]["widths"] == widths
+    assert "The search 'evolve': its fitness on the calibration windows" in output
+    assert prune_plot(tmp_path / "run", record)[-1] == "plots/search.png"
+    assert (tmp_path / "run" / "plots" / "search.png").stat().st_size > 0
     path = record["budgets"][0]["arms"]["evolve"]["search"]["0"]
     assert path == {
         "fitness": [s["fitness"] for s in steps],
