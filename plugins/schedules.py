@@ -1087,6 +1087,23 @@ class Evolve(ScoreAllocation):
         return schedule
 
     def check(self, dims: ModelDims) -> list[str]:
+        problems = self._start_problems(dims)
+        if problems or dims.max_width is None:  # no pretrained width: a training arm's dims
+            return problems
+        # what geospec prune will refuse, said by geospec validate: the levels and the step
+        # at the pretrained width (the checkpoint's, as every layer has under prune)
+        try:
+            low, high, size = self._levels(dims, dims.max_width)
+            if self.params.start_arm is None:
+                self._check_start(
+                    self.start_schedule().widths_from(dims, {}, {}), dims, low, high, size
+                )
+        except UsageError as error:
+            return [str(error)]
+        return []
+
+    def _start_problems(self, dims: ModelDims) -> list[str]:
+        """What keeps ``start`` from giving the search its first widths."""
         if self.params.start_arm is not None:
             return []
         start = self.start_schedule()
@@ -1121,28 +1138,18 @@ class Evolve(ScoreAllocation):
         search: Search,
     ) -> list[int]:
         p = self.params
-        low, high, size = self._levels(dims, scores)
+        pretrained = min(len(layer) for layer in scores)
+        if dims.max_width is not None:
+            pretrained = min(pretrained, dims.max_width)
+        low, high, size = self._levels(dims, pretrained)
         if p.start_arm is None:
-            problems = self.check(dims)
+            problems = self._start_problems(dims)
             if problems:
                 raise UsageError(problems[0])
             start = list(self.start_schedule().widths_from(dims, {}, {}))
         else:
             start = list(arms[p.start_arm])
-        outside = [(layer, w) for layer, w in enumerate(start) if not low <= w <= high]
-        if outside:
-            layer, w = outside[0]
-            raise UsageError(
-                f"start: layer {layer} starts at width {w}, outside min_width..max_width "
-                f"({low}..{high}); widen them or start elsewhere"
-            )
-        if sum(start) != dims.budget:
-            raise UsageError(f"start: its widths sum to {sum(start)}, the budget is {dims.budget}")
-        if not _swaps(start, low, high, size):
-            raise UsageError(
-                f"step: no layer of {start} can move {size} neurons to another within "
-                f"{low}..{high}; lower step or widen min_width..max_width"
-            )
+        self._check_start(start, dims, low, high, size)
         fitness = search.fitness(p.fitness)
         draws = []
         for i, stage in enumerate(p.stages):
@@ -1195,12 +1202,10 @@ class Evolve(ScoreAllocation):
             search.state.save({"parent": list(parent), "trajectory": trajectory})
         return parent
 
-    def _levels(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> tuple[int, int, int]:
-        """The narrowest and widest a layer may be, and a step, in neurons (checked)."""
+    def _levels(self, dims: ModelDims, pretrained: int) -> tuple[int, int, int]:
+        """The narrowest and widest a layer may be, and a step, in neurons (checked), for layers
+        of ``pretrained`` neurons."""
         p, m = self.params, dims.multiple_of
-        pretrained = min(len(layer) for layer in scores)
-        if dims.max_width is not None:
-            pretrained = min(pretrained, dims.max_width)
         pretrained = pretrained // m * m
         low = m if p.min_width is None else p.min_width
         high = pretrained if p.max_width is None else p.max_width
@@ -1220,6 +1225,24 @@ class Evolve(ScoreAllocation):
                 f"{dims.n_layers} layers ({mean:g} neurons a layer on average)"
             )
         return low, high, p.step * m
+
+    @staticmethod
+    def _check_start(start: Sequence[int], dims: ModelDims, low: int, high: int, size: int) -> None:
+        """Refuse (one line naming the field) a start the search cannot move from."""
+        outside = [(layer, w) for layer, w in enumerate(start) if not low <= w <= high]
+        if outside:
+            layer, w = outside[0]
+            raise UsageError(
+                f"start: layer {layer} starts at width {w}, outside min_width..max_width "
+                f"({low}..{high}); widen them or start elsewhere"
+            )
+        if sum(start) != dims.budget:
+            raise UsageError(f"start: its widths sum to {sum(start)}, the budget is {dims.budget}")
+        if not _swaps(start, low, high, size):
+            raise UsageError(
+                f"step: no layer of {list(start)} can move {size} neurons to another within "
+                f"{low}..{high}; lower step or widen min_width..max_width"
+            )
 
     def _offspring(
         self, parent: Sequence[int], rng: random.Random, low: int, high: int, size: int
