@@ -364,3 +364,23 @@ def test_a_prune_killed_mid_search_resumes_to_the_same_widths(tmp_path: Path) ->
     unit = Path("run/prune/keep-0.5/evolve/seed-0/result.json")
     whole, killed = (json.loads((tmp_path / name / unit).read_text()) for name in runs)
     assert killed["widths"] == whole["widths"] and killed["search"] == whole["search"]
+
+
+def test_a_search_from_protect_on_the_loss_moves_from_its_widths(
+    setting: tuple, tmp_path: Path
+) -> None:
+    """``start = { kind = "protect", first = 1 }`` starts at protect's widths (layer 0 whole,
+    the others sharing the rest); on the loss fitness too, each generation's widths are at most
+    three swaps from the last's, moved exactly when the trajectory says so, and keep the
+    budget."""
+    start = {"kind": "protect", "first": 1}
+    path = tmp_path / "search.json"
+    search(setting, path, start=start, fitness="loss", generations=4, offspring=4, min_width=16)
+    protect = create_plugin("schedule", start).widths_from(DIMS, {}, {})
+    assert protect == [48, 24, 24]
+    previous = protect
+    for step in trajectory(path):
+        assert sum(step["widths"]) == 96
+        moved = sum(abs(a - b) for a, b in zip(step["widths"], previous, strict=True))
+        assert moved <= 2 * 3 * 8 and (moved > 0) == step["accepted"]
+        previous = step["widths"]
