@@ -6,7 +6,9 @@ calibration sample k of the training split, once for each distinct importance th
 arm's own, or the prune's); every arm's widths at each keep fraction come from
 :func:`geospec.prune.allocate.allocate` (the run's profiles for schedules that read them, or,
 with ``prune.allocation_seeds``, the measured profiles re-drawn for seed k; the arm's own
-importance scores for flap and owl_neuron, every block linear's calibration inputs for owl);
+importance scores for flap and owl_neuron, every block linear's calibration inputs for owl; the
+calibration windows themselves for the searches, greedy and evolve, whose state is kept in the
+unit's directory);
 the reference keeps, in layer l, the ``widths[l]`` best neurons, and
 its mean next-token loss is measured on every eval corpus's held-out windows. A unit whose
 record holds its key is reused (:mod:`geospec.prune.units`), so an interrupted prune resumes.
