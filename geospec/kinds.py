@@ -318,6 +318,9 @@ class ScoreAllocation(Schedule):
     #: Whether the widths come from a search on the calibration loss (:class:`CutLosses`); the
     #: core then calls :meth:`widths_from_losses` with the losses of the arm's own cuts.
     reads_cut_losses: ClassVar[bool] = False
+    #: Whether the widths come from a search that scores whole allocations (:class:`Search`:
+    #: ``evolve``); the core then calls :meth:`widths_from_search`.
+    reads_search: ClassVar[bool] = False
 
     def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
         """The widths given ``scores[l][i]``, the importance of neuron i of layer l of the model
@@ -345,6 +348,19 @@ class ScoreAllocation(Schedule):
         set; by default :meth:`widths_from_scores`)."""
         return self.widths_from_scores(dims, scores)
 
+    def widths_from_search(
+        self,
+        dims: ModelDims,
+        scores: Sequence[Sequence[float]],
+        arms: Mapping[str, Sequence[int]],
+        search: Search,
+    ) -> list[int]:
+        """The widths given the neuron ``scores``, ``arms`` (the widths of each arm named by
+        :meth:`required_arms`) and ``search``, the fitness of whole allocations on the
+        calibration windows with a state that survives a killed process (what the core calls
+        when :attr:`reads_search` is set; by default :meth:`widths_from_scores`)."""
+        return self.widths_from_scores(dims, scores)
+
     def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
         raise UsageError(
             f"{self.kind_name()!r} allocates from the neuron scores of a model being pruned: list "
@@ -361,6 +377,54 @@ class CutLosses(Protocol):
         """For each ``(layer, width)`` of ``changes``, the loss with ``widths`` except that
         layer at that width (narrower than ``widths[layer]``)."""
         ...
+
+
+class Fitness(Protocol):
+    """How far the model being pruned, cut to each candidate's widths (layer l keeping its
+    ``widths[l]`` best neurons by the arm's importance, no compensation), is from the unpruned
+    model on chosen calibration windows (training split, never eval text): the mean per-token
+    KL divergence of its next-token distribution from the unpruned model's, or its mean
+    next-token loss. Lower is better. What a search allocation (``evolve``) scores."""
+
+    windows: int
+    """How many calibration windows there are to choose from."""
+    window_tokens: int
+    """The tokens scored in each window."""
+
+    def __call__(
+        self,
+        candidates: Sequence[Sequence[int]],
+        windows: Sequence[int],
+        base: Sequence[int] | None = None,
+    ) -> list[float]:
+        """Each candidate's fitness on the calibration windows ``windows`` (indices below
+        :attr:`windows`). ``base``: widths most candidates share a prefix of layers with (a
+        parent), run once so that each candidate runs only from its first layer that differs
+        from it; the values are the same without it."""
+        ...
+
+
+class SearchState(Protocol):
+    """Where a search keeps what it has done, so that a killed search resumes where it stood:
+    JSON-serialisable state, written after each generation (sealed, atomically) and read back
+    only when the unit's inputs are the same."""
+
+    def load(self) -> dict[str, Any] | None:
+        """The state last saved for this unit's inputs, or None (none, or from other inputs)."""
+        ...
+
+    def save(self, state: dict[str, Any]) -> None:
+        """Keep ``state`` (and say how the search is going)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Search:
+    """What ``geospec prune`` hands a search allocation (:attr:`ScoreAllocation.reads_search`):
+    its fitness (``fitness("kl")`` or ``fitness("loss")``) and its resumable state."""
+
+    fitness: Callable[[str], Fitness]
+    state: SearchState
 
 
 def reads_scores(schedule: Plugin | type[Plugin]) -> bool:
@@ -633,6 +697,7 @@ __all__ = [
     "ActivationStats",
     "BlockLinears",
     "CutLosses",
+    "Fitness",
     "Geometry",
     "Importance",
     "InfeasibleBudget",
@@ -645,6 +710,8 @@ __all__ = [
     "RunTrainer",
     "Schedule",
     "ScoreAllocation",
+    "Search",
+    "SearchState",
     "Smoother",
     "Solver",
     "Statistic",

@@ -37,6 +37,8 @@ PROBE_META_FILE = "meta.json"
 UNIT_FILE = "result.json"
 UNIT_MODEL_DIR = "model"
 HEAL_DIR = "heal"
+#: A search allocation's (``evolve``) resumable state, in its unit's directory.
+SEARCH_FILE = "search.json"
 
 
 def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:

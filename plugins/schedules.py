@@ -3,7 +3,7 @@ schedule with its controls (anti, permuted), the schedule from measured demand (
 explicit list (manual), the controls derived from another arm's widths (fitted, sorted), the
 pruning control that keeps the first and last layers whole (protect), and the pruning
 allocations from the calibration of the model being pruned (flap, owl, owl_neuron, and the
-search on the calibration loss, greedy).
+searches on the calibration text, greedy and evolve).
 
 Every schedule returns integer widths, multiples of ``dims.multiple_of``, summing exactly to
 ``dims.budget`` (so every arm has the uniform model's FFN parameter count). Schedules that hold a
@@ -12,12 +12,13 @@ smoother or a solver create it through the registries, so third-party ones work 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from geospec import hookimpl
 from geospec.errors import PluginError, SpecError, UsageError
@@ -27,6 +28,7 @@ from geospec.kinds import (
     ModelDims,
     Schedule,
     ScoreAllocation,
+    Search,
     Smoother,
     Solver,
     WidthProblem,
@@ -984,6 +986,294 @@ class Greedy(ScoreAllocation):
         return widths
 
 
+class EvolveStage(BaseModel):
+    """One selection stage of ``evolve``: every candidate left is scored on ``tokens``
+    calibration tokens (the nearest number of whole windows, freshly drawn), and the best
+    ``survivors`` go on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    tokens: int = Field(ge=1, le=100_000_000)
+    """Calibration tokens each candidate is scored on (rounded to whole windows, at least one)."""
+    survivors: int = Field(ge=1, le=10_000)
+    """How many candidates go on to the next stage (1 in the last: the one that may replace
+    the parent)."""
+
+
+def _default_stages() -> list[EvolveStage]:
+    # about 10k scored tokens a generation, about 10 s on 2 cores for SmolLM2-135M: 16 x 256 on
+    # the first stage (EvoPress's first stage gave the same result from 64 to 1,024 tokens), 2
+    # offspring and the parent on 2048
+    return [EvolveStage(tokens=256, survivors=2), EvolveStage(tokens=2048, survivors=1)]
+
+
+class Evolve(ScoreAllocation):
+    """An evolutionary search of the allocation on the calibration text, as EvoPress
+    (Sieberling et al., 2025) runs it: one level per layer, a level ``step`` multiples of
+    neurons, the layer keeping its best neurons by the arm's importance at every level (nested
+    levels). A generation draws ``offspring`` mutations of the parent, each ``min(U{1,3},
+    U{1,3})`` swaps (one layer a step down, another a step up, so the budget stays exact; an
+    offspring equal to its parent or to another is drawn again), and selects in ``stages``:
+    each stage scores the candidates left on freshly drawn calibration windows and keeps the
+    best; the parent joins the last stage, scored again, and is replaced only by an offspring
+    that beats it there. The fitness is the mean per-token KL divergence from the unpruned
+    model's next-token distribution (or the calibration loss), on the prune's calibration
+    windows (training split, never eval text): :class:`~geospec.kinds.Search`.
+
+    It starts from ``start`` (a schedule that needs no profile, score or arm: uniform,
+    protect, a taper, manual) or from the widths of another prune arm (``start_arm``: a
+    geometric arm, flap, owl). Generation g draws from ``(seed, g)`` alone, so a search
+    resumed from its state after generation g continues as if never stopped."""
+
+    reads_search = True
+
+    class Params(NeuronScoreParams):
+        kind: Literal["evolve"] = "evolve"
+        start: ScheduleRef = Field(default_factory=Uniform.Params)
+        """The allocation the search starts from: a schedule table that reads no profile,
+        neuron score or arm (uniform, protect, a taper, manual)."""
+        start_arm: ArmName | None = None
+        """Start from this other prune arm's widths instead (a geometric arm, flap, owl)."""
+        generations: int = Field(150, ge=1, le=1_000_000)
+        """Generations of the search."""
+        offspring: int = Field(16, ge=1, le=10_000)
+        """Mutations of the parent drawn each generation."""
+        stages: list[EvolveStage] = Field(default_factory=_default_stages, min_length=1)
+        """The selection stages, in order (the last keeps 1 survivor)."""
+        step: int = Field(1, ge=1, le=100_000)
+        """A level, in multiples of model.multiple_of: what a swap moves between two layers."""
+        min_width: int | None = Field(None, ge=1)
+        """The narrowest a layer may become, in neurons (default: one multiple)."""
+        max_width: int | None = Field(None, ge=1)
+        """The widest a layer may become, in neurons (default: the pretrained width)."""
+        fitness: Literal["kl", "loss"] = "kl"
+        """What a candidate is scored by: the mean per-token KL divergence from the unpruned
+        model's next-token distribution, or the mean next-token loss."""
+        seed: int = Field(0, ge=0)
+        """Seeds the mutations and the windows each stage draws."""
+
+        @field_validator("stages")
+        @classmethod
+        def _narrowing(cls, stages: list[EvolveStage]) -> list[EvolveStage]:
+            counts = [stage.survivors for stage in stages]
+            if counts[-1] != 1:
+                raise ValueError(
+                    f"the last stage keeps {counts[-1]} survivors; it keeps 1 (the candidate "
+                    "that may replace the parent)"
+                )
+            if any(b > a for a, b in itertools.pairwise(counts)):
+                raise ValueError(f"survivors must not grow from stage to stage, got {counts}")
+            return stages
+
+        @model_validator(mode="after")
+        def _one_start(self) -> Evolve.Params:
+            # start's default (uniform) beside start_arm: the table read back from its dump
+            if self.start_arm is not None and self.start != Uniform.Params():
+                raise ValueError("give start or start_arm, not both")
+            if self.stages[0].survivors > self.offspring:
+                raise ValueError(
+                    f"stages[0].survivors {self.stages[0].survivors} exceeds offspring "
+                    f"{self.offspring}"
+                )
+            return self
+
+    params: Params
+
+    def required_arms(self) -> list[str]:
+        return [] if self.params.start_arm is None else [self.params.start_arm]
+
+    def start_schedule(self) -> Schedule:
+        schedule: Schedule = create_plugin("schedule", self.params.start)
+        return schedule
+
+    def check(self, dims: ModelDims) -> list[str]:
+        problems = self._start_problems(dims)
+        if problems or dims.max_width is None:  # no pretrained width: a training arm's dims
+            return problems
+        # what geospec prune will refuse, said by geospec validate: the levels and the step
+        # at the pretrained width (the checkpoint's, as every layer has under prune)
+        try:
+            low, high, size = self._levels(dims, dims.max_width)
+            if self.params.start_arm is None:
+                self._check_start(
+                    self.start_schedule().widths_from(dims, {}, {}), dims, low, high, size
+                )
+        except UsageError as error:
+            return [str(error)]
+        return []
+
+    def _start_problems(self, dims: ModelDims) -> list[str]:
+        """What keeps ``start`` from giving the search its first widths."""
+        if self.params.start_arm is not None:
+            return []
+        start = self.start_schedule()
+        kind = start.kind_name()
+        if reads_scores(start):
+            searched = isinstance(start, ScoreAllocation) and (
+                start.reads_search or start.reads_cut_losses
+            )
+            what = "is a search" if searched else "reads neuron scores"
+            return [
+                f"start: {kind!r} {what}; list it as its own [[prune.arms]] and name it in "
+                "start_arm" + (", or start from uniform" if searched else "")
+            ]
+        if start.required_profiles() or start.profiles_file() or start.required_arms():
+            return [
+                f"start: {kind!r} reads profiles or other arms; list it as its own "
+                "[[prune.arms]] and name it in start_arm"
+            ]
+        return start.check(dims)
+
+    def widths_from_scores(self, dims: ModelDims, scores: Sequence[Sequence[float]]) -> list[int]:
+        raise UsageError(
+            "'evolve' searches on the calibration text of the model being pruned, which geospec "
+            "prune gives it"
+        )
+
+    def widths_from_search(
+        self,
+        dims: ModelDims,
+        scores: Sequence[Sequence[float]],
+        arms: Mapping[str, Sequence[int]],
+        search: Search,
+    ) -> list[int]:
+        p = self.params
+        pretrained = min(len(layer) for layer in scores)
+        if dims.max_width is not None:
+            pretrained = min(pretrained, dims.max_width)
+        low, high, size = self._levels(dims, pretrained)
+        if p.start_arm is None:
+            problems = self._start_problems(dims)
+            if problems:
+                raise UsageError(problems[0])
+            start = list(self.start_schedule().widths_from(dims, {}, {}))
+        else:
+            start = list(arms[p.start_arm])
+        self._check_start(start, dims, low, high, size)
+        fitness = search.fitness(p.fitness)
+        draws = []
+        for i, stage in enumerate(p.stages):
+            # whole windows, the nearest count to the tokens asked (at least one): a window's
+            # tokens are model.seq_len - 1 (seq_len with a BOS), seldom a round number
+            window = fitness.window_tokens
+            count = max(1, (2 * stage.tokens + window) // (2 * window))
+            if count > fitness.windows:
+                raise UsageError(
+                    f"stages[{i}].tokens: {stage.tokens} tokens need {count} calibration windows "
+                    f"of {fitness.window_tokens}, there are {fitness.windows}; lower tokens or "
+                    "raise prune.calibration.windows"
+                )
+            draws.append(count)
+        state = search.state.load() or {}
+        parent = [int(w) for w in state.get("parent", start)]
+        trajectory: list[dict[str, Any]] = list(state.get("trajectory", []))
+        if sum(parent) != dims.budget or len(parent) != len(start):
+            parent, trajectory = start, []  # a state of another budget: start over
+        for generation in range(len(trajectory), p.generations):
+            # every draw of generation g from (seed, g) alone: a resumed search repeats it
+            rng = random.Random(f"evolve:{p.seed}:{generation}")
+            candidates = self._offspring(parent, rng, low, high, size)
+            tokens = 0
+            for i, (stage, count) in enumerate(zip(p.stages, draws, strict=True)):
+                last = i == len(p.stages) - 1
+                if last and parent not in candidates:
+                    candidates.append(parent)  # scored again on these windows: no stale value
+                windows = sorted(rng.sample(range(fitness.windows), count))
+                values = fitness(candidates, windows, base=parent)
+                tokens += len(candidates) * count * fitness.window_tokens
+                # ties keep the parent (it is replaced only by a better offspring), then order
+                ranked = sorted(
+                    range(len(candidates)),
+                    key=lambda k: (values[k], candidates[k] != parent, k),
+                )
+                best = values[ranked[0]]
+                candidates = [candidates[k] for k in ranked[: stage.survivors]]
+            accepted = candidates[0] != parent
+            parent = candidates[0]
+            trajectory.append(
+                {
+                    "generation": generation + 1,
+                    "fitness": best,
+                    "accepted": accepted,
+                    "widths": list(parent),
+                    "tokens": tokens,
+                }
+            )
+            search.state.save({"parent": list(parent), "trajectory": trajectory})
+        return parent
+
+    def _levels(self, dims: ModelDims, pretrained: int) -> tuple[int, int, int]:
+        """The narrowest and widest a layer may be, and a step, in neurons (checked), for layers
+        of ``pretrained`` neurons."""
+        p, m = self.params, dims.multiple_of
+        pretrained = pretrained // m * m
+        low = m if p.min_width is None else p.min_width
+        high = pretrained if p.max_width is None else p.max_width
+        for name, value in (("min_width", low), ("max_width", high)):
+            if value % m:
+                raise UsageError(f"{name}: {value} is not a multiple of model.multiple_of {m}")
+        if high > pretrained:
+            raise UsageError(
+                f"max_width: {high} exceeds the pretrained width {pretrained}; pruning never "
+                "grows a layer"
+            )
+        mean = dims.budget / dims.n_layers
+        if not low <= mean <= high:
+            field, value = ("min_width", low) if low > mean else ("max_width", high)
+            raise UsageError(
+                f"{field}: {value} leaves no allocation of the budget {dims.budget} over "
+                f"{dims.n_layers} layers ({mean:g} neurons a layer on average)"
+            )
+        return low, high, p.step * m
+
+    @staticmethod
+    def _check_start(start: Sequence[int], dims: ModelDims, low: int, high: int, size: int) -> None:
+        """Refuse (one line naming the field) a start the search cannot move from."""
+        outside = [(layer, w) for layer, w in enumerate(start) if not low <= w <= high]
+        if outside:
+            layer, w = outside[0]
+            raise UsageError(
+                f"start: layer {layer} starts at width {w}, outside min_width..max_width "
+                f"({low}..{high}); widen them or start elsewhere"
+            )
+        if sum(start) != dims.budget:
+            raise UsageError(f"start: its widths sum to {sum(start)}, the budget is {dims.budget}")
+        if not _swaps(start, low, high, size):
+            raise UsageError(
+                f"step: no layer of {list(start)} can move {size} neurons to another within "
+                f"{low}..{high}; lower step or widen min_width..max_width"
+            )
+
+    def _offspring(
+        self, parent: Sequence[int], rng: random.Random, low: int, high: int, size: int
+    ) -> list[list[int]]:
+        """Up to ``offspring`` distinct mutations of ``parent``, none equal to it (fewer where
+        the levels around it hold fewer: a small model's search space)."""
+        found: list[list[int]] = []
+        tries = 0
+        while len(found) < self.params.offspring and tries < 100 * self.params.offspring:
+            tries += 1
+            child = list(parent)
+            for _ in range(min(rng.randint(1, 3), rng.randint(1, 3))):
+                moves = _swaps(child, low, high, size)
+                if not moves:
+                    break
+                down, up = rng.choice(moves)
+                child[down] -= size
+                child[up] += size
+            if child != list(parent) and child not in found:
+                found.append(child)
+        return found
+
+
+def _swaps(widths: Sequence[int], low: int, high: int, size: int) -> list[tuple[int, int]]:
+    """Every (down, up): layer ``down`` can lose ``size`` neurons and another, ``up``, gain
+    them within ``low..high``."""
+    downs = [layer for layer, w in enumerate(widths) if w - size >= low]
+    ups = [layer for layer, w in enumerate(widths) if w + size <= high]
+    return [(down, up) for down in downs for up in ups if down != up]
+
+
 def _owl_keep_ratios(ratios: Sequence[float], keep: float, lam: float) -> list[float]:
     """OWL's map from outlier ratios to keep ratios (``lib/prune_all.py`` lines 962-966):
     min-max onto [0, 2 lam], shifted to mean ``keep``; equal ratios give ``keep`` everywhere."""
@@ -1042,3 +1332,4 @@ def geospec_register_schedules(register: Register) -> None:
     register(Owl)
     register(OwlNeuron)
     register(Greedy)
+    register(Evolve)

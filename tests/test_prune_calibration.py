@@ -27,6 +27,17 @@ ARMS = [
     {"name": "flap", "schedule": {"kind": "flap"}},
     {"name": "shift", "schedule": {"kind": "geometric", "profile": "shift/spherical"}},
     {"name": "norm", "schedule": {"kind": "geometric", "profile": "residual_norm/mean"}},
+    # the search reads the calibration windows many times over: still training text only
+    {
+        "name": "evolve",
+        "schedule": {
+            "kind": "evolve",
+            "start_arm": "shift",
+            "generations": 2,
+            "offspring": 3,
+            "stages": [{"tokens": 30, "survivors": 2}, {"tokens": 60, "survivors": 1}],
+        },
+    },
 ]
 DIAGNOSE = {"enabled": True, "windows": 5, "batch_size": 4, "pairs": 2}
 DEMAND = {"enabled": True, "keep": [0.75, 0.5], "windows": 3, "pairs": 1, "pair_keep": 0.5}
@@ -34,7 +45,8 @@ DEMAND = {"enabled": True, "keep": [0.75, 0.5], "windows": 3, "pairs": 1, "pair_
 
 def leak_spec(directory: Path, split: str | None = None) -> Path:
     """The tiny prune of tests/test_prune.py with diagnose and demand on and an arm reading each
-    kind of input (a measured and a diagnostic profile, the scores); ``split`` sets
+    kind of input (a measured and a diagnostic profile, the scores, the calibration windows
+    searched on); ``split`` sets
     probe.calibration_split (None: the prune's default)."""
     path = prune_spec(
         directory, arms=ARMS, keep=0.5, export=False, calibration={"windows": 8, "seeds": [0, 1]}

@@ -16,7 +16,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from geospec.errors import UsageError
-from geospec.kinds import BlockLinears, CutLosses, ModelDims, ScoreAllocation, reads_scores
+from geospec.kinds import (
+    BlockLinears,
+    CutLosses,
+    ModelDims,
+    ScoreAllocation,
+    Search,
+    reads_scores,
+)
 from geospec.solve.widths import arm_order
 from geospec.spec.sections import ArmSpec
 
@@ -30,12 +37,14 @@ def allocate(
     arm_scores: Mapping[str, Sequence[Sequence[float]]] | None = None,
     blocks: Sequence[BlockLinears] | None = None,
     cut_losses: Mapping[str, CutLosses] | None = None,
+    searches: Mapping[str, Search] | None = None,
 ) -> dict[str, list[int]]:
     """Every arm's widths (in spec order), each checked: the budget exactly, multiples, at least
     one multiple, at most the pretrained width. A score allocation reads ``arm_scores[name]``
     (the neuron scores of the arm's own importance) where given, ``scores`` otherwise; one that
-    reads block linears (``owl``) also gets ``blocks``, and a search (``greedy``) the
-    calibration losses of its own cuts, ``cut_losses[name]``."""
+    reads block linears (``owl``) also gets ``blocks``, a search (``greedy``) the
+    calibration losses of its own cuts, ``cut_losses[name]``, and a search of whole
+    allocations (``evolve``) ``searches[name]`` with the widths of the arms it reads."""
     from geospec.plugin import create_plugin
 
     schedules = {arm.name: create_plugin("schedule", arm.schedule) for arm in arms}
@@ -53,6 +62,11 @@ def allocate(
                 if cut_losses is None or name not in cut_losses:
                     raise ValueError(f"prune arm {name!r} searches on losses; none were given")
                 result = schedule.widths_from_losses(dims, own, cut_losses[name])
+            elif isinstance(schedule, ScoreAllocation) and schedule.reads_search:
+                if searches is None or name not in searches:
+                    raise ValueError(f"prune arm {name!r} searches; no search was given")
+                read = {arm: widths[arm] for arm in sources[name]}
+                result = schedule.widths_from_search(dims, own, read, searches[name])
             elif isinstance(schedule, ScoreAllocation) and schedule.reads_block_linears:
                 if blocks is None:
                     raise ValueError(f"prune arm {name!r} reads block linears; none were given")

@@ -1,5 +1,7 @@
-"""The calibration loss of a pruned model at widths near a base, for a search allocation
-(``greedy``): each change of one layer's width recomputes only the layers from it on.
+"""The calibration text's verdict on pruned models, for the search allocations: the calibration
+loss at widths near a base (``greedy``: each change of one layer's width recomputes only the
+layers from it on), and the fitness of whole allocations with the search's resumable state
+(``evolve``: :class:`CalibrationFitness`, :class:`SealedSearchState`).
 
 The base pruning is applied as zeroed activations (:func:`geospec.measure.cut.zeroed_neurons`:
 what a cut computes exactly, without rebuilding modules); a change narrows one layer further by
@@ -13,16 +15,24 @@ numbers, slower).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from geospec.artifacts import json_problem, read_json
+from geospec.atomic import atomic_write_json
+from geospec.digests import sealed
+from geospec.disk import writing
 from geospec.measure.cut import zeroed_neurons
 from geospec.measure.probe import FFNSite
-from geospec.measure.sensitivity import Batch, next_token_loss
+from geospec.measure.sensitivity import Batch, logits_of, next_token_loss
 from geospec.measure.suffix import SuffixRunner, suffix_problem
 
 
@@ -115,3 +125,181 @@ class SuffixCutLosses:
             if layer < last:
                 _, walked = self.runner.run(batch, layer - 1, state, keep=(layer,), stop=layer)
                 state = walked[layer][1]
+
+
+def next_token_kl(model: nn.Module, inputs: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Summed KL divergence KL(teacher || model) of the next-token distributions at every
+    position, ``teacher`` the unpruned model's log-probabilities there: per token in float32,
+    summed in float64 (as :func:`~geospec.measure.sensitivity.next_token_loss`)."""
+    student = logits_of(model, inputs).float().log_softmax(-1)
+    per_token = F.kl_div(student, teacher, reduction="none", log_target=True).sum(-1)
+    return per_token.double().sum()
+
+
+class CalibrationFitness:
+    """:class:`geospec.kinds.Fitness` of ``model`` on the calibration windows of ``batches``
+    (the prune's calibration sample: training text), the neurons of layer l kept in the order
+    ``orders[l]`` (best first): ``kind`` "kl" (from the unpruned model's next-token
+    distribution) or "loss" (the next-token loss).
+
+    The unpruned model's log-probabilities of a window are computed the first time it is drawn
+    and kept in ``teacher`` (shared by every search on the same windows: windows x positions x
+    vocabulary floats at most). A candidate is cut by zeroed activations, as
+    :class:`SuffixCutLosses` cuts, and runs from its first layer that differs from the base
+    (the parent), from the base's output of the layer before: one pass of the base per batch
+    keeps those outputs."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sites: Sequence[FFNSite],
+        orders: Sequence[Sequence[int]],
+        batches: Sequence[Batch],
+        kind: str,
+        batch_size: int,
+        teacher: dict[int, torch.Tensor] | None = None,
+    ) -> None:
+        if kind not in ("kl", "loss"):
+            raise ValueError(f"fitness is 'kl' or 'loss', not {kind!r}")
+        self.model, self.sites, self.orders, self.kind = model, sites, orders, kind
+        self.inputs = torch.cat([inputs for inputs, _ in batches])
+        self.targets = torch.cat([targets for _, targets in batches])
+        self.windows = int(self.inputs.shape[0])
+        self.window_tokens = int(self.targets.shape[1])
+        self.batch_size = batch_size
+        self.teacher = {} if teacher is None else teacher
+        self.runner = SuffixRunner(model, sites, next_token_kl if kind == "kl" else next_token_loss)
+        self.fallback: str | None = None
+        """Why full forward passes are used (None: from the first changed layer on)."""
+        self._checked = False
+
+    def _teacher(self, row: int) -> torch.Tensor:
+        # one window a pass, whichever windows are drawn with it: a window's numbers never
+        # depend on its company, so a resumed search sees the same teacher bit for bit
+        if row not in self.teacher:
+            logits = logits_of(self.model, self.inputs[row : row + 1])
+            self.teacher[row] = logits.float().log_softmax(-1)[0]
+        return self.teacher[row]
+
+    def _batch(self, rows: Sequence[int]) -> Batch:
+        """Rows ``rows`` as the runner's batch: the inputs with the targets or, for the KL, the
+        unpruned model's log-probabilities (computed here, before any cut is in place)."""
+        inputs = self.inputs[list(rows)]
+        if self.kind == "loss":
+            return inputs, self.targets[list(rows)]
+        return inputs, torch.stack([self._teacher(row) for row in rows])
+
+    @contextmanager
+    def _cut(self, widths: Sequence[int]) -> Iterator[None]:
+        with ExitStack() as stack:
+            for layer, width in enumerate(widths):
+                if width < len(self.orders[layer]):
+                    zero = list(self.orders[layer][width:])
+                    stack.enter_context(zeroed_neurons(self.sites[layer].ffn, zero))
+            yield
+
+    def __call__(
+        self,
+        candidates: Sequence[Sequence[int]],
+        windows: Sequence[int],
+        base: Sequence[int] | None = None,
+    ) -> list[float]:
+        for widths in candidates:
+            if len(widths) != len(self.sites):
+                raise ValueError(f"{len(widths)} widths for {len(self.sites)} layers")
+        rows = sorted(windows)
+        firsts = [_first_change(widths, base) for widths in candidates]
+        totals = [0.0] * len(candidates)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for i in range(0, len(rows), self.batch_size):
+                    batch = self._batch(rows[i : i + self.batch_size])
+                    if not self._checked:  # the premise, on the model itself, once
+                        self.fallback = suffix_problem(self.runner, batch)
+                        self._checked = True
+                    self._add(batch, candidates, base, firsts, totals)
+        finally:
+            self.model.train(was_training)
+        count = len(rows) * self.window_tokens
+        return [total / count for total in totals]
+
+    def _add(
+        self,
+        batch: Batch,
+        candidates: Sequence[Sequence[int]],
+        base: Sequence[int] | None,
+        firsts: Sequence[int | None],
+        totals: list[float],
+    ) -> None:
+        """Add each candidate's summed fitness on ``batch`` to ``totals``."""
+        if self.fallback is not None or base is None:
+            for index, widths in enumerate(candidates):
+                with self._cut(widths):
+                    totals[index] += float(self.runner.loss(self.model, *batch))
+            return
+        needed = sorted({first - 1 for first in firsts if first is not None and first > 0})
+        with self._cut(base):
+            own, states = self.runner.run(batch, -1, None, keep=needed)
+        assert own is not None
+        for index, (widths, first) in enumerate(zip(candidates, firsts, strict=True)):
+            if first is None:  # the base itself
+                totals[index] += own
+                continue
+            state = states[first - 1][1] if first > 0 else None
+            with self._cut(widths):
+                value, _ = self.runner.run(batch, first - 1, state)
+            assert value is not None
+            totals[index] += value
+
+
+def _first_change(widths: Sequence[int], base: Sequence[int] | None) -> int | None:
+    """The first layer where ``widths`` differs from ``base`` (0 without a base; None: none)."""
+    if base is None:
+        return 0
+    for layer, (w, b) in enumerate(zip(widths, base, strict=True)):
+        if w != b:
+            return layer
+    return None
+
+
+class SealedSearchState:
+    """:class:`geospec.kinds.SearchState` in a sealed JSON file (a unit's ``search.json``)
+    holding the unit's key: a state written for other inputs, or changed after it was
+    written, is not resumed from. Each save says how far the search is (``say``)."""
+
+    def __init__(
+        self,
+        path: Path,
+        key: str,
+        say: Callable[[str], None],
+        name: str,
+        generations: int,
+    ) -> None:
+        self.path, self.key, self.say, self.name = path, key, say, name
+        self.generations = generations
+        self._since = time.perf_counter()
+
+    def load(self) -> dict[str, Any] | None:
+        self._since = time.perf_counter()  # the search starts now: its first rate from here
+        if json_problem(self.path, "key", "state") is not None:
+            return None
+        data = read_json(self.path)
+        if data.get("key") != self.key or not isinstance(data["state"], dict):
+            return None
+        state: dict[str, Any] = data["state"]
+        return state
+
+    def save(self, state: dict[str, Any]) -> None:
+        with writing(self.path):
+            atomic_write_json(self.path, sealed({"key": self.key, "state": state}))
+        trajectory = state.get("trajectory") or [{}]
+        now = time.perf_counter()
+        last = trajectory[-1]
+        seconds, self._since = now - self._since, now
+        speed = last.get("tokens", 0) / seconds if seconds > 0 else 0.0
+        self.say(
+            f"prune: {self.name}: generation {last.get('generation')}/{self.generations}, "
+            f"fitness {last.get('fitness', float('nan')):.5g}, {speed:,.0f} tokens/s"
+        )

@@ -6,7 +6,9 @@ calibration sample k of the training split, once for each distinct importance th
 arm's own, or the prune's); every arm's widths at each keep fraction come from
 :func:`geospec.prune.allocate.allocate` (the run's profiles for schedules that read them, or,
 with ``prune.allocation_seeds``, the measured profiles re-drawn for seed k; the arm's own
-importance scores for flap and owl_neuron, every block linear's calibration inputs for owl);
+importance scores for flap and owl_neuron, every block linear's calibration inputs for owl; the
+calibration windows themselves for the searches, greedy and evolve, whose state is kept in the
+unit's directory);
 the reference keeps, in layer l, the ``widths[l]`` best neurons, and
 its mean next-token loss is measured on every eval corpus's held-out windows. A unit whose
 record holds its key is reused (:mod:`geospec.prune.units`), so an interrupted prune resumes.
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.disk import writing
-from geospec.layout import HEAL_DIR, UNIT_FILE, UNIT_MODEL_DIR
+from geospec.layout import HEAL_DIR, SEARCH_FILE, UNIT_FILE, UNIT_MODEL_DIR
 from geospec.prune.units import EXPORTED_FILE, Unit, finished_unit, gather, has_model, units_of
 from geospec.prune.units import unit_key as key_of
 from geospec.spec.sections import PruneSpec
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from geospec.engine.model import GPT
-    from geospec.kinds import BlockLinears, Importance
+    from geospec.kinds import BlockLinears, Importance, Search
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
 
@@ -199,6 +201,11 @@ def prune_units(
         for arm, s in zip(prune.arms, schedules, strict=True)
         if isinstance(s, ScoreAllocation) and s.reads_cut_losses
     ]
+    evolves = [
+        arm.name
+        for arm, s in zip(prune.arms, schedules, strict=True)
+        if isinstance(s, ScoreAllocation) and s.reads_search
+    ]
     kinds = ", ".join(sorted({importance.kind_name() for importance in importances.values()}))
     dims = {
         keep: pruned_dims(len(sites), d_model, width, inputs.multiple_of, keep, inputs.activation)
@@ -213,8 +220,18 @@ def prune_units(
     with torch.no_grad():
         reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
     units = [unit for unit in units_of(prune) if unit not in left_out]
+    # the arms those units are or read (a search of an arm left out is not run for nothing)
+    wanted, unread = set(), [unit.arm for unit in units]
+    reads = {arm.name: s.required_arms() for arm, s in zip(prune.arms, schedules, strict=True)}
+    while unread:
+        name = unread.pop()
+        if name not in wanted:
+            wanted.add(name)
+            unread += reads.get(name, [])
+    allocated = [arm for arm in prune.arms if arm.name in wanted]
     results: dict[Unit, dict[str, Any]] = {}
     scored: dict[int, Scored] = {}  # by calibration seed
+    teachers: dict[int, dict[int, torch.Tensor]] = {}  # the unpruned model's, by seed and window
     profiles: dict[int, Mapping[str, Sequence[float]]] = {}  # by calibration seed, when needed
     widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
     with stage_progress(console, say, "pruned models", len(units)) as advance:
@@ -235,7 +252,7 @@ def prune_units(
                 scored[unit.seed] = calibrated(
                     model, sites, importances, train_tokens, inputs.seq_len, prune, unit.seed,
                     compensate=compensate, blocks=blocks_needed,
-                    batches=bool(searches) or bool(prune.sweeps), bos=inputs.bos,
+                    batches=bool(searches or evolves or prune.sweeps), bos=inputs.bos,
                 )  # fmt: skip
             work = scored[unit.seed]
             arm = next(a for a in prune.arms if a.name == unit.arm)
@@ -266,10 +283,17 @@ def prune_units(
                     )
                     for name in searches
                 }
+                searched = {}  # each evolve arm's search, resumable in its unit's directory
+                for name in [name for name in evolves if name in wanted]:
+                    searched[name] = evolve_search(
+                        model, sites, work.orders[arm_importance[name]], work.batches or [],
+                        teachers.setdefault(unit.seed, {}), prune, run_dir,
+                        Unit(unit.keep, name, unit.seed), inputs.key, say,
+                    )  # fmt: skip
                 widths[(unit.seed, unit.keep)] = allocate(
-                    prune.arms, dims[unit.keep], profiles[unit.seed], [],
+                    allocated, dims[unit.keep], profiles[unit.seed], [],
                     arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
-                    blocks=work.blocks, cut_losses=losses,
+                    blocks=work.blocks, cut_losses=losses, searches=searched,
                 )  # fmt: skip
             result = pruned_unit(
                 model, sites, work.orders[arm_importance[unit.arm]],
@@ -278,6 +302,8 @@ def prune_units(
                 calibration=work.batches if arm.sweep is not None else None, export=export,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
+            if unit.arm in evolves:  # the search's path to its widths
+                result["search"] = searched_path(unit_dir / SEARCH_FILE)
             if inputs.redraw is not None:  # what this seed's allocation was solved from
                 result["profiles"] = {k: list(v) for k, v in profiles[unit.seed].items()}
             result["key"] = unit_key
@@ -295,6 +321,47 @@ def prune_units(
                 f"calibration windows is {found['best']!r} (loss {loss:.4f})"
             )
     return record
+
+
+def evolve_search(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    orders: Sequence[Sequence[int]],
+    batches: Sequence[Batch],
+    teacher: dict[int, torch.Tensor],
+    prune: PruneSpec,
+    run_dir: Path,
+    unit: Unit,
+    stage_key: str,
+    say: Callable[[str], None],
+) -> Search:
+    """An ``evolve`` arm's search for ``unit``: its fitness on the calibration windows
+    ``batches`` (the unpruned model's log-probabilities shared through ``teacher``), its state
+    in the unit's ``search.json`` under the unit's key."""
+    from geospec.kinds import Search
+    from geospec.prune.search import CalibrationFitness, SealedSearchState
+
+    arm = next(a for a in prune.arms if a.name == unit.arm)
+    generations = int(getattr(arm.schedule, "generations", 0))
+    name = f"{unit.arm} at keep {unit.keep:g}, seed {unit.seed}"
+    path = unit.directory(run_dir) / SEARCH_FILE
+    state = SealedSearchState(path, key_of(stage_key, unit), say, name, generations)
+
+    def fitness(kind: str) -> CalibrationFitness:
+        size = prune.calibration.batch_size
+        return CalibrationFitness(model, sites, orders, batches, kind, size, teacher)
+
+    return Search(fitness, state)
+
+
+def searched_path(path: Path) -> dict[str, Any]:
+    """What a unit's record keeps of its search: the trajectory (per generation its fitness on
+    the last stage's windows, whether the parent was replaced, the parent's widths after it,
+    the tokens scored)."""
+    from geospec.artifacts import read_json
+
+    stored = read_json(path)
+    return {"trajectory": stored["state"]["trajectory"]}
 
 
 def pruned_unit(

@@ -149,7 +149,8 @@ def gather(
     layers: int,
 ) -> dict[str, Any]:
     """prune.json's content: per keep fraction, every arm's widths, FFN parameters and losses
-    per calibration seed and corpus (and each eval window's, where every unit recorded them)."""
+    per calibration seed and corpus (and each eval window's, where every unit recorded them;
+    a search's fitness per generation and whether it moved, where its units recorded them)."""
     budgets = []
     for keep in prune.fractions:
         arms: dict[str, dict[str, Any]] = {}
@@ -176,6 +177,14 @@ def gather(
             if arm.sweep is not None:  # a grid's arms are also scored on calibration text
                 arms[arm.name]["calibration_loss"] = {
                     str(seed): unit["calibration_loss"] for seed, unit in units.items()
+                }
+            if all("search" in unit for unit in units.values()):  # a search's path (evolve)
+                arms[arm.name]["search"] = {
+                    str(seed): {
+                        key: [step[key] for step in unit["search"]["trajectory"]]
+                        for key in ("fitness", "accepted")
+                    }
+                    for seed, unit in units.items()
                 }
             if "healed_loss" in first:
                 arms[arm.name]["healed_loss"] = {

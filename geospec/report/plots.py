@@ -267,4 +267,36 @@ def prune_plot(run_dir: Path, prune: Mapping[str, Any]) -> list[str]:
             ax.set_xlabel("perplexity (dashed: unpruned)", fontsize=8)
     fig.tight_layout()
     save(fig, "prune.png")
+    if any("search" in arm for budget in budgets for arm in budget["arms"].values()):
+        search_plot(plots, budgets)
     return plots.written
+
+
+def search_plot(plots: PlotDir, budgets: Sequence[Mapping[str, Any]]) -> None:
+    """``plots/search.png``: per keep fraction, each search arm's fitness per generation on
+    every calibration seed (left), and every arm's widths per layer on the first seed (right:
+    the searched widths bold, the heuristics' thin)."""
+    fig, axes = plots.plt.subplots(len(budgets), 2, figsize=(10, 3.2 * len(budgets)), squeeze=False)
+    for row, budget in enumerate(budgets):
+        path, widths = axes[row]
+        for index, (name, arm) in enumerate(budget["arms"].items()):
+            searched = "search" in arm
+            for seed, found in arm.get("search", {}).items():
+                steps = range(1, len(found["fitness"]) + 1)
+                path.plot(steps, found["fitness"], color=f"C{index % 10}", lw=1,
+                          label=f"{name} (seed {seed})")  # fmt: skip
+            first = next(iter(arm["widths"].values()))
+            widths.plot(range(len(first)), first, color=f"C{index % 10}",
+                        lw=2.2 if searched else 0.9, label=name)  # fmt: skip
+        path.set_title(f"keep {budget['keep']:g}: fitness per generation", fontsize=9)
+        path.set_xlabel("generation", fontsize=8)
+        path.set_ylabel("fitness (calibration windows)", fontsize=8)
+        widths.set_title(
+            f"keep {budget['keep']:g}: widths (first seed; bold: searched)", fontsize=9
+        )
+        widths.set_xlabel("layer", fontsize=8)
+        for ax in (path, widths):
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    plots.save(fig, "search.png")

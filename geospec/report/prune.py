@@ -292,6 +292,18 @@ def prune_markdown(
                 f"({loss:.4f}).",
                 "",
             ]
+        for name, arm in budget["arms"].items():
+            if "search" in arm:  # an evolve arm: how far its search went
+                paths = "; ".join(
+                    f"seed {seed}: {found['fitness'][0]:.4g} to {found['fitness'][-1]:.4g}, "
+                    f"{sum(found['accepted'])} of {len(found['accepted'])} generations moved"
+                    for seed, found in arm["search"].items()
+                )
+                lines += [
+                    f"The search {name!r}: its fitness on the calibration windows (training "
+                    f"text; the eval windows chose nothing), first generation to last: {paths}.",
+                    "",
+                ]
         pairs = [(a, b) for a, b in compare if a in budget["arms"] and b in budget["arms"]]
         if pairs:
             lines += [

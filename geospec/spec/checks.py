@@ -72,8 +72,15 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
         for fraction in spec.prune.fractions
         if keep_problem(fraction, m.ffn_width, m.multiple_of) is None
     }
+    names = {arm.name: i for i, arm in enumerate(spec.prune.arms)}
+    sources: dict[str, list[str]] = {}
     for i, arm in enumerate(spec.prune.arms):
         schedule = registries.create("schedule", arm.schedule)
+        # the arms it reads (fitted, sorted, evolve's start_arm): other prune arms
+        read = schedule.required_arms()
+        found = _source_arm_problems(i, arm.name, arm.schedule, read, names)
+        problems += [(f"prune.{path}", message) for path, message in found]
+        sources[arm.name] = [source for source in read if source in names and source != arm.name]
         # a schedule's own problems at every pruned budget (protect's layers that no longer
         # fit, a solver's bounds), before the prune stage probes and scores anything
         said: set[str] = set()
@@ -95,6 +102,18 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
                         "enable [diagnose] or [demand] for their profiles",
                     )
                 )
+    loop = dependency_cycle(sources)
+    if loop:
+        first = names[loop[0]]
+        schedule = spec.prune.arms[first].schedule
+        problems.append(
+            (
+                f"prune.arms[{first}].schedule.{_field_naming(schedule, loop[1], 'of')}",
+                "arms read each other's widths in a cycle ("
+                + " -> ".join(repr(name) for name in loop)
+                + "); start from an arm that is computed on its own",
+            )
+        )
     return problems
 
 
@@ -365,9 +384,10 @@ def _field_naming(schedule: BaseModel, value: str, default: str = "profile") -> 
 
 
 def _holding(params: dict[str, object], value: str) -> str | None:
-    """The dotted key of ``params`` whose value is ``value``, or None."""
+    """The dotted key of ``params`` whose value is ``value``, or None (never ``kind``: an arm
+    may be named as its schedule is, ``start_arm = "evolve"`` in an arm of kind evolve)."""
     for key, held in params.items():
-        if held == value:
+        if held == value and key != "kind":
             return key
         if isinstance(held, dict):
             inner = _holding(held, value)

@@ -213,6 +213,13 @@ def check_schedule(
             def compute() -> list[int]:
                 layers = [list(layer) for layer in scores]
                 return searched.widths_from_losses(dims, layers, _made_up_losses(dims.n_layers))
+        elif isinstance(plugin, ScoreAllocation) and plugin.reads_search:
+            explorer = plugin
+
+            def compute() -> list[int]:
+                layers = [list(layer) for layer in scores]
+                search = _made_up_search(dims.n_layers)
+                return explorer.widths_from_search(dims, layers, given_arms, search)
         elif isinstance(plugin, ScoreAllocation) and plugin.reads_block_linears:
             blocks, allocation = _random_blocks(dims.n_layers), plugin
 
@@ -258,6 +265,34 @@ def _made_up_losses(n_layers: int) -> Any:
         return [total - base[layer] + weights[layer] / width for layer, width in changes]
 
     return losses
+
+
+def _made_up_search(n_layers: int) -> Any:
+    """A search's fitness, sum over layers of c_l / w_l as in :func:`_made_up_losses` on any
+    windows (64 of 128 tokens), with a state kept nowhere (every search starts afresh)."""
+    from geospec.kinds import Search
+
+    weights = _profile(n_layers, seed=7)
+
+    class Fitness:
+        windows, window_tokens = 64, 128
+
+        def __call__(
+            self,
+            candidates: Sequence[Sequence[int]],
+            windows: Sequence[int],
+            base: Sequence[int] | None = None,
+        ) -> list[float]:
+            return [sum(c / w for c, w in zip(weights, ws, strict=True)) for ws in candidates]
+
+    class State:
+        def load(self) -> dict[str, Any] | None:
+            return None
+
+        def save(self, state: dict[str, Any]) -> None:
+            pass
+
+    return Search(lambda kind: Fitness(), State())
 
 
 def _random_blocks(n_layers: int) -> list[Any]:
