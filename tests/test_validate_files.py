@@ -249,6 +249,26 @@ def test_a_checkpoint_too_large_for_this_machine_is_refused_with_the_fixes(
     assert "reference.dtype" not in result.output
 
 
+def test_the_loading_check_counts_autocasts_copy_of_the_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a bfloat16 compute dtype torch keeps a bfloat16 copy of every float32 weight it
+    casts: 2 bytes a parameter more beside the reference's 4 and the exported copy's 4 (the
+    HUGE checkpoint: 16 TiB, and 20 with the bfloat16 copy)."""
+    monkeypatch.delenv("GEOSPEC_SKIP_MEMORY_CHECK", raising=False)
+    top = 'probe_only = true\n\n[train]\nsteps = 1\ndevice = "cpu"\n'
+    needs = {}
+    for dtype in ("float32", "bfloat16"):
+        (tmp_path / dtype).mkdir()
+        path = spec(tmp_path / dtype, HUGE, top=top + f'\n[probe]\ncompute_dtype = "{dtype}"\n')
+        code, output = validate(path)
+        assert code == 2
+        line = problem_line(output, "reference.dtype")
+        needs[dtype] = float(line.split("needs at least ")[1].split(" TiB")[0])
+        assert ('set compute_dtype = "float32"' in line) == (dtype == "bfloat16")
+    assert needs["bfloat16"] == pytest.approx(1.25 * needs["float32"], rel=0.01)
+
+
 def test_a_gguf_tokenizer_with_more_tokens_than_the_model_has_embeddings_is_refused(
     tmp_path: Path,
 ) -> None:

@@ -191,19 +191,24 @@ def loading_memory_problem(spec: Spec) -> str | None:
     m = spec.model
     params = count_params(model_shape(spec, vocab), [m.ffn_width] * m.n_layers)
     dtype = spec.reference.dtype
-    weights = params * (_DTYPE_BYTES[dtype] + _autocast_copies(spec))
+    weights = params * _DTYPE_BYTES[dtype]
     # exporting a pruned model builds its padded copy beside the reference
     copies = 2 if spec.prune is not None and spec.prune.export else 1
+    cast = params * _autocast_copies(spec)
     free = host_available()
-    if free is None or weights * copies <= free:
+    if free is None or weights * copies + cast <= free:
         return None
     from geospec.disk import size
 
-    needs = f"{size(weights * copies)} ({params:,} parameters in {dtype}"
+    needs = f"{size(weights * copies + cast)} ({params:,} parameters in {dtype}"
     if copies == 2:
         needs += ", twice: the reference and a pruned copy while it is exported"
+    if cast:
+        needs += ", and autocast's bfloat16 copy of them (compute_dtype)"
     needs += ")"
     fixes = ['set reference.dtype = "bfloat16" (half)'] if dtype == "float32" else []
+    if cast:
+        fixes.append('set compute_dtype = "float32" (no copy)')
     if copies == 2:
         fixes.append("set prune.export = false")
     fixes.append("run where more memory is free (GEOSPEC_SKIP_MEMORY_CHECK=1 skips this check)")
