@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import tomlkit
 from click.testing import CliRunner
+from test_validate_files import gguf_extra_missing
 
 from geospec import __version__
 from geospec.cli import cli
@@ -90,6 +91,10 @@ def test_shipped_specs_validate(spec: Path) -> None:
         # fetches): the placeholder path is named, not accepted
         assert result.exit_code == 2, result.output
         assert "reference.checkpoint:" in result.output and "does not exist" in result.output
+    elif str(checkpoint).endswith(".gguf") and gguf_extra_missing():
+        # the core session has no gguf extra: validate says so before any prune tries
+        assert result.exit_code == 2, result.output
+        assert 'pip install "geospec[gguf]"' in result.output
     else:
         assert result.exit_code == 0, result.output
 

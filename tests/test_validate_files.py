@@ -140,7 +140,7 @@ def test_a_gguf_context_length_bounds_the_sequence(tmp_path: Path) -> None:
     )  # fmt: skip
     path = spec(tmp_path)
     code, output = validate(path, "--set", "reference.checkpoint=m.gguf")
-    assert code == 0, output
+    assert code == (2 if gguf_extra_missing() else 0), output
     code, output = validate(
         path, "--set", "reference.checkpoint=m.gguf", "--set", "model.seq_len=256"
     )
@@ -148,6 +148,34 @@ def test_a_gguf_context_length_bounds_the_sequence(tmp_path: Path) -> None:
     assert "beyond the checkpoint's 128 positions (llama.context_length" in problem_line(
         output, "model.seq_len"
     )
+
+
+def gguf_extra_missing() -> list[str]:
+    """The packages of the gguf extra this environment lacks (the core session has none)."""
+    import importlib.util
+
+    return [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+
+
+def test_a_gguf_checkpoint_without_the_gguf_extra_names_the_install(tmp_path: Path) -> None:
+    """transformers needs gguf (and accelerate) to read a GGUF file: validate names what is
+    missing and the install command where they are not installed, and says nothing where they
+    are (`nox -s core` runs this without them, `tests` with them)."""
+    gguf_header(
+        tmp_path / "m.gguf",
+        {"general.architecture": "llama", "llama.block_count": 2, "llama.embedding_length": 64,
+         "llama.attention.head_count": 4, "llama.feed_forward_length": 256,
+         "llama.vocab_size": 100, "llama.context_length": 128},
+    )  # fmt: skip
+    code, output = validate(spec(tmp_path), "--set", "reference.checkpoint=m.gguf")
+    missing = gguf_extra_missing()
+    if not missing:
+        assert code == 0 and "geospec[gguf]" not in output, output
+        return
+    assert code == 2
+    line = problem_line(output, "reference.checkpoint")
+    assert f"needs {' and '.join(missing)}, which are not installed" in line
+    assert line.endswith('pip install "geospec[gguf]"')
 
 
 PHI3 = {

@@ -45,6 +45,8 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
     checkpoint = spec.reference.checkpoint
     if checkpoint is None:
         return problems
+    if (extra := _gguf_extra_problem(checkpoint)) is not None:
+        problems.append(extra)
     facts = read_checkpoint_facts(checkpoint, spec.reference.revision, spec_dir)
     if facts is None:
         return problems
@@ -61,6 +63,27 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
     if (vocabulary := _vocabulary_problem(spec, spec_dir, facts)) is not None:
         problems.append(vocabulary)
     return problems
+
+
+#: What transformers needs to read a GGUF file, beyond geospec's own dependencies: the gguf
+#: extra (its reader, and accelerate, which transformers' GGUF loading imports).
+GGUF_EXTRA = ("gguf", "accelerate")
+
+
+def _gguf_extra_problem(checkpoint: str) -> str | None:
+    """The line for a GGUF checkpoint whose loading would fail on a missing package (validate
+    says it, not the prune's first load), or None."""
+    import importlib.util
+
+    if not checkpoint.endswith(".gguf"):
+        return None
+    missing = [name for name in GGUF_EXTRA if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (
+        f"reference.checkpoint: reading {checkpoint} needs {' and '.join(missing)}, which are "
+        "not installed: pip install \"geospec[gguf]\""
+    )
 
 
 def _layout_problem(facts: CheckpointFacts) -> str | None:
