@@ -566,6 +566,12 @@ def test_geospec_export_writes_a_prune_unit_or_says_why_not(
     missing = CliRunner().invoke(cli, ["export", str(bare), "--to", str(tmp_path / "none")])
     assert missing.exit_code == 2 and "export = true" in missing.output
     assert "no readable" not in missing.output and not (tmp_path / "none").exists()
+    # an arm the prune does not have is no unfinished unit: the units it has are named
+    other = unit.parents[1] / "greedy" / "seed-1"
+    absent = CliRunner().invoke(cli, ["export", str(other), "--to", str(tmp_path / "none")])
+    assert absent.exit_code == 2 and "no such prune unit" in absent.output
+    assert "0.5/owl/1" not in absent.output and "0.5/owl/seed-1" in absent.output
+    assert "run geospec prune again" not in absent.output
 
 
 def test_an_arms_own_importance_and_compensate_prune_as_the_prunes_would(tmp_path: Path) -> None:

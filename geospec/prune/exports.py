@@ -37,6 +37,15 @@ def unit_model(unit: Path) -> Path:
     """The unit's exported model directory, or one line saying why there is none."""
     from geospec.artifacts import json_problem
 
+    if not unit.is_dir():  # a keep, arm or seed the prune does not have: not "unfinished"
+        prune = unit.parents[2]
+        found = sorted(
+            f"{p.parents[1].name.removeprefix('keep-')}/{p.parent.name}/{p.name}"
+            for p in prune.glob("keep-*/*/seed-*")
+            if p.is_dir()
+        )
+        known = f"its units (keep/arm/seed): {', '.join(found)}" if found else "it has no unit"
+        raise UsageError(f"{unit}: no such prune unit in {prune}; {known}")
     if (problem := json_problem(unit / UNIT_FILE, "widths", "loss")) is not None:
         raise UsageError(
             f"{unit}: the prune unit has not finished ({problem}); run geospec prune again"
