@@ -450,3 +450,138 @@ def test_a_tokenizer_of_another_vocabulary_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "Traceback" not in result.output
     line = next(x for x in result.output.splitlines() if "vocab" in x.lower())
     assert "400" in line and "300" in line and "data.tokenizer" in line
+
+
+# -- a Qwen2 GGUF as the reference (as Qwen2.5-Coder's files are) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen2_gguf(tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen2 (400 tokens) as llama.cpp's converter writes it, Q8_0 matrices."""
+    pytest.importorskip("gguf")
+    path = tmp_path_factory.mktemp("gguf") / "qwen2.gguf"
+    return gguf_models.qwen2_gguf(path, qwen2(vocab=gguf_models.VOCAB), tokenizer_dir, q8_0=True)
+
+
+@pytest.mark.gguf
+def test_the_shape_of_a_qwen2_gguf_is_read_from_its_metadata(qwen2_gguf: Path) -> None:
+    """[model] from the qwen2.* keys equals the model transformers' GGUF loader builds."""
+    from geospec.spec.checkpoint_shape import shape_from_gguf
+
+    model = hf.AutoModelForCausalLM.from_pretrained(
+        qwen2_gguf.parent, gguf_file=qwen2_gguf.name
+    ).eval()
+    assert isinstance(model, hf.Qwen2ForCausalLM)
+    shape = shape_from_gguf(qwen2_gguf)
+    assert shape is not None
+    attention = model.model.layers[0].self_attn
+    assert shape.values == {
+        "n_layers": len(model.model.layers),
+        "d_model": model.model.embed_tokens.weight.shape[1],
+        "n_heads": attention.q_proj.out_features // attention.head_dim,
+        "n_kv_heads": attention.k_proj.out_features // attention.head_dim,
+        "ffn_width": model.model.layers[0].mlp.up_proj.out_features,
+        "activation": "swiglu",
+        "vocab_size": model.model.embed_tokens.weight.shape[0],
+        "norm": "rmsnorm",
+        "positions": "rope",
+        "rope_theta": model.config.rope_parameters["rope_theta"],
+        "tie_embeddings": False,
+        "bias": model.model.layers[0].mlp.up_proj.bias is not None,
+    }
+
+
+@pytest.mark.gguf
+def test_an_incomplete_or_doubled_gguf_assembly_is_one_line(
+    qwen2_gguf: Path, tmp_path: Path
+) -> None:
+    """The file's size against its tensors' extent (each type's block size as gguf-py lists it):
+    a file missing its last part, or with a part twice, is one line naming it, exit status 2,
+    before anything loads it."""
+    gguf = pytest.importorskip("gguf")
+    from geospec.spec.checkpoint_shape import GGML_BLOCKS, gguf_data_problem
+
+    for kind, block in GGML_BLOCKS.items():
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)] == block
+    assert gguf_data_problem(qwen2_gguf) is None
+    data = qwen2_gguf.read_bytes()
+    spec = prune_spec(tmp_path)
+    spec.write_text(spec.read_text().replace('checkpoint = "model"', 'checkpoint = "q.gguf"'))
+    for broken, words in [
+        (data[: len(data) * 5 // 6], "incomplete"),
+        (data + data[-len(data) // 6 :], "extra data"),
+    ]:
+        (tmp_path / "q.gguf").write_bytes(broken)
+        result = CliRunner().invoke(cli, ["validate", str(spec)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        (line,) = [x for x in result.output.splitlines() if "reference.checkpoint" in x]
+        assert str(tmp_path / "q.gguf") in line and words in line and "assemble it again" in line
+    (tmp_path / "q.gguf").write_bytes(data[:100])  # cut inside the header
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
+@pytest.mark.gguf
+def test_a_qwen2_gguf_is_pruned_and_exported_as_deci_with_its_own_tokenizer(
+    qwen2_gguf: Path, tmp_path: Path
+) -> None:
+    """geospec prune on the GGUF file (shape, tokenizer and weights from it), then geospec
+    export --format gguf: the deci file carries the source's qwen2 tokenizer fields as they are,
+    and llama.cpp's graph on it gives the logits of the exported model load_pruned reads."""
+    import shutil
+
+    gguf = pytest.importorskip("gguf")
+    shutil.copy(qwen2_gguf, tmp_path / "q.gguf")
+    spec = prune_spec(tmp_path)
+    data = tomlkit.parse(spec.read_text())
+    data["reference"]["checkpoint"] = "q.gguf"  # type: ignore[index]
+    data["prune"]["arms"] = data["prune"]["arms"][:2]  # type: ignore[index]
+    spec.write_text(tomlkit.dumps(data))
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / "flap" / "seed-0"
+    out = tmp_path / "flap.gguf"
+    args = ["export", str(unit), "--to", str(out), "--format", "gguf", "--dtype", "f32"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    source = gguf.GGUFReader(str(qwen2_gguf)).fields
+    written = gguf.GGUFReader(str(out)).fields
+    assert written["general.architecture"].contents() == "deci"
+    assert written["tokenizer.ggml.pre"].contents() == "qwen2"
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_id"):
+        assert written[key].contents() == source[key].contents()
+    model = geospec.load_pruned(unit / "model")
+    widths = [layer.mlp.down_proj.in_features for layer in model.model.layers]
+    assert written["deci.feed_forward_length"].contents() == widths
+    tokens = [int(i) for i in ids(gguf_models.VOCAB)[0]]
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([tokens])).logits[0].double().numpy()
+    np.testing.assert_allclose(deci_logits(out, tokens), expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.gguf
+def test_a_qwen2_tokenizer_json_is_written_as_llamacpps_qwen2_pre_tokenizer(
+    qwen2_gguf: Path, tmp_path: Path
+) -> None:
+    """A Qwen2 checkpoint's tokenizer.json (transformers' Qwen2Tokenizer: its split regex, then
+    byte-level BPE) is llama.cpp's gpt2 model with the qwen2 pre-tokenizer, every token and merge
+    of the GGUF it came from; another split regex is refused in one line."""
+    gguf = pytest.importorskip("gguf")
+    from geospec.prune.gguf_export import write_gguf
+
+    tokenizer = hf.AutoTokenizer.from_pretrained(qwen2_gguf.parent, gguf_file=qwen2_gguf.name)
+    assert isinstance(tokenizer, hf.Qwen2Tokenizer)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    model = qwen2(vocab=gguf_models.VOCAB)
+    out = write_gguf(model, tmp_path / "q.gguf", "f32", tokenizer=tmp_path / "tokenizer").path
+    source = gguf.GGUFReader(str(qwen2_gguf)).fields
+    written = gguf.GGUFReader(str(out)).fields
+    assert written["tokenizer.ggml.pre"].contents() == "qwen2"
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        assert written[key].contents() == source[key].contents()
+    file = tmp_path / "tokenizer" / "tokenizer.json"
+    spec = json.loads(file.read_text())
+    spec["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\p{L}+|\s+"
+    file.write_text(json.dumps(spec))
+    with pytest.raises(UsageError, match="not a byte-level BPE tokenizer of a kind"):
+        write_gguf(model, tmp_path / "x.gguf", "f32", tokenizer=tmp_path / "tokenizer")

@@ -326,6 +326,13 @@ def _scalar(field: Any, part: np.ndarray, value_type: Any, kind: Any) -> Any:
 #: llama.cpp's names of the byte-level BPE pre-tokenizers this writer recognises in a
 #: tokenizer.json (src/llama-vocab.cpp): GPT-2's regex alone, and SmolLM's digits split first.
 PRE_TOKENIZERS = {("ByteLevel",): "gpt-2", ("Digits", "ByteLevel"): "smollm"}
+#: Qwen2's split before its byte-level BPE (transformers' tokenization_qwen2.PRETOKENIZE_REGEX):
+#: llama.cpp's ``qwen2`` pre-tokenizer runs this regex (src/llama-vocab.cpp,
+#: LLAMA_VOCAB_PRE_TYPE_QWEN2, "original regex from tokenizer.json", rewritten without (?i:)).
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _bpe_tokenizer(writer: Any, directory: Path, vocab_size: int, gguf: Any) -> None:
@@ -341,7 +348,7 @@ def _bpe_tokenizer(writer: Any, directory: Path, vocab_size: int, gguf: Any) -> 
     if model.get("type") != "BPE" or pre is None:
         raise UsageError(
             f"{file}: not a byte-level BPE tokenizer of a kind the GGUF writer maps (GPT-2's, "
-            "SmolLM's); give --tokenizer a .gguf file holding the model's tokenizer"
+            "SmolLM's, Qwen2's); give --tokenizer a .gguf file holding the model's tokenizer"
         )
     vocab: dict[str, int] = dict(model["vocab"])
     special = {t["content"]: t for t in spec.get("added_tokens", [])}
@@ -380,6 +387,16 @@ def _pre_tokenizer(pre: Any) -> str | None:
     if not isinstance(pre, dict):
         return None
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if [step.get("type") for step in steps] == ["Split", "ByteLevel"]:
+        split, byte_level = steps
+        qwen2 = (
+            (split.get("pattern") or {}).get("Regex") == QWEN2_SPLIT
+            and split.get("behavior") == "Isolated"
+            and not split.get("invert")
+            and not byte_level.get("add_prefix_space")
+            and not byte_level.get("use_regex", True)  # the split is the only regex
+        )
+        return "qwen2" if qwen2 else None
     for step in steps:
         if step.get("type") == "ByteLevel" and (
             step.get("add_prefix_space") or not step.get("use_regex", True)

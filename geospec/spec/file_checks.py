@@ -1,6 +1,7 @@
 """What only the files a spec names can tell, checked before anything is loaded: the pretrained
-checkpoint's positions, FFN layout and vocabulary against the spec, the prune's eval corpora,
-and the memory loading the checkpoint takes on this machine.
+checkpoint's positions, FFN layout and vocabulary against the spec (a GGUF file's size against
+its tensors too), the prune's eval corpora, and the memory loading the checkpoint takes on this
+machine.
 
 Each would otherwise stop a run after the reference is loaded and probed (or end in a traceback
 deep in a forward pass); here each is one line naming the field and the fix. Torch-free:
@@ -14,7 +15,11 @@ import os
 from pathlib import Path
 
 from geospec.hub import spec_path
-from geospec.spec.checkpoint_shape import CheckpointFacts, read_checkpoint_facts
+from geospec.spec.checkpoint_shape import (
+    CheckpointFacts,
+    gguf_data_problem,
+    read_checkpoint_facts,
+)
 from geospec.spec.sections import PretrainedTokenizer, Spec
 
 #: Families whose FFN geospec's cut (geospec.measure.cut) cannot remove neurons from, by
@@ -45,6 +50,9 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
     checkpoint = spec.reference.checkpoint
     if checkpoint is None:
         return problems
+    if (incomplete := _gguf_problem(spec, spec_dir)) is not None:
+        problems.append(incomplete)
+        return problems
     facts = read_checkpoint_facts(checkpoint, spec.reference.revision, spec_dir)
     if facts is None:
         return problems
@@ -61,6 +69,16 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
     if (vocabulary := _vocabulary_problem(spec, spec_dir, facts)) is not None:
         problems.append(vocabulary)
     return problems
+
+
+def _gguf_problem(spec: Spec, spec_dir: Path) -> str | None:
+    """A local GGUF checkpoint that cannot hold its own tensors: a truncated file's header reads
+    fine, and its loader would fail later with a traceback."""
+    local = spec_path(spec.reference.checkpoint or "", spec_dir)
+    if spec.reference.revision is not None or not (local.is_file() and local.suffix == ".gguf"):
+        return None
+    problem = gguf_data_problem(local)
+    return None if problem is None else f"reference.checkpoint: {local}: {problem}"
 
 
 def _layout_problem(facts: CheckpointFacts) -> str | None:
