@@ -8,6 +8,7 @@ from the file's tensors as llama.cpp names and lays them out."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -585,3 +586,57 @@ def test_a_qwen2_tokenizer_json_is_written_as_llamacpps_qwen2_pre_tokenizer(
     file.write_text(json.dumps(spec))
     with pytest.raises(UsageError, match="not a byte-level BPE tokenizer of a kind"):
         write_gguf(model, tmp_path / "x.gguf", "f32", tokenizer=tmp_path / "tokenizer")
+
+
+# -- the real Qwen2.5-Coder-0.5B-Instruct GGUF (nox -s gguf assembles it) --------------------
+
+
+def qwen_coder_gguf() -> Path:
+    pytest.importorskip("gguf", reason="the gguf extra: pip install 'geospec[gguf]'")
+    path = os.environ.get("GEOSPEC_TEST_QWEN_GGUF")
+    if not path:
+        pytest.skip("GEOSPEC_TEST_QWEN_GGUF is not set: nox -s gguf assembles Qwen2.5-Coder-0.5B")
+    assert Path(path).is_file(), path
+    return Path(path)
+
+
+@pytest.mark.gguf
+def test_qwen2_5_coder_0_5b_is_read_from_its_gguf_header(tmp_path: Path) -> None:
+    """The assembled file holds its own tensors, and [model] is filled from its qwen2.* keys:
+    24 layers, d_model 896, 4,864 FFN neurons, 14 / 2 heads, an untied 151,936-token head."""
+    from geospec.spec.checkpoint_shape import gguf_data_problem, shape_from_gguf
+
+    path = qwen_coder_gguf()
+    assert gguf_data_problem(path) is None
+    shape = shape_from_gguf(path)
+    assert shape is not None
+    assert {k: shape.values[k] for k in ("n_layers", "d_model", "ffn_width", "n_heads")} == {
+        "n_layers": 24,
+        "d_model": 896,
+        "ffn_width": 4864,
+        "n_heads": 14,
+    }
+    assert shape.values["n_kv_heads"] == 2 and shape.values["vocab_size"] == 151_936
+    assert shape.values["tie_embeddings"] is False and shape.values["bias"] is False
+
+
+@pytest.mark.gguf
+@pytest.mark.slow
+def test_qwen2_5_coder_0_5b_loads_as_a_qwen2_that_geospec_cuts_heals_and_writes() -> None:
+    """transformers' GGUF loader builds a Qwen2ForCausalLM of 630M parameters with q/k/v biases
+    and no o_proj bias; every FFN is a gate/up/down layout the cut knows, healing can import it
+    and the GGUF writer maps it (47 s and 4.8 GB to load in float32 on 2 cores)."""
+    from geospec.measure.cut import ffn_layout
+    from geospec.prune.gguf_export import _check_family
+
+    path = qwen_coder_gguf()
+    model = hf.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    assert isinstance(model, hf.Qwen2ForCausalLM)
+    assert 625e6 < sum(p.numel() for p in model.parameters()) < 635e6
+    attention = model.model.layers[0].self_attn
+    assert attention.q_proj.bias is not None and attention.o_proj.bias is None
+    assert all(
+        ffn_layout(layer.mlp).inputs == ("gate_proj", "up_proj") for layer in model.model.layers
+    )
+    assert import_problem(model) is None
+    _check_family(model)
