@@ -240,8 +240,9 @@ WHEELS = ".whl"  # ignored by git (.gitignore), like the cached SmolLM2 wheel ou
 def llamacpp(session: nox.Session) -> None:
     """GGUF exports loaded by an unmodified llama.cpp (tests marked llamacpp): llama-cpp-python
     is built once from its sdist into .whl/ (about 15 minutes under nice on 2 shared cores; the
-    wheel is reused afterwards), then the tiny Llama (f32, f16, Q8_0) and SmolLM2-135M pruned to
-    uneven widths are compared with transformers' log-probabilities, and the true-width and GGUF
+    wheel is reused afterwards), then the tiny Llama (f32, f16, Q8_0), the tiny Qwen2 (its
+    biases, a compensated cut's too), SmolLM2-135M and Qwen2.5-Coder-0.5B pruned to uneven
+    widths are compared with transformers' log-probabilities, and the true-width and GGUF
     writer tests run with peft and gguf installed. Not part of CI's run (the build alone would
     take half its time)."""
     import time
@@ -260,7 +261,9 @@ def llamacpp(session: nox.Session) -> None:
         session.log(f"built llama-cpp-python {version} in {time.monotonic() - started:.0f} s")
         built = glob.glob(os.path.join(WHEELS, f"llama_cpp_python-{version}-*.whl"))
     session.install(*built)
-    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2_gguf(session)}
+    smollm2 = smollm2_gguf(session)
+    qwen = _qwen_coder_gguf(session, os.path.dirname(smollm2))
+    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2, "GEOSPEC_TEST_QWEN_GGUF": qwen}
     session.run("python", "-m", "pytest", "-m", "llamacpp", "-rP", *session.posargs, env=env)
     session.run("python", "-m", "pytest", "tests/test_true_width.py", "tests/test_gguf_export.py",
                 *session.posargs, env=env)  # fmt: skip

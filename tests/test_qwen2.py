@@ -209,6 +209,24 @@ def test_healing_imports_and_exports_a_pruned_qwen2_with_its_biases(compensated:
         assert (moved - expected).abs().max() > 1e-3
 
 
+def test_geospecs_model_of_a_qwen2_exports_as_a_llama_with_attention_biases() -> None:
+    """geospec's own export of the imported Qwen2 (a heal run's checkpoint, say): transformers'
+    Llama with attention_bias (a zero o_proj bias), the same logits."""
+    from geospec.engine.export import to_transformers
+
+    model = qwen2()
+    orders, _ = orders_and_means(model)
+    sites = sites_of(model)
+    with torch.no_grad(), pruned(sites, orders, WIDTHS):
+        expected = model(input_ids=ids()).logits
+        exported = to_transformers(import_llama(model, 16), eos_token_id=1)
+    assert exported.model.config.attention_bias is True
+    assert not exported.model.model.layers[0].self_attn.o_proj.bias.any()
+    with torch.no_grad():
+        got = exported.model(input_ids=ids()).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_what_healing_cannot_import_from_a_qwen2_is_one_line() -> None:
     sliding = hf.Qwen2ForCausalLM(
         hf.Qwen2Config(**TINY, use_sliding_window=True, sliding_window=4, max_window_layers=0)
