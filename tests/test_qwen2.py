@@ -428,6 +428,35 @@ def test_geospec_prune_prunes_a_qwen2_checkpoint_and_its_models_score_what_it_re
         assert float(loss) == pytest.approx(record["loss"]["docs.jsonl"]["0"], rel=1e-5)
 
 
+def test_a_healed_qwen2_unit_exports_its_healed_model_with_its_attention_biases(
+    tmp_path: Path,
+) -> None:
+    """heal.steps on a Qwen2 prune: each unit is imported with its q/k/v biases, trained in
+    geospec's engine (the biases train too) and written back into the Qwen2 it came from; read
+    by load_pruned, the unit's model computes the engine's healed logits."""
+    from geospec.engine.checkpoint import load_model
+
+    arms = [{"name": "uniform", "schedule": {"kind": "uniform"}}]
+    spec = prune_spec(tmp_path, arms=arms, heal={"steps": 2, "lr": 0.01, "batch_size": 2})
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / "uniform" / "seed-0"
+    healed = load_model(unit / "heal")
+    assert healed.config.qkv_bias and not healed.config.ffn_out_bias
+    exported = geospec.load_pruned(unit / "model")
+    assert type(exported) is hf.Qwen2ForCausalLM
+    tokens = ids(gguf_models.VOCAB)
+    with torch.no_grad():
+        expected, _ = healed(tokens)
+        got = exported(input_ids=tokens).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    pruned_bias = qwen2(vocab=gguf_models.VOCAB).model.layers[0].self_attn.q_proj.bias
+    assert (exported.model.layers[0].self_attn.q_proj.bias - pruned_bias).abs().max() > 0
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    uniform = record["budgets"][0]["arms"]["uniform"]
+    assert uniform["healed_loss"]["docs.jsonl"]["0"] != uniform["loss"]["docs.jsonl"]["0"]
+
+
 def test_a_compensated_qwen2_prune_that_exports_is_one_line_before_any_unit(
     tmp_path: Path,
 ) -> None:
