@@ -120,6 +120,47 @@ def test_the_cut_keeps_the_attention_biases_and_equals_zeroed_activations() -> N
     assert all(layer.self_attn.q_proj.bias.abs().sum() > 0 for layer in model.model.layers)
 
 
+@pytest.mark.parametrize("kind", ["activation", "fluctuation", "wanda_sp", "magnitude", "random"])
+def test_every_importance_scores_each_qwen2_neuron_from_its_own_matrices_and_activations(
+    kind: str,
+) -> None:
+    """Each builtin importance gives one finite score per neuron of every layer, its ordering
+    best first; the activation-free magnitude is recomputed here from transformers' modules,
+    and the activation score from the hidden activations a hook records."""
+    model = qwen2()
+    sites = sites_of(model)
+    tokens = np.random.default_rng(0).integers(0, 97, 400)
+    starts = calibration_windows(tokens, 16, 8, seed=0)
+    importance = create_plugin("importance", {"kind": kind})
+    scores, orders = neuron_scores(model, sites, importance, tokens, starts, 16, 4)
+    seen: list[list[torch.Tensor]] = [[] for _ in sites]
+    handles = [
+        down(site).register_forward_pre_hook(
+            lambda module, args, i=i: seen[i].append(args[0].detach().reshape(-1, FULL))
+        )
+        for i, site in enumerate(sites)
+    ]
+    with torch.no_grad():
+        for start in starts:
+            model(input_ids=torch.as_tensor(tokens[start : start + 16])[None])
+    for handle in handles:
+        handle.remove()
+    for layer, (site, got, order) in enumerate(zip(sites, scores, orders, strict=True)):
+        assert len(got) == FULL and np.isfinite(got).all()
+        assert [got[i] for i in order] == sorted(got, reverse=True)
+        mlp = site.ffn
+        column = down(site).weight.detach().double().norm(dim=0)
+        if kind == "magnitude":
+            rows = [
+                getattr(mlp, n).weight.detach().double().norm(dim=1)
+                for n in ("gate_proj", "up_proj")
+            ]
+            np.testing.assert_allclose(got, (column * rows[0] * rows[1]).numpy(), rtol=1e-5)
+        if kind == "activation":
+            mean_abs = torch.cat(seen[layer]).double().abs().mean(dim=0)
+            np.testing.assert_allclose(got, (mean_abs * column).numpy(), rtol=1e-4)
+
+
 def zeroing(removed: list[int], values: torch.Tensor | None = None) -> Callable[..., tuple]:
     """A pre-hook on a down projection setting the ``removed`` activations to 0 (or ``values``)."""
 
@@ -379,6 +420,8 @@ def prune_spec(directory: Path, **prune: object) -> Path:
         {"name": "flap", "schedule": {"kind": "flap"}, "importance": {"kind": "fluctuation"}},
         {"name": "owl", "schedule": {"kind": "owl"}, "importance": {"kind": "wanda_sp"}},
         {"name": "shift", "schedule": {"kind": "geometric", "profile": "shift/spherical"}},
+        {"name": "protect", "schedule": {"kind": "protect", "first": 1}},
+        {"name": "greedy", "schedule": {"kind": "greedy", "step": 2}},
     ]
     # the quick start's shape: [model] is read from the checkpoint, the tokenizer is its own
     spec = {
@@ -410,7 +453,8 @@ def test_geospec_prune_prunes_a_qwen2_checkpoint_and_its_models_score_what_it_re
     result = CliRunner().invoke(cli, ["prune", str(prune_spec(tmp_path))])
     assert result.exit_code == 0, result.output + repr(result.exception)
     arms = json.loads((tmp_path / "run" / "prune.json").read_text())["budgets"][0]["arms"]
-    assert set(arms) == {"uniform", "flap", "owl", "shift"}
+    assert set(arms) == {"uniform", "flap", "owl", "shift", "protect", "greedy"}
+    assert arms["protect"]["widths"]["0"] == [64, 16, 16]  # layer 0 whole
     data = prepare_data(load_spec(tmp_path / "spec.toml").data, tmp_path / "cache", tmp_path)
     tokens = data.val[:-1] if int(data.val[-1]) == data.eot_id else data.val
     x, y = window_tensors(tokens, validation_windows(len(tokens), 16, 4 * 16), 16)
