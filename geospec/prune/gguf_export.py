@@ -21,7 +21,7 @@ transformers' Qwen2 cannot hold.
 
 The tokenizer goes in with the weights: copied field by field from a GGUF file (a model pruned
 from SmolLM2's GGUF keeps that file's vocabulary, merges, special tokens and chat template), or
-built from a byte-level BPE ``tokenizer.json`` (GPT-2's and SmolLM's pre-tokenizers, as
+built from a byte-level BPE ``tokenizer.json`` (GPT-2's, SmolLM's and Qwen2's pre-tokenizers, as
 llama.cpp's ``gpt2`` tokenizer model reads them; the special tokens and chat template through
 gguf-py's ``SpecialVocab``). ``gguf`` (the ``gguf`` extra) is imported only inside the functions.
 """
