@@ -34,6 +34,37 @@ def bpe_tokenizer(directory: Path) -> Tokenizer:
     return tokenizer
 
 
+def qwen2_bpe_tokenizer(directory: Path) -> Tokenizer:
+    """A 400-token byte-level BPE trained (on the same Austen text) behind Qwen2's own split
+    regex, saved as transformers saves one: its merges join what only Qwen2's pre-tokenizer
+    keeps together (a quote and the word after it, a contraction in capitals), so a tokenizer
+    that splits as GPT-2's does gives other ids."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    from geospec.data import __file__ as data_init
+
+    with gzip.open(Path(data_init).parent / "austen.txt.gz", "rt", encoding="utf-8") as file:
+        text = file.read()[:200_000]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([text[i : i + 2000] for i in range(0, len(text), 2000)], trainer)
+    save_tokenizer(tokenizer, tokenizer.token_to_id(EOT), directory)
+    return tokenizer
+
+
 def llama(
     eos: int, widths: list[int] | None = WIDTHS, tied: bool = False, seed: int = 0
 ) -> torch.nn.Module:

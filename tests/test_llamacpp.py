@@ -269,3 +269,31 @@ def test_llamacpp_computes_qwen2_5_coder_pruned_to_uneven_widths() -> None:
         str(Path(source).parent), gguf_file=Path(source).name
     )
     assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+
+
+def test_llamacpp_tokenizes_a_qwen2_tokenizer_as_transformers_does(tmp_path: Path) -> None:
+    """The tiny Qwen2 with a BPE trained behind Qwen2's split, written as llama.cpp's converter
+    writes it (the qwen2 pre-tokenizer), and its deci export with the tokenizer copied from that
+    file or rebuilt from transformers' Qwen2Tokenizer.json: llama.cpp splits the text into the
+    ids transformers' Qwen2Tokenizer gives (which GPT-2's split would not), and computes the
+    model's log-probabilities."""
+    from test_qwen2 import qwen2
+    from tokenizers import Tokenizer, pre_tokenizers
+    from transformers import AutoTokenizer
+
+    gguf_models.qwen2_bpe_tokenizer(tmp_path / "bpe")
+    model = qwen2(vocab=gguf_models.VOCAB)
+    source = gguf_models.qwen2_gguf(tmp_path / "source.gguf", model, tmp_path / "bpe")
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=source.name)
+    hf_tokenizer.save_pretrained(tmp_path / "tokenizer")
+    text = '"I cannot," said Elizabeth; "they\'LL say it\'s 1815.\n\n  (Mr. Darcy) ...\n"'
+    ids = hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+    gpt2_split = Tokenizer.from_file(str(tmp_path / "tokenizer" / "tokenizer.json"))
+    gpt2_split.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    assert gpt2_split.encode(text).ids != ids  # the split matters for this text
+    theirs = torch_log_probs(model, ids)
+    for name, tokenizer in (("copied", source), ("rebuilt", tmp_path / "tokenizer")):
+        path = write_gguf(model, tmp_path / f"{name}.gguf", "f32", tokenizer=tokenizer).path
+        llm = load(path)
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids, name  # type: ignore[attr-defined]
+        assert np.abs(llamacpp_log_probs(llm, ids) - theirs).max() < 1e-4
