@@ -519,7 +519,7 @@ def test_a_qwen2_whose_ffn_the_cut_does_not_know_is_one_line(tmp_path: Path) -> 
     config = hf.Qwen2MoeConfig(**TINY | {"vocab_size": gguf_models.VOCAB}, num_experts=4,
                                num_experts_per_tok=2, moe_intermediate_size=16,
                                shared_expert_intermediate_size=16)  # fmt: skip
-    spec = prune_spec(tmp_path)
+    spec = prune_spec(tmp_path, arms=[{"name": "uniform", "schedule": {"kind": "uniform"}}])
     hf.Qwen2MoeForCausalLM(config).save_pretrained(tmp_path / "model")
     result = CliRunner().invoke(cli, ["validate", str(spec)])
     assert result.exit_code == 2 and "Traceback" not in result.output
