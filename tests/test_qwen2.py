@@ -501,15 +501,32 @@ def test_a_healed_qwen2_unit_exports_its_healed_model_with_its_attention_biases(
     assert uniform["healed_loss"]["docs.jsonl"]["0"] != uniform["loss"]["docs.jsonl"]["0"]
 
 
-def test_a_compensated_qwen2_prune_that_exports_is_one_line_before_any_unit(
+def test_a_compensated_qwen2_prune_that_exports_is_one_line_before_anything_loads(
     tmp_path: Path,
 ) -> None:
-    spec = prune_spec(tmp_path, compensate="mean")
+    """validate (and so prune, before the checkpoint is loaded) names the compensated arms whose
+    models would be exported; exporting only the uncompensated arm's units is valid, and the
+    compensated arms are then pruned and scored without an export."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "flap", "schedule": {"kind": "flap"}, "compensate": "mean"},
+    ]
+    spec = prune_spec(tmp_path, arms=arms)
+    for command in ("validate", "prune"):
+        result = CliRunner().invoke(cli, [command, str(spec)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        (line,) = [x for x in result.output.splitlines() if "prune.compensate" in x]
+        assert '"mean" on flap, whose models are exported' in line
+        assert "qwen2 MLP has no bias" in line and "prune.export = false" in line
+    assert not (tmp_path / "run" / "prune").exists()
+    data = tomlkit.parse(spec.read_text())
+    data["prune"]["export"] = ["uniform@0.5"]  # type: ignore[index]
+    spec.write_text(tomlkit.dumps(data))
     result = CliRunner().invoke(cli, ["prune", str(spec)])
-    assert result.exit_code == 2 and "Traceback" not in result.output
-    last = result.output.strip().splitlines()[-1]
-    assert "qwen2 MLP has no bias" in last and "prune.export = false" in last
-    assert not list((tmp_path / "run").glob("prune/keep-*/*/seed-0/result.json"))
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    flap = tmp_path / "run" / "prune" / "keep-0.5" / "flap" / "seed-0"
+    assert (flap / "result.json").is_file() and not (flap / "model").exists()
+    assert geospec.load_pruned(flap.parent.parent / "uniform" / "seed-0" / "model") is not None
 
 
 def test_a_qwen2_whose_ffn_the_cut_does_not_know_is_one_line(tmp_path: Path) -> None:

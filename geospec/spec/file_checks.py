@@ -68,6 +68,8 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
         problems.append(f"reference.checkpoint: {uses} cannot cut {layout}")
     if (vocabulary := _vocabulary_problem(spec, spec_dir, facts)) is not None:
         problems.append(vocabulary)
+    if (compensation := _compensation_problem(spec, facts)) is not None:
+        problems.append(compensation)
     return problems
 
 
@@ -79,6 +81,34 @@ def _gguf_problem(spec: Spec, spec_dir: Path) -> str | None:
         return None
     problem = gguf_data_problem(local)
     return None if problem is None else f"reference.checkpoint: {local}: {problem}"
+
+
+#: Families (config.json model_type, GGUF architecture) whose transformers MLP has no bias
+#: option: their projections are built without one whatever the config says, so a compensated
+#: cut's down-projection bias cannot be exported as their checkpoint (what
+#: geospec.prune.apply.compensated_export_problem finds on the loaded model).
+NO_MLP_BIAS = ("mistral", "qwen2", "gemma", "gemma2", "gemma3", "gemma3_text")
+
+
+def _compensation_problem(spec: Spec, facts: CheckpointFacts) -> str | None:
+    """A prune whose compensated arms export their models, of a family that cannot hold the
+    compensation: said here rather than after the checkpoint is loaded."""
+    prune = spec.prune
+    if prune is None or facts.family not in NO_MLP_BIAS:
+        return None
+    arms = [
+        arm.name
+        for arm in prune.arms
+        if prune.compensates(arm) and any(prune.exports(keep, arm.name) for keep in prune.fractions)
+    ]
+    if not arms:
+        return None
+    return (
+        f'prune.compensate: "mean" on {", ".join(arms)}, whose models are exported, but '
+        f"transformers' {facts.family} MLP has no bias to carry the compensation "
+        f"({facts.described}); set prune.export = false, export only uncompensated arms' units, "
+        'or set compensate = "none"'
+    )
 
 
 def _layout_problem(facts: CheckpointFacts) -> str | None:
