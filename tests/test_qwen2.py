@@ -625,9 +625,16 @@ def test_an_incomplete_or_doubled_gguf_assembly_is_one_line(
         assert result.exit_code == 2 and "Traceback" not in result.output
         (line,) = [x for x in result.output.splitlines() if "reference.checkpoint" in x]
         assert str(tmp_path / "q.gguf") in line and words in line and "assemble it again" in line
-    (tmp_path / "q.gguf").write_bytes(data[:100])  # cut inside the header
-    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    result = CliRunner().invoke(cli, ["prune", str(spec)])  # checked before anything loads
     assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "extra data" in result.output and not (tmp_path / "run").exists()
+    for broken in (data[:100], data[1000:]):  # cut inside the header; its first part lost
+        (tmp_path / "q.gguf").write_bytes(broken)
+        result = CliRunner().invoke(cli, ["validate", str(spec)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+        (line,) = [x for x in result.output.splitlines() if "reference.checkpoint" in x]
+        assert "is not a readable GGUF file" in line and "assemble it again" in line
+        assert "give [model] in full" not in result.output  # [model] would not help
 
 
 @pytest.mark.gguf

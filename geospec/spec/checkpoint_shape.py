@@ -193,10 +193,10 @@ def _read_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo], int
     """The metadata, the tensors' infos by name, and where the tensor data starts."""
     with path.open("rb") as file:
         if file.read(4) != b"GGUF":
-            raise GGUFFormatError(f"{path} is not a GGUF file (no GGUF magic)")
+            raise GGUFFormatError("not a GGUF file: it does not start with the GGUF magic")
         (version,) = _unpack(file, "<I")
         if version not in (2, 3):
-            raise GGUFFormatError(f"{path}: GGUF version {version} (this reader knows 2 and 3)")
+            raise GGUFFormatError(f"GGUF version {version} (this reader knows 2 and 3)")
         n_tensors, n_values = _unpack(file, "<QQ")
         metadata = {}
         for _ in range(n_values):
@@ -302,7 +302,13 @@ def read_checkpoint_shape(
     if path.is_file() and path.suffix == ".gguf":
         try:
             shape = shape_from_gguf(path)
-        except (GGUFFormatError, OSError, KeyError) as error:
+        except (GGUFFormatError, OSError) as error:
+            # a damaged file (cut inside its header, parts out of order): no [model] helps
+            return GGUFUnreadable(
+                f"reference.checkpoint: {path} is not a readable GGUF file ({error}); fetch or "
+                "assemble it again"
+            )
+        except KeyError as error:
             return f"its GGUF metadata cannot be read ({error})"
         return shape or "its GGUF architecture is not one whose shape geospec reads"
     if (path / "config.json").is_file():
@@ -312,6 +318,10 @@ def read_checkpoint_shape(
 
 class HubUnreadable(str):
     """Why a hub checkpoint's config.json cannot be had (a complete line naming the field)."""
+
+
+class GGUFUnreadable(str):
+    """A local GGUF file whose header cannot be read (a complete line naming the field)."""
 
 
 def _hub_shape(checkpoint: str, revision: str) -> CheckpointShape | str:
