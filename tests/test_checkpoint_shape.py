@@ -154,4 +154,8 @@ def test_not_a_gguf_file_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "m.gguf").write_bytes(b"nope" * 10)
     result = CliRunner().invoke(cli, ["validate", str(probe_only_spec(tmp_path, "m.gguf"))])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert "not a GGUF file" in result.output and "give [model] in full" in result.output
+    # a damaged file cannot be loaded either: giving [model] would not help
+    assert (
+        f"reference.checkpoint: {tmp_path / 'm.gguf'} is not a readable GGUF file" in result.output
+    )
+    assert "GGUF magic" in result.output and "give [model] in full" not in result.output

@@ -140,8 +140,8 @@ def test_what_the_writer_does_not_map_is_one_line_and_no_file(
 
     cases = [
         (hf_models.gpt2(), "family 'gpt2' is not mapped"),
-        (hf_models.qwen2(), "family 'qwen2' is not mapped"),
-        (hf.LlamaForCausalLM(hf.LlamaConfig(**_tiny(), attention_bias=True)), "biases"),
+        (hf.Qwen2ForCausalLM(hf.Qwen2Config(**_tiny(), use_sliding_window=True)), "sliding"),
+        (hf.LlamaForCausalLM(hf.LlamaConfig(**_tiny(), attention_bias=True, head_dim=4)), "query"),
     ]
     for model, words in cases:
         with pytest.raises(UsageError) as caught:

@@ -205,3 +205,95 @@ def test_llamacpp_computes_a_trained_llama_arm_as_geospec_does(
         logits, _ = model(torch.tensor([ids]))
     theirs = torch.log_softmax(logits[0].double(), dim=-1).numpy()
     assert np.abs(ours - theirs).max() < 1e-4
+
+
+@pytest.mark.parametrize("compensated", [False, True])
+def test_llamacpp_computes_a_pruned_qwen2_with_its_biases_to_f32_precision(
+    tokenizer_dir: Path, tmp_path: Path, compensated: bool
+) -> None:
+    """The tiny Qwen2 of tests/test_qwen2.py (q/k/v biases), cut to uneven widths (compensated:
+    a bias on every down projection too), written as deci: llama.cpp reads every bias deci's
+    loader makes optional and computes transformers' log-probabilities."""
+    from test_qwen2 import WIDTHS, orders_and_means, qwen2, sites_of
+
+    from geospec.prune.apply import pruned
+
+    model = qwen2(vocab=gguf_models.VOCAB)
+    orders, means = orders_and_means(model)
+    sites = sites_of(model)
+    ids = list(range(3, 40))
+    with torch.no_grad(), pruned(sites, orders, WIDTHS, means if compensated else None):
+        path = write_gguf(model, tmp_path / "q.gguf", "f32", tokenizer=tokenizer_dir).path
+        theirs = torch_log_probs(model, ids)
+        parameters = sum(p.numel() for p in model.parameters())
+    llm = load(path)
+    ours = llamacpp_log_probs(llm, ids)
+    difference = np.abs(ours - theirs).max()
+    print(f"Qwen2 pruned (compensated: {compensated}), max |log p difference|: {difference:.2e}")
+    assert difference < 1e-4
+    assert llama_cpp.llama_model_n_params(llm.model) == parameters  # type: ignore[attr-defined]
+
+
+def test_llamacpp_computes_qwen2_5_coder_pruned_to_uneven_widths() -> None:
+    """Qwen2.5-Coder-0.5B-Instruct's GGUF (nox -s gguf assembles it; GEOSPEC_TEST_QWEN_GGUF)
+    loaded by transformers, every layer cut to its own width, written in f32 with the source
+    file's qwen2 tokenizer: llama.cpp's log-probabilities equal transformers' over 24 layers."""
+    source = os.environ.get("GEOSPEC_TEST_QWEN_GGUF")
+    if not source:
+        pytest.skip("GEOSPEC_TEST_QWEN_GGUF is not set: nox -s gguf assembles Qwen2.5-Coder-0.5B")
+    import tempfile
+
+    from geospec.engine.pretrained import load_pretrained
+    from geospec.measure.cut import cut_ffn
+
+    model = load_pretrained(source)
+    widths = [4864 if layer % 4 == 0 else 2432 - 128 * (layer % 5) for layer in range(24)]
+    generator = torch.Generator().manual_seed(0)
+    for layer, width in zip(model.model.layers, widths, strict=True):
+        cut_ffn(layer.mlp, torch.randperm(4864, generator=generator)[:width])
+    with tempfile.TemporaryDirectory() as scratch:
+        path = write_gguf(model, Path(scratch) / "qwen.gguf", "f32", tokenizer=Path(source)).path
+        llm = load(path, n_ctx=32)
+        text = "def fibonacci(n):\n    if n < 2:\n        return n\n    return"
+        ids = llm.tokenize(text.encode(), add_bos=False, special=False)  # type: ignore[attr-defined]
+        ours = llamacpp_log_probs(llm, ids)
+    theirs = torch_log_probs(model, ids)
+    difference = np.abs(ours - theirs).max()
+    print(
+        f"Qwen2.5-Coder pruned, max |log p difference| over {len(ids)} positions: {difference:.2e}"
+    )
+    assert difference < 5e-4
+    from transformers import AutoTokenizer
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(
+        str(Path(source).parent), gguf_file=Path(source).name
+    )
+    assert hf_tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+
+
+def test_llamacpp_tokenizes_a_qwen2_tokenizer_as_transformers_does(tmp_path: Path) -> None:
+    """The tiny Qwen2 with a BPE trained behind Qwen2's split, written as llama.cpp's converter
+    writes it (the qwen2 pre-tokenizer), and its deci export with the tokenizer copied from that
+    file or rebuilt from transformers' Qwen2Tokenizer.json: llama.cpp splits the text into the
+    ids transformers' Qwen2Tokenizer gives (which GPT-2's split would not), and computes the
+    model's log-probabilities."""
+    from test_qwen2 import qwen2
+    from tokenizers import Tokenizer, pre_tokenizers
+    from transformers import AutoTokenizer
+
+    gguf_models.qwen2_bpe_tokenizer(tmp_path / "bpe")
+    model = qwen2(vocab=gguf_models.VOCAB)
+    source = gguf_models.qwen2_gguf(tmp_path / "source.gguf", model, tmp_path / "bpe")
+    hf_tokenizer = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=source.name)
+    hf_tokenizer.save_pretrained(tmp_path / "tokenizer")
+    text = '"I cannot," said Elizabeth; "they\'LL say it\'s 1815.\n\n  (Mr. Darcy) ...\n"'
+    ids = hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+    gpt2_split = Tokenizer.from_file(str(tmp_path / "tokenizer" / "tokenizer.json"))
+    gpt2_split.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    assert gpt2_split.encode(text).ids != ids  # the split matters for this text
+    theirs = torch_log_probs(model, ids)
+    for name, tokenizer in (("copied", source), ("rebuilt", tmp_path / "tokenizer")):
+        path = write_gguf(model, tmp_path / f"{name}.gguf", "f32", tokenizer=tokenizer).path
+        llm = load(path)
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids, name  # type: ignore[attr-defined]
+        assert np.abs(llamacpp_log_probs(llm, ids) - theirs).max() < 1e-4

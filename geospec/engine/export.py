@@ -255,7 +255,7 @@ def _llama(
         rms_norm_eps=config.norm_eps or RMSNORM_EPS,
         hidden_act="silu",
         tie_word_embeddings=config.tie_embeddings,
-        attention_bias=config.bias,
+        attention_bias=config.bias or config.qkv_bias,  # the latter: a zero o_proj bias
         mlp_bias=config.bias or config.ffn_out_bias,
         bos_token_id=eos,
         eos_token_id=eos,
@@ -283,7 +283,7 @@ def _llama(
             q + "mlp.up_proj.weight": b["up.w"],
             q + "mlp.down_proj.weight": b["down.w"],
         }
-        if config.bias:
+        if config.bias or config.qkv_bias:
             bq, bk, bv = b["qkv.b"].split([d, kv, kv])
             weights |= {
                 q + "self_attn.q_proj.bias": bq,

@@ -3,15 +3,17 @@
 geospec's rope/rmsnorm/swiglu decoder is exactly Llama's (``geospec export`` maps one way:
 :mod:`geospec.engine.export`); this maps the other way, so a pretrained (or pruned) Hugging Face
 model can be trained further in geospec's engine, where every layer has its own FFN width
-(healing a pruned model). Llama, Mistral without a sliding window, SmolLM2 and GGUF files that
-transformers loads as one of them are imported: grouped-query attention, tied or untied
-embeddings, the checkpoint's rope theta and norm epsilon. Each layer keeps its own FFN width (a
-pruned model's cut layers included), and so does a bias on the FFN's output (down) projection:
-the bias compensation a pruned model's cut adds (``prune.compensate``), which healing carries
-(zero gate and up biases, as a compensated export stores them, are dropped). A checkpoint whose
-computation geospec's model does not reproduce (rope scaling, attention biases, a non-zero gate
-or up bias, another activation, a sliding window) is refused with one line saying what differs,
-and :func:`import_problem` lets a caller check before importing.
+(healing a pruned model). Llama, Mistral without a sliding window, SmolLM2, Qwen2 without a
+sliding window (its query, key and value projections have biases: ``GPTConfig.qkv_bias``) and
+GGUF files that transformers loads as one of them are imported: grouped-query attention, tied or
+untied embeddings, the checkpoint's rope theta and norm epsilon. Each layer keeps its own FFN
+width (a pruned model's cut layers included), and so does a bias on the FFN's output (down)
+projection: the bias compensation a pruned model's cut adds (``prune.compensate``), which healing
+carries (zero gate and up biases, as a compensated export stores them, are dropped). A
+checkpoint whose computation geospec's model does not reproduce (rope scaling, a bias on the
+attention's output projection or on only some of its query, key and value projections, a
+non-zero gate or up bias, another activation, a sliding window) is refused with one line saying
+what differs, and :func:`import_problem` lets a caller check before importing.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ from geospec.errors import UsageError
 def import_problem(model: Any) -> str | None:
     """Why geospec's model cannot compute what ``model`` does (None: it can)."""
     config = model.config
-    if getattr(config, "model_type", None) not in ("llama", "mistral"):
+    if getattr(config, "model_type", None) not in FAMILIES:
         return f"a {getattr(config, 'model_type', type(model).__name__)} model (not Llama-family)"
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"its activation is {config.hidden_act} (geospec's swiglu uses silu)"
-    if getattr(config, "attention_bias", False):
-        return "it has attention biases"
     layers = getattr(getattr(model, "model", None), "layers", None) or []
+    # read from the modules, not the config: Qwen2's config says nothing of its q/k/v biases
+    qkv = {_has_bias(layer.self_attn, name) for layer in layers for name in QKV}
+    if len(qkv) > 1:
+        return "some of its query, key and value projections have biases and some do not"
+    if any(_has_bias(layer.self_attn, "o_proj") for layer in layers):
+        return "its attention output projection has a bias"
     for layer in layers:
         for name in ("gate_proj", "up_proj"):
             bias = getattr(getattr(layer.mlp, name), "bias", None)
@@ -55,6 +61,16 @@ def import_problem(model: Any) -> str | None:
     return None
 
 
+#: transformers model types whose decoder layer is geospec's rope/rmsnorm/swiglu block.
+FAMILIES = ("llama", "mistral", "qwen2")
+#: The attention's query, key and value projections (Qwen2's have biases).
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def _has_bias(module: Any, name: str) -> bool:
+    return getattr(getattr(module, name), "bias", None) is not None
+
+
 def rope_theta(config: Any) -> float:
     rope = getattr(config, "rope_parameters", None) or {}
     return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
@@ -71,6 +87,7 @@ def import_llama(model: Any, seq_len: int) -> GPT:
     widths = [int(layer.mlp.down_proj.in_features) for layer in layers]
     # a compensated cut's bias (a zero one where a layer kept every neuron)
     out_bias = bool(layers) and layers[0].mlp.down_proj.bias is not None
+    qkv_bias = bool(layers) and _has_bias(layers[0].self_attn, "q_proj")
     config = GPTConfig(
         vocab_size=c.vocab_size,
         n_layers=len(layers),
@@ -87,6 +104,7 @@ def import_llama(model: Any, seq_len: int) -> GPT:
         tie_embeddings=bool(c.tie_word_embeddings),
         norm_eps=float(c.rms_norm_eps),
         ffn_out_bias=out_bias,
+        qkv_bias=qkv_bias,
     )
     source = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
     state = {"wte.weight": source["model.embed_tokens.weight"]}
@@ -108,6 +126,10 @@ def import_llama(model: Any, seq_len: int) -> GPT:
         }
         if out_bias:
             state[b + "ffn.proj.bias"] = source[h + "mlp.down_proj.bias"]
+        if qkv_bias:
+            state[b + "attn.qkv.bias"] = torch.cat(
+                [source[h + f"self_attn.{p}_proj.bias"] for p in ("q", "k", "v")]
+            )
     gpt = GPT(config)
     missing, unexpected = gpt.load_state_dict(state, strict=False)
     if missing or unexpected:
@@ -127,6 +149,9 @@ def load_into_llama(model: Any, gpt: GPT) -> None:
     out_bias = [layer.mlp.down_proj.bias is not None for layer in layers]
     if out_bias != [c.ffn_out_bias] * len(layers):
         raise UsageError("the FFN output biases of the healed model and the target differ")
+    qkv_bias = [_has_bias(layer.self_attn, "q_proj") for layer in layers]
+    if qkv_bias != [c.qkv_bias] * len(layers):
+        raise UsageError("the attention biases of the healed model and the target differ")
     state = gpt.state_dict()
     d, kv = c.d_model, c.kv_width
 
@@ -149,6 +174,11 @@ def load_into_llama(model: Any, gpt: GPT) -> None:
             put(layer.self_attn.k_proj.weight, k)
             put(layer.self_attn.v_proj.weight, v)
             put(layer.self_attn.o_proj.weight, state[b + "attn.proj.weight"])
+            if c.qkv_bias:
+                bq, bk, bv = state[b + "attn.qkv.bias"].split([d, kv, kv])
+                put(layer.self_attn.q_proj.bias, bq)
+                put(layer.self_attn.k_proj.bias, bk)
+                put(layer.self_attn.v_proj.bias, bv)
             gate, up = state[b + "ffn.fc.weight"].chunk(2)
             put(layer.mlp.gate_proj.weight, gate)
             put(layer.mlp.up_proj.weight, up)

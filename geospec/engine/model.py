@@ -67,6 +67,9 @@ class GPTConfig:
     ffn_out_bias: bool = False
     """Each FFN's output projection has a bias even where ``bias`` is False: a pruned model whose
     cut added FLAP's bias compensation (``prune.compensate``), imported to be healed."""
+    qkv_bias: bool = False
+    """The attention's query, key and value projections have biases even where ``bias`` is
+    False (its output projection none): Qwen2's attention, imported to be healed."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ffn_widths", [int(w) for w in self.ffn_widths])
@@ -111,6 +114,8 @@ class GPTConfig:
             del data["norm_eps"]
         if not data["ffn_out_bias"]:  # added later, likewise
             del data["ffn_out_bias"]
+        if not data["qkv_bias"]:  # added later, likewise
+            del data["qkv_bias"]
         return data
 
     @classmethod
@@ -191,7 +196,7 @@ class CausalSelfAttention(nn.Module):
         self.group = config.n_heads // (config.n_kv_heads or config.n_heads)
         self.dropout = config.dropout
         self.split = [config.d_model, config.kv_width, config.kv_width]
-        self.qkv = nn.Linear(config.d_model, sum(self.split), bias=config.bias)
+        self.qkv = nn.Linear(config.d_model, sum(self.split), bias=config.bias or config.qkv_bias)
         self.proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.resid_dropout = nn.Dropout(config.dropout)
 

@@ -153,9 +153,12 @@ def compensated_export_problem(model: nn.Module) -> str | None:
         return f"{type(model).__name__} is not a transformers model"
     if hasattr(config, "mlp_bias") or getattr(config, "model_type", None) == "gpt2":
         return None
+    # Qwen2, Mistral, Gemma 2: their MLP builds gate, up and down without a bias whatever the
+    # config says, so a saved down-projection bias would be dropped on load (wrong logits)
     return (
         f"transformers' {getattr(config, 'model_type', type(config).__name__)} MLP has no bias "
-        "to carry the compensation (Llama's config has mlp_bias, GPT-2's c_proj a bias)"
+        "to carry the compensation (its config has no mlp_bias, as Llama's has; GPT-2's c_proj "
+        "has a bias)"
     )
 
 

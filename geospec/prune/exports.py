@@ -126,8 +126,12 @@ def export_prune_unit(
     from geospec.prune.gguf_export import write_gguf
 
     model = unit_model(unit)
-    source = tokenizer or (model if (model / "tokenizer.json").is_file() else None)
-    source = source or run_tokenizer_source(unit)
+    reference = run_tokenizer_source(unit)
+    # a GGUF reference's tokenizer fields are copied as they are: exactly what llama.cpp read
+    # from the source (the unit's tokenizer.json is transformers' rebuild of them)
+    own = reference if reference is not None and reference.suffix == ".gguf" else None
+    source = tokenizer or own or (model if (model / "tokenizer.json").is_file() else None)
+    source = source or reference
     if source is None:
         raise UsageError(
             f"{unit}: the run's reference checkpoint holds no tokenizer this command can find; "

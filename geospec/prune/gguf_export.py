@@ -11,9 +11,17 @@ The file is written as llama.cpp's own converter writes a Llama (convert_hf_to_g
 permuted from transformers' rotate-half order to llama.cpp's interleaved pairs, norms in f32,
 the token embedding reused as the output when the embeddings are tied.
 
+Biases: deci's loader creates every attention and FFN bias as an optional tensor (src/
+llama-model.cpp, ``case LLM_ARCH_DECI``: ``bq``/``bk``/``bv``/``bo`` and ``ffn_gate_b``/
+``ffn_up_b``/``ffn_down_b``, ``TENSOR_NOT_REQUIRED``) and its graph adds each one it has
+(src/models/deci.cpp). So Qwen2 (its query, key and value projections have biases; transformers'
+rotate-half rope like Llama's, so its query and key rows and biases are permuted alike) is
+written as deci too, and so is a compensated cut's bias on the FFN's down projection, which
+transformers' Qwen2 cannot hold.
+
 The tokenizer goes in with the weights: copied field by field from a GGUF file (a model pruned
 from SmolLM2's GGUF keeps that file's vocabulary, merges, special tokens and chat template), or
-built from a byte-level BPE ``tokenizer.json`` (GPT-2's and SmolLM's pre-tokenizers, as
+built from a byte-level BPE ``tokenizer.json`` (GPT-2's, SmolLM's and Qwen2's pre-tokenizers, as
 llama.cpp's ``gpt2`` tokenizer model reads them; the special tokens and chat template through
 gguf-py's ``SpecialVocab``). ``gguf`` (the ``gguf`` extra) is imported only inside the functions.
 """
@@ -33,8 +41,9 @@ from geospec.errors import UsageError
 #: The weight types written: f32, f16, and Q8_0 (gguf-py quantises it in numpy).
 DTYPES = ("f32", "f16", "q8_0")
 ARCH = "deci"
-#: transformers model types the writer maps to llama.cpp's deci (Llama's layer, nothing else).
-FAMILIES = ("llama", "mistral")
+#: transformers model types the writer maps to llama.cpp's deci (Llama's layer, its optional
+#: biases included: Qwen2's).
+FAMILIES = ("llama", "mistral", "qwen2")
 
 
 @dataclass(frozen=True)
@@ -117,14 +126,16 @@ def _check_family(model: Any) -> None:
     """Llama's decoder layer exactly, or one line naming what is not mapped and the fix."""
     config = model.config
     kind = getattr(config, "model_type", type(model).__name__)
+    heads = getattr(config, "num_attention_heads", 0)
     problem = None
     rope = _rope(config)
     if kind not in FAMILIES:
         problem = f"its family {kind!r} is not mapped"
     elif getattr(config, "sliding_window", None) not in (None, 0):
         problem = "its sliding-window attention is not mapped"
-    elif getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
-        problem = "its biases are not mapped"
+    elif _has_bias(model, "q_proj") and _head_dim(config) * heads != config.hidden_size:
+        # deci's loader builds the query bias hidden_size wide (n_embd), not heads x head size
+        problem = "its query bias is not hidden_size wide (heads x head size differs)"
     elif getattr(config, "hidden_act", "silu") != "silu":
         problem = f"its activation {config.hidden_act!r} is not SwiGLU's silu"
     elif rope.get("rope_type", "default") not in ("default", None):
@@ -132,9 +143,14 @@ def _check_family(model: Any) -> None:
     if problem is not None:
         raise UsageError(
             f"{type(model).__name__}: {problem}; the GGUF writer maps Llama-family models "
-            f"({', '.join(FAMILIES)}: rmsnorm, SwiGLU, plain RoPE, no biases) to llama.cpp's "
+            f"({', '.join(FAMILIES)}: rmsnorm, SwiGLU, plain RoPE) to llama.cpp's "
             "deci architecture; export this one with --format hf"
         )
+
+
+def _has_bias(model: Any, name: str) -> bool:
+    """Whether the first layer's attention projection ``name`` has a bias."""
+    return getattr(getattr(model.model.layers[0].self_attn, name), "bias", None) is not None
 
 
 def _rope(config: Any) -> dict[str, Any]:
@@ -218,6 +234,24 @@ def _tensors(model: Any) -> tuple[list[tuple[str, np.ndarray]], list[int]]:
             (f"blk.{i}.ffn_up.weight", array(mlp.up_proj.weight)),
             (f"blk.{i}.ffn_down.weight", array(mlp.down_proj.weight)),
         ]
+        # the optional biases deci reads (Qwen2's q/k/v, a compensated cut's down projection);
+        # the query and key biases follow their rows into llama.cpp's rope pairs
+        biases = {
+            "attn_q": (attn.q_proj, heads),
+            "attn_k": (attn.k_proj, kv_heads),
+            "attn_v": (attn.v_proj, None),
+            "attn_output": (attn.o_proj, None),
+            "ffn_gate": (mlp.gate_proj, None),
+            "ffn_up": (mlp.up_proj, None),
+            "ffn_down": (mlp.down_proj, None),
+        }
+        for name, (module, permuted) in biases.items():
+            bias = getattr(module, "bias", None)
+            if bias is not None:
+                values = array(bias)
+                out.append(
+                    (f"blk.{i}.{name}.bias", _permute(values, permuted) if permuted else values)
+                )
     return out, widths
 
 
@@ -292,6 +326,13 @@ def _scalar(field: Any, part: np.ndarray, value_type: Any, kind: Any) -> Any:
 #: llama.cpp's names of the byte-level BPE pre-tokenizers this writer recognises in a
 #: tokenizer.json (src/llama-vocab.cpp): GPT-2's regex alone, and SmolLM's digits split first.
 PRE_TOKENIZERS = {("ByteLevel",): "gpt-2", ("Digits", "ByteLevel"): "smollm"}
+#: Qwen2's split before its byte-level BPE (transformers' tokenization_qwen2.PRETOKENIZE_REGEX):
+#: llama.cpp's ``qwen2`` pre-tokenizer runs this regex (src/llama-vocab.cpp,
+#: LLAMA_VOCAB_PRE_TYPE_QWEN2, "original regex from tokenizer.json", rewritten without (?i:)).
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _bpe_tokenizer(writer: Any, directory: Path, vocab_size: int, gguf: Any) -> None:
@@ -307,7 +348,7 @@ def _bpe_tokenizer(writer: Any, directory: Path, vocab_size: int, gguf: Any) -> 
     if model.get("type") != "BPE" or pre is None:
         raise UsageError(
             f"{file}: not a byte-level BPE tokenizer of a kind the GGUF writer maps (GPT-2's, "
-            "SmolLM's); give --tokenizer a .gguf file holding the model's tokenizer"
+            "SmolLM's, Qwen2's); give --tokenizer a .gguf file holding the model's tokenizer"
         )
     vocab: dict[str, int] = dict(model["vocab"])
     special = {t["content"]: t for t in spec.get("added_tokens", [])}
@@ -346,6 +387,16 @@ def _pre_tokenizer(pre: Any) -> str | None:
     if not isinstance(pre, dict):
         return None
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if [step.get("type") for step in steps] == ["Split", "ByteLevel"]:
+        split, byte_level = steps
+        qwen2 = (
+            (split.get("pattern") or {}).get("Regex") == QWEN2_SPLIT
+            and split.get("behavior") == "Isolated"
+            and not split.get("invert")
+            and not byte_level.get("add_prefix_space")
+            and not byte_level.get("use_regex", True)  # the split is the only regex
+        )
+        return "qwen2" if qwen2 else None
     for step in steps:
         if step.get("type") == "ByteLevel" and (
             step.get("add_prefix_space") or not step.get("use_regex", True)

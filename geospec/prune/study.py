@@ -178,7 +178,12 @@ def prune_units(
         raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
     width = ffn_width(sites[0].ffn)
     compensate = any(prune.compensates(arm) for arm in prune.arms)
-    problem = compensated_export_problem(model) if compensate and prune.export else None
+    exported = [  # a compensated arm whose units write no model needs no bias in the export
+        arm
+        for arm in prune.arms
+        if prune.compensates(arm) and any(prune.exports(f, arm.name) for f in prune.fractions)
+    ]
+    problem = compensated_export_problem(model) if exported else None
     if problem is not None:  # said before any unit is computed, not at the first export
         raise UsageError(
             f'prune.compensate = "mean": {problem}; set prune.export = false or '

@@ -31,6 +31,9 @@ class Shape:
     ffn_out_bias: bool = False
     """Each FFN's output projection has a bias although ``bias`` is False (a pruned model's
     bias compensation, imported to heal it)."""
+    qkv_bias: bool = False
+    """The query, key and value projections have biases although ``bias`` is False (Qwen2's
+    attention, imported to heal it)."""
 
     @property
     def kv_width(self) -> int:
@@ -126,6 +129,8 @@ def count_params(shape: Shape, widths: Sequence[int]) -> int:
     total += sum(ffn_params(d, w, shape.activation, shape.bias) for w in widths)
     if shape.ffn_out_bias and not shape.bias:
         total += shape.n_layers * d
+    if shape.qkv_bias and not shape.bias:
+        total += shape.n_layers * (d + 2 * shape.kv_width)
     total += norm_params(d, shape.norm, shape.bias)  # final norm
     return total
 

@@ -176,24 +176,81 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], set[str]]:
     """A GGUF file's metadata (key -> value; an array of strings is given as its length, which is
     all the shape needs) and its tensors' names, read from the header (versions 2 and 3) without
     touching the tensor data."""
+    metadata, tensors, _ = _read_header(path)
+    return metadata, set(tensors)
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where a GGUF tensor's data lies: its dimensions, GGML type and offset in the data."""
+
+    dims: tuple[int, ...]
+    kind: int
+    offset: int
+
+
+def _read_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo], int]:
+    """The metadata, the tensors' infos by name, and where the tensor data starts."""
     with path.open("rb") as file:
         if file.read(4) != b"GGUF":
-            raise GGUFFormatError(f"{path} is not a GGUF file (no GGUF magic)")
+            raise GGUFFormatError("not a GGUF file: it does not start with the GGUF magic")
         (version,) = _unpack(file, "<I")
         if version not in (2, 3):
-            raise GGUFFormatError(f"{path}: GGUF version {version} (this reader knows 2 and 3)")
+            raise GGUFFormatError(f"GGUF version {version} (this reader knows 2 and 3)")
         n_tensors, n_values = _unpack(file, "<QQ")
         metadata = {}
         for _ in range(n_values):
             key = _string(file)
             (kind,) = _unpack(file, "<I")
             metadata[key] = _value(file, kind)
-        tensors = set()
+        tensors = {}
         for _ in range(n_tensors):
-            tensors.add(_string(file))
+            name = _string(file)
             (n_dims,) = _unpack(file, "<I")
-            file.seek(8 * n_dims + 4 + 8, 1)  # dimensions, type, offset
-    return metadata, tensors
+            dims = _unpack(file, f"<{n_dims}Q")
+            kind, offset = _unpack(file, "<IQ")
+            tensors[name] = TensorInfo(tuple(dims), kind, offset)
+        alignment = metadata.get("general.alignment", 32)
+        start = -(-file.tell() // alignment) * alignment  # the data is aligned
+    return metadata, tensors, start
+
+
+#: Values and bytes per block of the GGML tensor types, by type id (ggml's type traits, as
+#: gguf-py's GGML_QUANT_SIZES lists them): F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, the
+#: K-quants Q2_K..Q8_K and BF16; what a tensor's data takes in the file.
+GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
+               8: (32, 34), 9: (32, 40), 10: (256, 84), 11: (256, 110), 12: (256, 144),
+               13: (256, 176), 14: (256, 210), 15: (256, 292), 30: (1, 2)}  # fmt: skip
+
+
+def gguf_data_problem(path: Path) -> str | None:
+    """Why the GGUF file ``path`` cannot hold its own tensors (None: its size is what they need):
+    a download, or an assembly of parts, cut short or padded. The header is read; the data's
+    extent follows from each tensor's offset and size (a tensor of a type not in
+    :data:`GGML_BLOCKS` counts from its offset only)."""
+    try:
+        _, tensors, start = _read_header(path)
+    except GGUFFormatError as error:
+        return f"it is not a readable GGUF file ({error}); fetch or assemble it again"
+    if not tensors:
+        return None  # a header alone (metadata only) has no data to miss
+    size = path.stat().st_size
+    end, exact = start, True
+    for info in tensors.values():
+        values = 1
+        for n in info.dims:
+            values *= n
+        block = GGML_BLOCKS.get(info.kind)
+        exact = exact and block is not None
+        length = values // block[0] * block[1] if block is not None else 1
+        end = max(end, start + info.offset + length)
+    if size < end or (exact and size > end + 64):  # the writer pads the last tensor a little
+        return (
+            f"its {len(tensors)} tensors end at byte {end:,} but the file has {size:,} bytes: "
+            "it is incomplete or has extra data (a download or an assembly of parts cut short "
+            "or doubled); fetch or assemble it again"
+        )
+    return None
 
 
 def _unpack(file: BinaryIO, layout: str) -> tuple[Any, ...]:
@@ -245,7 +302,13 @@ def read_checkpoint_shape(
     if path.is_file() and path.suffix == ".gguf":
         try:
             shape = shape_from_gguf(path)
-        except (GGUFFormatError, OSError, KeyError) as error:
+        except (GGUFFormatError, OSError) as error:
+            # a damaged file (cut inside its header, parts out of order): no [model] helps
+            return GGUFUnreadable(
+                f"reference.checkpoint: {path} is not a readable GGUF file ({error}); fetch or "
+                "assemble it again"
+            )
+        except KeyError as error:
             return f"its GGUF metadata cannot be read ({error})"
         return shape or "its GGUF architecture is not one whose shape geospec reads"
     if (path / "config.json").is_file():
@@ -255,6 +318,10 @@ def read_checkpoint_shape(
 
 class HubUnreadable(str):
     """Why a hub checkpoint's config.json cannot be had (a complete line naming the field)."""
+
+
+class GGUFUnreadable(str):
+    """A local GGUF file whose header cannot be read (a complete line naming the field)."""
 
 
 def _hub_shape(checkpoint: str, revision: str) -> CheckpointShape | str:

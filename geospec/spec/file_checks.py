@@ -1,6 +1,7 @@
 """What only the files a spec names can tell, checked before anything is loaded: the pretrained
-checkpoint's positions, FFN layout and vocabulary against the spec, the prune's eval corpora,
-and the memory loading the checkpoint takes on this machine.
+checkpoint's positions, FFN layout and vocabulary against the spec (a GGUF file's size against
+its tensors too), the prune's eval corpora, and the memory loading the checkpoint takes on this
+machine.
 
 Each would otherwise stop a run after the reference is loaded and probed (or end in a traceback
 deep in a forward pass); here each is one line naming the field and the fix. Torch-free:
@@ -14,7 +15,11 @@ import os
 from pathlib import Path
 
 from geospec.hub import spec_path
-from geospec.spec.checkpoint_shape import CheckpointFacts, read_checkpoint_facts
+from geospec.spec.checkpoint_shape import (
+    CheckpointFacts,
+    gguf_data_problem,
+    read_checkpoint_facts,
+)
 from geospec.spec.sections import PretrainedTokenizer, Spec
 
 #: Families whose FFN geospec's cut (geospec.measure.cut) cannot remove neurons from, by
@@ -47,6 +52,9 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
         return problems
     if (extra := _gguf_extra_problem(checkpoint)) is not None:
         problems.append(extra)
+    if (incomplete := _gguf_problem(spec, spec_dir)) is not None:
+        problems.append(incomplete)
+        return problems
     facts = read_checkpoint_facts(checkpoint, spec.reference.revision, spec_dir)
     if facts is None:
         return problems
@@ -62,6 +70,8 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
         problems.append(f"reference.checkpoint: {uses} cannot cut {layout}")
     if (vocabulary := _vocabulary_problem(spec, spec_dir, facts)) is not None:
         problems.append(vocabulary)
+    if (compensation := _compensation_problem(spec, facts)) is not None:
+        problems.append(compensation)
     return problems
 
 
@@ -82,7 +92,45 @@ def _gguf_extra_problem(checkpoint: str) -> str | None:
         return None
     return (
         f"reference.checkpoint: reading {checkpoint} needs {' and '.join(missing)}, which are "
-        "not installed: pip install \"geospec[gguf]\""
+        'not installed: pip install "geospec[gguf]"'
+    )
+
+
+def _gguf_problem(spec: Spec, spec_dir: Path) -> str | None:
+    """A local GGUF checkpoint that cannot hold its own tensors: a truncated file's header reads
+    fine, and its loader would fail later with a traceback."""
+    local = spec_path(spec.reference.checkpoint or "", spec_dir)
+    if spec.reference.revision is not None or not (local.is_file() and local.suffix == ".gguf"):
+        return None
+    problem = gguf_data_problem(local)
+    return None if problem is None else f"reference.checkpoint: {local}: {problem}"
+
+
+#: Families (config.json model_type, GGUF architecture) whose transformers MLP has no bias
+#: option: their projections are built without one whatever the config says, so a compensated
+#: cut's down-projection bias cannot be exported as their checkpoint (what
+#: geospec.prune.apply.compensated_export_problem finds on the loaded model).
+NO_MLP_BIAS = ("mistral", "qwen2", "gemma", "gemma2", "gemma3", "gemma3_text")
+
+
+def _compensation_problem(spec: Spec, facts: CheckpointFacts) -> str | None:
+    """A prune whose compensated arms export their models, of a family that cannot hold the
+    compensation: said here rather than after the checkpoint is loaded."""
+    prune = spec.prune
+    if prune is None or facts.family not in NO_MLP_BIAS:
+        return None
+    arms = [
+        arm.name
+        for arm in prune.arms
+        if prune.compensates(arm) and any(prune.exports(keep, arm.name) for keep in prune.fractions)
+    ]
+    if not arms:
+        return None
+    return (
+        f'prune.compensate: "mean" on {", ".join(arms)}, whose models are exported, but '
+        f"transformers' {facts.family} MLP has no bias to carry the compensation "
+        f"({facts.described}); set prune.export = false, export only uncompensated arms' units, "
+        'or set compensate = "none"'
     )
 
 

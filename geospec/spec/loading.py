@@ -178,7 +178,12 @@ def fill_model_from_checkpoint(data: dict[str, Any], spec_dir: Path) -> tuple[li
     leaves out). The problems: in a probe-only or pruning spec, each value the spec gives that
     contradicts the checkpoint; or why the shape could not be read when ``[model]`` needed it,
     which the flag (True) says, so that its missing keys are not listed again."""
-    from geospec.spec.checkpoint_shape import HubUnreadable, fill_model, read_checkpoint_shape
+    from geospec.spec.checkpoint_shape import (
+        GGUFUnreadable,
+        HubUnreadable,
+        fill_model,
+        read_checkpoint_shape,
+    )
 
     reference = _table(data, "reference")
     checkpoint = reference.get("checkpoint")
@@ -193,6 +198,8 @@ def fill_model_from_checkpoint(data: dict[str, Any], spec_dir: Path) -> tuple[li
         if isinstance(model, dict) and "n_layers" not in model:
             if isinstance(found, HubUnreadable):  # already a line naming reference.revision
                 return [f"{found}; [model] is read from it"], True
+            if isinstance(found, GGUFUnreadable):  # a damaged file: [model] would not help
+                return [str(found)], True
             why = f"model: the checkpoint's shape cannot be read ({found})"
             return [f"{why}; give [model] in full (docs/pretrained.md)"], True
         return [], False
