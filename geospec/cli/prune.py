@@ -54,6 +54,14 @@ from geospec.spec.sections import PruneSpec, Spec
     help="With --export: a new directory for the model, with the checkpoint's tokenizer.",
 )
 @click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["hf", "gguf"]),
+    default="hf",
+    show_default=True,
+    help="With --export: hf, a transformers directory; gguf, a llama.cpp file at the true widths.",
+)
+@click.option(
     "--padded",
     is_flag=True,
     help="With --export: every FFN zero-padded to the widest layer, so that plain "
@@ -70,6 +78,7 @@ def prune(
     export_unit: str | None,
     seed: int | None,
     to: Path | None,
+    fmt: str,
     padded: bool,
 ) -> None:
     """Prune SPEC's pretrained reference.checkpoint to each [prune] keep fraction with every
@@ -85,7 +94,9 @@ def prune(
     With --export ARM@KEEP --to DIR, also one pruned model as a directory that
     geospec.load_pruned reads (the checkpoint's tokenizer beside it), the units' other work
     reused: `geospec prune SPEC --export flap@0.5 --to flap-half`; with --padded, one that
-    plain AutoModelForCausalLM.from_pretrained reads.
+    plain AutoModelForCausalLM.from_pretrained reads; with --format gguf, a GGUF file.
+    --export best@KEEP exports the arm [prune] select recommends at KEEP (chosen without eval
+    text: docs/prune.md, "What to ship").
 
     With --arms A,B and/or --keep F,G, only those units (every calibration seed's): each is
     recorded as it finishes, and a later `geospec prune SPEC` reuses them and computes the rest
@@ -97,16 +108,32 @@ def prune(
     from geospec.report.prune import prune_markdown, with_unit_scores
 
     if (export_unit is None) != (to is None) or (
-        (seed is not None or padded) and export_unit is None
+        (seed is not None or padded or fmt != "hf") and export_unit is None
     ):
         raise UsageError(
-            "--export ARM@KEEP and --to DIR go together (and --seed and --padded with them): "
-            "geospec prune SPEC --export flap@0.5 --to flap-half"
+            "--export ARM@KEEP and --to DIR go together (and --seed, --format and --padded with "
+            "them): geospec prune SPEC --export flap@0.5 --to flap-half"
         )
+    if padded and fmt == "gguf":
+        raise UsageError("--padded is for --format hf; a GGUF file holds the true widths")
     if to is not None:
-        check_new_directory(to, f"--to {to}")
+        if fmt == "hf":
+            check_new_directory(to, f"--to {to}")
+        else:
+            _check_new_file(to)
     choice = Choice(_listed("--arms", arms, str), _listed("--keep", keep_fractions, float))
     wanted: list[tuple[float, str, int]] = []
+    best = export_unit is not None and export_unit.partition("@")[0] == BEST
+    if best:  # the recommendation needs every unit: the prune first, then its chosen arm
+        assert export_unit is not None
+        keep = _best_keep(spec_path, export_unit, choice)
+        done = run_until(
+            _last_stage, spec_path, overrides, from_stage, out, adapt=_has_prune(spec_path)
+        )
+        if done is None:
+            return
+        export_unit = f"{_recommended(done[1], keep)}@{keep:g}"
+        from_stage = None  # the prune just ran: its units are reused, the chosen one exported
     adapt = _has_prune(spec_path, export_unit, seed, wanted, choice)
     done = run_until(
         _last_stage, spec_path, overrides, from_stage, out, adapt=adapt,
@@ -131,7 +158,63 @@ def prune(
 
         keep, arm, chosen = wanted[0]
         unit = prune_unit_dir(run_dir, keep, arm, chosen)
-        click.echo(export_padded(unit, to) if padded else export_with_tokenizer(unit, to))
+        if fmt == "gguf":
+            from geospec.prune.exports import export_prune_unit
+
+            click.echo(export_prune_unit(unit, to, "gguf"))
+        else:
+            click.echo(export_padded(unit, to) if padded else export_with_tokenizer(unit, to))
+
+
+#: ``--export best@KEEP``: the arm prune.select recommends at KEEP.
+BEST = "best"
+
+
+def _best_keep(spec_path: Path, export: str, choice: Choice) -> float:
+    """The keep fraction of ``--export best@KEEP``, checked against the spec before anything runs
+    (one line, exit 2): the spec recommends (prune.select), KEEP is one of prune.keep, and no
+    --arms/--keep leaves a unit out (the recommendation compares every arm)."""
+    from geospec.spec.loading import load_spec
+
+    spec = load_spec(spec_path)
+    text = export.partition("@")[2]
+    try:
+        keep = float(text)
+    except ValueError:
+        keep = math.nan
+    if spec.prune is None:
+        raise UsageError(f"{spec_path}: no [prune] section; add one (docs/prune.md)")
+    if spec.prune.select is None:
+        raise UsageError(
+            f"--export {export}: {spec_path} recommends no arm; add [prune] select = "
+            '{ windows = 8 } (docs/prune.md, "What to ship"), or name the arm (ARM@KEEP)'
+        )
+    if keep not in spec.prune.fractions:
+        raise UsageError(
+            f"--export {export}: the keep fraction after @ must be one of prune.keep "
+            + ", ".join(f"{k:g}" for k in spec.prune.fractions)
+        )
+    if choice.arms is not None or choice.keep is not None:
+        raise UsageError(f"--export {export}: the recommendation compares every unit; drop "
+                         "--arms and --keep")  # fmt: skip
+    return keep
+
+
+def _recommended(run_dir: Path, keep: float) -> str:
+    """The arm prune.json recommends at ``keep``."""
+    from geospec.records import read_prune
+
+    record = read_prune(run_dir)
+    budgets = [] if record is None else [b for b in record["budgets"] if b["keep"] == keep]
+    if not budgets or "recommended" not in budgets[0]:
+        raise UsageError(f"{run_dir}: prune.json holds no recommendation at keep {keep:g}")
+    arm: str = budgets[0]["recommended"]["arm"]
+    return arm
+
+
+def _check_new_file(path: Path) -> None:
+    if path.exists():
+        raise UsageError(f"--to {path}: exists; give a new file (nothing is overwritten)")
 
 
 def _last_stage(spec: Spec) -> str:

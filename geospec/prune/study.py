@@ -150,11 +150,13 @@ def prune_units(
     say: Callable[[str], None],
     heal: Healer | None,
     left_out: Collection[Unit] = (),
+    selection: Sequence[Any] | None = None,
 ) -> dict[str, Any] | None:
     """Compute (or reuse) every unit but those ``left_out`` (``geospec prune --arms/--keep``),
     writing each unit's record as it finishes, and return ``prune.json``'s content
     (:func:`geospec.prune.units.gather`); None when units were left out, since it gathers every
-    unit."""
+    unit. With ``selection`` (``prune.select``'s windows, :mod:`geospec.prune.select`), every
+    unit's loss on them too, and per budget the recommended arm."""
     import torch
 
     from geospec.engine.progress import stage_progress
@@ -224,6 +226,7 @@ def prune_units(
     )
     with torch.no_grad():
         reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
+        reference_select = None if selection is None else eval_loss(model, selection)
     units = [unit for unit in units_of(prune) if unit not in left_out]
     # the arms those units are or read (a search of an arm left out is not run for nothing)
     wanted, unread = set(), [unit.arm for unit in units]
@@ -305,6 +308,7 @@ def prune_units(
                 widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
                 inputs, heal, work.means if prune.compensates(arm) else None,
                 calibration=work.batches if arm.sweep is not None else None, export=export,
+                selection=selection,
             )  # fmt: skip
             result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
             if unit.arm in evolves:  # the search's path to its widths
@@ -318,6 +322,8 @@ def prune_units(
     if left_out:
         return None
     record = gather(prune, dims, reference, results, width, len(sites))
+    if reference_select is not None:
+        record["select_reference"] = reference_select
     for budget in record["budgets"]:
         for sweep, found in budget.get("sweeps", {}).items():
             loss = found["calibration_loss"][found["best"]]
@@ -384,6 +390,7 @@ def pruned_unit(
     *,
     calibration: Sequence[Batch] | None = None,
     export: bool = False,
+    selection: Sequence[Batch] | None = None,
 ) -> dict[str, Any]:
     """One pruned model (with ``compensation``, each layer's calibration means in place of its
     cut neurons): its losses, FFN parameters, (with export) checkpoint (the healed model's,
@@ -399,6 +406,7 @@ def pruned_unit(
         windows = {name: window_losses(model, batches) for name, batches in corpora.items()}
         losses = {name: sum(values) / len(values) for name, values in windows.items()}
         own = None if calibration is None else eval_loss(model, calibration)
+        chosen_on = None if selection is None else window_losses(model, selection)
         params = ffn_parameters(sites)
         if export and heal is None:
             export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR, key, inputs.export_dtype)
@@ -411,6 +419,8 @@ def pruned_unit(
     }  # fmt: skip
     if own is not None:
         result["calibration_loss"] = own
+    if chosen_on is not None:  # what the recommendation reads (prune.select)
+        result["select_loss"] = chosen_on
     if imported is not None and heal is not None:
         # healing trains in its own precision (train.precision), not the prune's compute dtype
         with torch.autocast(next(model.parameters()).device.type, enabled=False):

@@ -178,6 +178,10 @@ def gather(
                 arms[arm.name]["calibration_loss"] = {
                     str(seed): unit["calibration_loss"] for seed, unit in units.items()
                 }
+            if prune.select is not None:  # the recommendation's windows (prune.select)
+                arms[arm.name]["select_loss"] = {
+                    str(seed): unit["select_loss"] for seed, unit in units.items()
+                }
             if all("search" in unit for unit in units.values()):  # a search's path (evolve)
                 arms[arm.name]["search"] = {
                     str(seed): {
@@ -200,6 +204,10 @@ def gather(
         }
         if prune.sweeps:
             budget["sweeps"] = best_settings(prune.sweeps, arms)
+        if prune.select is not None:
+            from geospec.prune.select import recommend
+
+            budget["recommended"] = recommend(arms, prune.select.windows)
         budgets.append(budget)
     return {
         "keep": prune.fractions,

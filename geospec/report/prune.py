@@ -216,6 +216,41 @@ def params_problem(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> str |
     return None
 
 
+def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
+    """The report's "What to ship" lines (markdown), or none where nothing was recommended."""
+    budgets = [budget for budget in prune["budgets"] if "recommended" in budget]
+    if not budgets:
+        return []
+    first = budgets[0]["recommended"]
+    lines = [
+        "## What to ship",
+        "",
+        f"Per keep fraction, the arm with the lowest mean loss on the last {first['windows']} "
+        f"windows of the calibration corpus's validation split (prune.select), over "
+        f"{first['seeds']} calibration seed(s): windows no width-setting stage reads and no eval "
+        "window overlaps, so no eval text chose it. The perplexities are the eval's, shown, "
+        "not used; the margin is the paired difference from the next arm on the selection "
+        "windows, with its 95% bootstrap interval over seeds x windows.",
+        "",
+    ]
+    for budget in budgets:
+        chosen = budget["recommended"]
+        arm = budget["arms"][chosen["arm"]]
+        perplexity = ", ".join(
+            f"{corpus} {math.exp(sum(float(v) for v in losses.values()) / len(losses)):.2f}"
+            for corpus, losses in arm["loss"].items()
+        )
+        params = sorted(set(arm["ffn_params"].values()))
+        low, high = chosen["margin_ci"]
+        lines.append(
+            f"- keep {budget['keep']:g}: **{chosen['arm']}**, {chosen['margin']:.4f} nats "
+            f"[{low:+.4f}, {high:+.4f}] below {chosen['next']} on the selection windows; "
+            f"perplexity {perplexity}; {params[0]:,} FFN parameters; "
+            f"`geospec prune SPEC --export best@{budget['keep']:g} --to DIR`"
+        )
+    return [*lines, ""]
+
+
 def computed_in(prune: Mapping[str, Any]) -> str:
     """What the prune's forward passes computed in (prune.json's ``compute_dtype``; a record
     without one is from before it existed, computed in float32)."""
@@ -241,6 +276,7 @@ def prune_markdown(
     seeds = len(prune["seeds"])
     calibration = ", ".join(map(str, prune["seeds"]))
     lines = [
+        *what_to_ship(prune),
         "## Pruning the reference",
         "",
         f"The reference ({prune['layers']} layers of {prune['width']} FFN neurons) keeps a share "

@@ -283,6 +283,23 @@ def cross_check(spec: Spec) -> list[tuple[str, str]]:
                 "(probe.calibration_split, prune.calibration); use less than 1.0",
             )
         )
+    selects = spec.prune is not None and spec.prune.select is not None
+    if selects and spec.prune is not None and len(spec.prune.arms) < 2:
+        problems.append(
+            (
+                "prune.select",
+                f"a recommendation chooses among arms, and there is one "
+                f"({spec.prune.arms[0].name}); add another arm or remove select",
+            )
+        )
+    if selects and spec.probe.calibration_split != "train":
+        problems.append(
+            (
+                "prune.select",
+                "chooses on [data]'s validation split, which the probe, diagnose and demand "
+                'read here (probe.calibration_split = "val"); set it to "train"',
+            )
+        )
     if spec.eval is not None:
         problems += [("eval", message) for message in eval_problems(spec)]
     if len(spec.arms) > 1 and spec.report.baseline not in seen:

@@ -536,6 +536,16 @@ class PruneEval(Section):
     """Windows per forward pass."""
 
 
+class PruneSelect(Section):
+    """Which arm to ship, chosen without eval text (docs/prune.md, "What to ship")."""
+
+    windows: int = Field(8, ge=1, le=1_000_000)
+    """The last windows of model.seq_len tokens of [data]'s validation split: what no
+    width-setting stage reads (they read the training split) and no eval window overlaps (the
+    eval reads each corpus's first windows). Per keep fraction the arm with the lowest mean loss
+    on them, over every calibration seed, is recommended."""
+
+
 class PruneArmSpec(ArmSpec):
     """One allocation of a prune: a schedule, and optionally its own importance score and bias
     compensation instead of the prune's (FLAP as its paper runs it: `importance = { kind =
@@ -667,6 +677,10 @@ class PruneSpec(Section):
     mean activation over the calibration sample, collected whatever the importance), so a
     removed neuron contributes its calibration mean instead of zero; "none" cuts only
     (docs/prune.md)."""
+    select: Annotated[PruneSelect | None, ADDED_LATER] = None
+    """Recommend one arm per keep fraction, the one to ship, by its loss on held-out windows of
+    the calibration corpus that nothing else reads (`{ windows = 8 }`; docs/prune.md, "What to
+    ship"); `geospec prune --export best@KEEP` exports it. Omitted: no recommendation."""
     compute_dtype: Annotated[ComputeDtype, ADDED_LATER] = "float32"
     """The precision of every forward pass of the prune: calibration, scores, searches and each
     pruned model's held-out loss: "float32" (the default: exact, what the committed results were

@@ -148,6 +148,7 @@ class PruneStage:
         from geospec.pipeline.stages.reference import load_reference
         from geospec.prune.corpora import eval_batches
         from geospec.prune.heal import check_healable
+        from geospec.prune.select import select_batches
         from geospec.prune.study import PruneInputs, prune_units
 
         prune = self.prune
@@ -162,6 +163,11 @@ class PruneStage:
         check_healable(model, prune.heal)
         device = next(model.parameters()).device
         corpora = eval_batches(prune.eval, self.data, self.model.seq_len, run.token_data, device)
+        selection = (
+            select_batches(prune, self.data, self.model.seq_len, run.token_data, device)
+            if prune.select is not None
+            else None
+        )
         data = run.token_data(self.data)
         redraw = (
             redrawn_profiles(run, model, d_model, set(profiles), self.redraw)
@@ -184,6 +190,7 @@ class PruneStage:
                 console=run.console, say=run.say,
                 heal=heal,
                 left_out=left_out,
+                selection=selection,
             )  # fmt: skip
         if record is None:
             return self.unfinished(run, left_out)

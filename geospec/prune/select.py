@@ -1,0 +1,102 @@
+"""What to ship: per keep fraction, the arm with the lowest loss on held-out windows of the
+calibration corpus (``prune.select``; docs/prune.md, "What to ship"), chosen without eval text.
+
+The selection windows are the last ``prune.select.windows`` windows of [data]'s validation split.
+Every width-setting stage of a prune reads the training split (the probe's, diagnose's and
+demand's ``calibration_split`` is "train" wherever ``select`` is set: a spec check), and the eval
+reads each corpus's first windows, so these windows decide nothing else and no eval window is
+among them; where [data]'s corpus is also an eval corpus the two sets of windows are checked
+apart. Changing the eval corpora changes no recommendation (tested). Torch-free but for
+:func:`select_batches`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from geospec.errors import UsageError
+from geospec.spec.sections import DataSpec, PruneSpec
+
+if TYPE_CHECKING:
+    from geospec.engine.token_data import TokenData
+
+
+def select_batches(
+    prune: PruneSpec,
+    data: DataSpec,
+    seq_len: int,
+    token_data: Callable[[DataSpec], TokenData],
+    device: Any,
+) -> list[Any]:
+    """The selection windows in batches on ``device`` (one line, exit 2, where [data]'s
+    validation split cannot hold them apart from the eval's first windows)."""
+    from geospec.measure.sensitivity import loss_batches, scored_text
+    from geospec.prune.corpora import eval_data
+
+    assert prune.select is not None
+    found = token_data(data)
+    tokens = scored_text(found.val, found.eot_id if data.end_of_text else None)
+    windows = prune.select.windows
+    # an eval corpus that is [data]'s own text reads the first windows of these same tokens
+    shared = [
+        corpus
+        for corpus in prune.eval.corpora
+        if _same_text(token_data, eval_data(data, corpus), found)
+    ]
+    before = prune.eval.windows if shared else 0
+    needed = (before + windows) * seq_len + 1
+    if len(tokens) < needed:
+        apart = f" after the {before} eval windows of {shared[0]!r}" if shared else ""
+        raise UsageError(
+            f"prune.select.windows: [data]'s validation split has {len(tokens)} tokens; "
+            f"{windows} selection windows of {seq_len}{apart} need {needed}; lower "
+            "prune.select.windows (or prune.eval.windows) or use a longer corpus"
+        )
+    tail = tokens[len(tokens) - (windows * seq_len + 1) :]
+    return loss_batches(tail, seq_len, windows, prune.calibration.batch_size, device, found.bos_id)
+
+
+def _same_text(
+    token_data: Callable[[DataSpec], TokenData], other: DataSpec, found: TokenData
+) -> bool:
+    import numpy as np
+
+    try:
+        tokens = token_data(other).val
+    except UsageError:  # an eval corpus that cannot be read is said where the eval reads it
+        return False
+    return len(tokens) == len(found.val) and bool(np.array_equal(tokens, found.val))
+
+
+def recommend(arms: Mapping[str, Mapping[str, Any]], windows: int) -> dict[str, Any]:
+    """The recommended arm of one budget from its arms' ``select_loss`` (per calibration seed,
+    each selection window's loss): the lowest mean over seeds and windows (equal means, as of two
+    arms with the same widths: the first name), with its margin over the next arm (the paired difference over seeds x windows, its 95% bootstrap interval) and
+    every arm's mean."""
+    from geospec.stats import crossed_bootstrap
+
+    means = {
+        name: _mean([v for values in arm["select_loss"].values() for v in values])
+        for name, arm in arms.items()
+    }
+    ranked = sorted(means, key=lambda name: (means[name], name))
+    best, runner_up = ranked[0], ranked[1]
+    ours, theirs = arms[best]["select_loss"], arms[runner_up]["select_loss"]
+    table = [
+        [b - a for a, b in zip(ours[seed], theirs[seed], strict=True)] for seed in sorted(ours)
+    ]
+    margin = crossed_bootstrap(table)
+    return {
+        "arm": best,
+        "next": runner_up,
+        "margin": margin.mean,
+        "margin_ci": list(margin.ci),
+        "windows": windows,
+        "seeds": len(ours),
+        "loss": {name: means[name] for name in ranked},
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)

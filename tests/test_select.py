@@ -1,0 +1,150 @@
+"""What to ship (prune.select): the recommended arm per keep fraction, chosen on held-out
+windows of the calibration corpus that no width-setting stage and no eval reads; its export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+from test_prune import invoke, prune_spec
+
+import geospec
+from geospec.cli import cli
+
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
+
+WINDOWS = 4
+SEQ_LEN = 16
+
+
+def selection_losses(directory: Path, model_dir: Path) -> list[float]:
+    """Plain transformers on an exported model: each of the last WINDOWS windows of docs.jsonl's
+    validation split (geospec's data pipeline gives the tokens), its mean next-token loss."""
+    from geospec.engine.batches import validation_windows, window_tensors
+    from geospec.engine.token_data import prepare_data
+    from geospec.spec.loading import load_spec
+
+    model = geospec.load_pruned(model_dir)
+    spec = load_spec(directory / "spec.toml")
+    data = prepare_data(spec.data, directory / "cache", spec_dir=directory)
+    tokens = data.val[:-1] if int(data.val[-1]) == data.eot_id else data.val
+    tail = tokens[len(tokens) - (WINDOWS * SEQ_LEN + 1) :]
+    x, y = window_tensors(tail, validation_windows(len(tail), SEQ_LEN, WINDOWS * SEQ_LEN), SEQ_LEN)
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+    per_token = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none")
+    return per_token.view(y.shape).mean(dim=1).tolist()
+
+
+@pytest.fixture(scope="module")
+def selected(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("select")
+    invoke("prune", str(prune_spec(directory, select={"windows": WINDOWS})))
+    return directory
+
+
+def test_the_recommended_arm_has_the_lowest_loss_on_the_selection_windows(
+    selected: Path,
+) -> None:
+    """Every unit's selection losses are plain transformers' losses of its exported model on
+    the last windows of [data]'s validation split, and the recommended arm is the one whose
+    mean over seeds and windows is lowest, its margin the mean gap to the next arm."""
+    record = json.loads((selected / "run" / "prune.json").read_text())
+    for budget in record["budgets"]:
+        means = {}
+        for name, arm in budget["arms"].items():
+            values = [v for losses in arm["select_loss"].values() for v in losses]
+            means[name] = sum(values) / len(values)
+        ranked = sorted(means, key=lambda name: (means[name], name))  # ties: by name
+        chosen = budget["recommended"]
+        assert (chosen["arm"], chosen["next"]) == (ranked[0], ranked[1])
+        assert chosen["margin"] == pytest.approx(means[ranked[1]] - means[ranked[0]], abs=1e-9)
+        low, high = chosen["margin_ci"]
+        assert low <= chosen["margin"] <= high
+    unit = selected / "run" / "prune" / "keep-0.5" / "owl" / "seed-1"
+    owl = record["budgets"][1]["arms"]["owl"]["select_loss"]["1"]
+    assert selection_losses(selected, unit / "model") == pytest.approx(owl, rel=1e-5)
+
+
+def test_changing_the_eval_corpora_changes_no_recommendation(
+    selected: Path, tmp_path: Path
+) -> None:
+    """The same prune scored on another eval corpus only: the same selection losses and the
+    same recommendation, while the eval losses differ."""
+    invoke("prune", str(prune_spec(tmp_path, select={"windows": WINDOWS},
+                                   eval={"corpora": ["other.jsonl"], "windows": 3})))  # fmt: skip
+    first, second = (
+        json.loads((d / "run" / "prune.json").read_text()) for d in (selected, tmp_path)
+    )
+    for a, b in zip(first["budgets"], second["budgets"], strict=True):
+        assert a["recommended"] == b["recommended"]
+        for name, arm in a["arms"].items():
+            assert arm["select_loss"] == b["arms"][name]["select_loss"]
+    assert set(first["reference"]) != set(second["reference"])
+
+
+def test_the_report_starts_with_what_to_ship(selected: Path) -> None:
+    record = json.loads((selected / "run" / "prune.json").read_text())
+    report = (selected / "run" / "prune" / "report.md").read_text()
+    assert report.startswith("## What to ship")
+    for budget in record["budgets"]:
+        arm = budget["recommended"]["arm"]
+        assert f"- keep {budget['keep']:g}: **{arm}**" in report
+        assert f"--export best@{budget['keep']:g}" in report
+
+
+def test_export_best_writes_the_recommended_arms_model(selected: Path, tmp_path: Path) -> None:
+    record = json.loads((selected / "run" / "prune.json").read_text())
+    budget = record["budgets"][1]
+    arm = budget["recommended"]["arm"]
+    out = tmp_path / "best"
+    invoke("prune", str(selected / "spec.toml"), "--export", "best@0.5", "--to", str(out))
+    widths = budget["arms"][arm]["widths"]["0"]
+    assert geospec.load_pruned(out).config.geospec["ffn_widths"] == widths
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--export", "best@0.3", "--to", "x"], "must be one of prune.keep 0.75, 0.5"),
+        (["--export", "best@0.5", "--to", "x", "--arms", "owl"], "drop --arms and --keep"),
+    ],
+)
+def test_a_bad_best_export_is_one_line(
+    selected: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    args = [a if a != "x" else str(tmp_path / "x") for a in args]
+    result = CliRunner().invoke(cli, ["prune", str(selected / "spec.toml"), *args])
+    assert result.exit_code == 2 and message in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+
+
+def test_best_without_select_or_with_one_arm_or_too_short_a_corpus_is_one_line(
+    tmp_path: Path,
+) -> None:
+    plain = prune_spec(tmp_path / "plain") if (tmp_path / "plain").mkdir() is None else None
+    assert plain is not None
+    result = CliRunner().invoke(
+        cli, ["prune", str(plain), "--export", "best@0.5", "--to", str(tmp_path / "x")]
+    )
+    assert result.exit_code == 2 and "add [prune] select" in result.output
+    (tmp_path / "one").mkdir()
+    one = prune_spec(
+        tmp_path / "one", select={"windows": 2},
+        arms=[{"name": "uniform", "schedule": {"kind": "uniform"}}],
+    )  # fmt: skip
+    result = CliRunner().invoke(cli, ["validate", str(one)])
+    assert result.exit_code == 2 and "prune.select" in result.output
+    assert "there is one (uniform)" in result.output
+    (tmp_path / "short").mkdir()
+    short = prune_spec(tmp_path / "short", select={"windows": 1000})
+    result = CliRunner().invoke(cli, ["prune", str(short)])
+    assert result.exit_code == 2  # said before any unit is computed
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert errors == [result.output.strip().splitlines()[-1]]
+    assert errors[0].startswith("error: prune.select.windows: [data]'s validation split has")
+    assert "need 16097" in errors[0] and not (tmp_path / "short" / "run" / "prune").exists()
