@@ -84,7 +84,7 @@ class Probe:
         dtype = compute_dtype(run, self.probe.compute_dtype, self.reference, "probe.compute_dtype")
         key = digest(
             "probe",
-            section(self.probe.model_copy(update={"compute_dtype": "auto"})),
+            section(self.probe.model_copy(update={"compute_dtype": "float32"})),
             upstream.key("reference"),
             data_key(self.data),
             *dtype_key(dtype, self.reference),

@@ -93,7 +93,7 @@ class PruneStage:
             # and the default dtype, what it held before, so those prunes keep their keys)
             section(
                 self.prune.model_copy(
-                    update={"export": False, "export_dtype": "checkpoint", "compute_dtype": "auto"}
+                    update={"export": False, "export_dtype": "checkpoint", "compute_dtype": "float32"}
                 )
             ),
             upstream.key("reference"),
