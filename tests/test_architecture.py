@@ -273,7 +273,8 @@ def test_a_stage_that_reads_an_undeclared_stage_fails() -> None:
 #: (docs/architecture.md, "Packages in layers"). A top-level module counts as a package.
 FLOORS: list[set[str]] = [
     {"version", "errors", "atomic", "disk", "locks", "digests", "layout", "artifacts", "records",
-     "stats", "hub", "hardware", "shapes", "profiles", "rounding", "plugin_base", "kinds", "moved", "data"},
+     "stats", "hub", "hardware", "shapes", "profiles", "rounding", "plugin_base", "kinds", "moved",
+     "data"},
     {"registry", "plugin"},
     {"spec"},
     {"solve"},

@@ -72,8 +72,8 @@ def _same_text(
 def recommend(arms: Mapping[str, Mapping[str, Any]], windows: int) -> dict[str, Any]:
     """The recommended arm of one budget from its arms' ``select_loss`` (per calibration seed,
     each selection window's loss): the lowest mean over seeds and windows (equal means, as of two
-    arms with the same widths: the first name), with its margin over the next arm (the paired difference over seeds x windows, its 95% bootstrap interval) and
-    every arm's mean."""
+    arms with the same widths: the first name), with its margin over the next arm (the paired
+    difference over seeds x windows, its 95% bootstrap interval) and every arm's mean."""
     from geospec.stats import crossed_bootstrap
 
     means = {

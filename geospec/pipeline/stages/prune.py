@@ -93,7 +93,11 @@ class PruneStage:
             # and the default dtype, what it held before, so those prunes keep their keys)
             section(
                 self.prune.model_copy(
-                    update={"export": False, "export_dtype": "checkpoint", "compute_dtype": "float32"}
+                    update={
+                        "export": False,
+                        "export_dtype": "checkpoint",
+                        "compute_dtype": "float32",
+                    }
                 )
             ),
             upstream.key("reference"),
