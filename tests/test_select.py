@@ -112,6 +112,8 @@ def test_export_best_writes_the_recommended_arms_model(selected: Path, tmp_path:
     [
         (["--export", "best@0.3", "--to", "x"], "must be one of prune.keep 0.75, 0.5"),
         (["--export", "best@0.5", "--to", "x", "--arms", "owl"], "drop --arms and --keep"),
+        (["--format", "gguf"], "--export ARM@KEEP and --to DIR go together"),
+        (["--export", "owl@0.5", "--to", "x", "--format", "gguf", "--padded"], "--padded is for"),
     ],
 )
 def test_a_bad_best_export_is_one_line(
