@@ -131,13 +131,16 @@ def gguf_header(path: Path, values: dict[str, int | str | list[str]]) -> None:
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(values)) + body)
 
 
+#: The metadata of a 2-layer Llama GGUF with 128 positions (no tensors: validate reads the header).
+SMALL_LLAMA: dict[str, int | str | list[str]] = {
+    "general.architecture": "llama", "llama.block_count": 2, "llama.embedding_length": 64,
+    "llama.attention.head_count": 4, "llama.feed_forward_length": 256,
+    "llama.vocab_size": 100, "llama.context_length": 128,
+}  # fmt: skip
+
+
 def test_a_gguf_context_length_bounds_the_sequence(tmp_path: Path) -> None:
-    gguf_header(
-        tmp_path / "m.gguf",
-        {"general.architecture": "llama", "llama.block_count": 2, "llama.embedding_length": 64,
-         "llama.attention.head_count": 4, "llama.feed_forward_length": 256,
-         "llama.vocab_size": 100, "llama.context_length": 128},
-    )  # fmt: skip
+    gguf_header(tmp_path / "m.gguf", SMALL_LLAMA)
     path = spec(tmp_path)
     code, output = validate(path, "--set", "reference.checkpoint=m.gguf")
     assert code == (2 if gguf_extra_missing() else 0), output
@@ -154,19 +157,16 @@ def gguf_extra_missing() -> list[str]:
     """The packages of the gguf extra this environment lacks (the core session has none)."""
     import importlib.util
 
-    return [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    from geospec.spec.file_checks import GGUF_EXTRA
+
+    return [name for name in GGUF_EXTRA if importlib.util.find_spec(name) is None]
 
 
 def test_a_gguf_checkpoint_without_the_gguf_extra_names_the_install(tmp_path: Path) -> None:
     """transformers needs gguf (and accelerate) to read a GGUF file: validate names what is
     missing and the install command where they are not installed, and says nothing where they
     are (`nox -s core` runs this without them, `tests` with them)."""
-    gguf_header(
-        tmp_path / "m.gguf",
-        {"general.architecture": "llama", "llama.block_count": 2, "llama.embedding_length": 64,
-         "llama.attention.head_count": 4, "llama.feed_forward_length": 256,
-         "llama.vocab_size": 100, "llama.context_length": 128},
-    )  # fmt: skip
+    gguf_header(tmp_path / "m.gguf", SMALL_LLAMA)
     code, output = validate(spec(tmp_path), "--set", "reference.checkpoint=m.gguf")
     missing = gguf_extra_missing()
     if not missing:

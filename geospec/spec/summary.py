@@ -213,11 +213,7 @@ def compute_row(spec: Spec) -> str | None:
         said.append(
             f"{name} {native} (auto on this CPU)" if requested == "auto" else f"{name} {requested}"
         )
-    note = (
-        "; autocast over float32 weights"
-        if any("bfloat16" in s or "float16" in s for s in said)
-        else ""
-    )
+    note = "; autocast over float32 weights" if any("float16" in s for s in said) else ""
     return ", ".join(said) + note
 
 
