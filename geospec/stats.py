@@ -208,6 +208,24 @@ def smallest_sign_flip_p(n: int) -> float:
     return 2.0 / 2.0**n if n > 0 else 1.0
 
 
+#: The fewest paired seeds a report shows a t interval for: on one degree of freedom (2 seeds) the
+#: interval is set by the normality assumption more than by the data (two near-equal differences
+#: give a hair-thin interval that no test on 2 seeds could back).
+MIN_INTERVAL_SEEDS = 3
+
+
+def shows_interval(n: int) -> bool:
+    """Whether a report prints the t interval of ``n`` paired seeds (:data:`MIN_INTERVAL_SEEDS`)."""
+    return n >= MIN_INTERVAL_SEEDS
+
+
+def shows_sign_flip(n: int, alpha: float) -> bool:
+    """Whether a report prints the sign-flip p of ``n`` paired seeds: only where the test can reach
+    ``alpha`` at all (a p of 1 from one seed reads as evidence of no difference, which one seed
+    cannot give either)."""
+    return smallest_sign_flip_p(n) <= alpha + 1e-12
+
+
 def seeds_to_reach(alpha: float) -> int:
     """The fewest paired seeds with which the sign-flip test can reach p <= ``alpha`` at all."""
     return max(1, math.ceil(math.log2(2.0 / alpha) - 1e-12))

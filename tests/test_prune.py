@@ -1270,3 +1270,35 @@ def test_a_bad_unit_choice_is_one_line(tmp_path: Path, args: list[str], message:
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert message in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "run" / "prune").exists()
+
+
+def _with_seeds(record: dict[str, Any], seeds: list[str]) -> dict[str, Any]:
+    """prune.json as if the prune had run only ``seeds``."""
+    kept = json.loads(json.dumps(record))
+    kept["seeds"] = [int(s) for s in seeds]
+    for budget in kept["budgets"]:
+        for arm in budget["arms"].values():
+            for field in ("loss", "window_loss"):
+                for corpus, values in arm[field].items():
+                    arm[field][corpus] = {s: v for s, v in values.items() if s in seeds}
+    return kept
+
+
+@pytest.mark.parametrize("seeds", [["0"], ["0", "1"], ["0", "1", "2"]])
+def test_the_prune_table_prints_no_figure_its_seeds_cannot_back(
+    pruned_run: Path, seeds: list[str]
+) -> None:
+    """The sign-flip p is printed only where the seeds can reach p <= 0.05 (6 of them: 2/2^n),
+    the t interval from 3 seeds; the bootstrap over seeds x windows always, and with one seed
+    the report says it resamples windows only."""
+    from geospec.report.prune import budget_rows, prune_markdown
+
+    record = _with_seeds(json.loads((pruned_run / "run" / "prune.json").read_text()), seeds)
+    budget = record["budgets"][1]
+    row = next(row for row in budget_rows(record, budget) if row[0] == "flap")
+    assert row[8] == "-"  # 2/2^3 = 0.25 > 0.05: no seed count here can back a p
+    assert (row[6] == "-") == (len(seeds) < 3)
+    assert row[9].startswith("[") and row[10] != "-"
+    text = prune_markdown(record)
+    assert f"With {len(seeds)} calibration seed" in text
+    assert ("resample the eval windows only" in text) == (len(seeds) == 1)

@@ -306,7 +306,10 @@ def test_exact_test_notes_name_every_number_of_seeds_that_cannot_reach_the_level
         "two": {"vs_uniform": {"n": 2, "p_min": 0.5}, "vs_source": None},
         "uniform": {"vs_uniform": None, "vs_source": None},
     }
-    tail = "can reach p ≤ 0.05; that takes at least 6 paired seeds."
+    tail = (
+        "can reach p ≤ 0.05; that takes at least 6 paired seeds; the tables leave its p cells "
+        "empty."
+    )
     assert exact_test_notes(arms, 0.05) == [
         f"With 1 paired seed the exact sign-flip test cannot give a p-value below 1 (2/2^1), so "
         f"no comparison on 1 seed {tail}",
@@ -620,3 +623,26 @@ def test_runs_computed_under_different_settings_get_a_note_naming_them(tmp_path:
     )
     notes = [n for n in write_report(run_dir, plots=False)["notes"] if "settings" in n]
     assert len(notes) == 1 and "under 2 settings" in notes[0] and "uniform seed 0" not in notes[0]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 6])
+def test_a_comparison_row_prints_only_what_its_seeds_can_back(n: int) -> None:
+    """Two seeds whose differences nearly agree give a t interval on 1 degree of freedom that
+    reads as precise, and no sign-flip p below 0.5: neither is printed; the interval comes
+    from 3 seeds, the p-values from 6 (2/2^6 <= 0.05)."""
+    from geospec.report.markdown import comparison_cells
+    from geospec.report.results import interval_notes
+
+    arm = {s: 4.0 - 0.15 - 0.001 * s for s in range(n)}
+    baseline = dict.fromkeys(range(n), 4.0)
+    vs = comparison(arm, baseline, 0.95, {"bootstrap": 0})
+    assert vs is not None
+    vs["p_holm"] = vs["p_exact"]
+    mean, ci, wins, p, holm_p = comparison_cells(vs, 0.05)
+    assert wins == f"{n}/{n}" and float(mean) < 0
+    assert (ci == "-") == (n < 3)
+    assert (p == "-") == (holm_p == "-") == (n < 6)
+    if n == 6:
+        assert float(p) == pytest.approx(2 / 2**6, rel=0.01)  # printed to 3 digits
+    notes = interval_notes({"a": {"vs_uniform": vs, "vs_source": None}})
+    assert len(notes) == (1 if n < 3 else 0)

@@ -27,8 +27,12 @@ def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def comparison_cells(vs: dict[str, Any] | None) -> list[str]:
-    """Δ, CI (and bootstrap CI), wins, exact p and Holm-adjusted p of one paired comparison."""
+def comparison_cells(vs: dict[str, Any] | None, alpha: float = 0.05) -> list[str]:
+    """Δ, CI (and bootstrap CI), wins, exact p and Holm-adjusted p of one paired comparison; the
+    interval only from :data:`~geospec.stats.MIN_INTERVAL_SEEDS` seeds and the p-values only
+    where the sign-flip test can reach ``alpha`` (the report's notes say why a cell is empty)."""
+    from geospec.stats import shows_interval, shows_sign_flip
+
     if vs is None:
         return ["-"] * 5
     low, high = vs["ci95"]
@@ -36,14 +40,17 @@ def comparison_cells(vs: dict[str, Any] | None) -> list[str]:
     if vs["bootstrap_ci95"]:
         b_low, b_high = vs["bootstrap_ci95"]
         ci_text += f" (bootstrap [{_fmt(b_low, signed=True)}, {_fmt(b_high, signed=True)}])"
+    if not shows_interval(vs["n"]):
+        ci_text = "-"
     wins = f"{vs['improved']}/{vs['n']}"
+    testable = shows_sign_flip(vs["n"], alpha)
     # results.json written before the exact test existed has no p-values
     return [
         _fmt(vs["mean"], signed=True),
         ci_text,
         wins,
-        _p(vs.get("p_exact")),
-        _p(vs.get("p_holm")),
+        _p(vs.get("p_exact")) if testable else "-",
+        _p(vs.get("p_holm")) if testable else "-",
     ]
 
 
@@ -56,7 +63,7 @@ def table_rows(results: dict[str, Any]) -> list[list[str]]:
         n_seeds = len(loss["seeds"])
         loss_text = f"{_fmt(loss['mean'])} ± {_fmt(loss['sd'])}" if n_seeds else "(not trained)"
         params = f"{arm['params']:,}" if arm["params"] is not None else "-"
-        cells = comparison_cells(arm["vs_uniform"])
+        cells = comparison_cells(arm["vs_uniform"], 1 - results.get("confidence", 0.95))
         rows.append([name, params, loss_text, str(n_seeds), *cells])
     return rows
 
@@ -118,6 +125,9 @@ def eval_rows(results: dict[str, Any]) -> list[list[str]]:
     evaluation = results.get("eval")
     if not evaluation:
         return []
+    from geospec.stats import shows_interval, shows_sign_flip
+
+    alpha = 1 - results.get("confidence", 0.95)
     rows = []
     for label in evaluation["metrics"]:
         for name, arm in results["arms"].items():
@@ -133,8 +143,11 @@ def eval_rows(results: dict[str, Any]) -> list[list[str]]:
             else:
                 ci = f"[{_g(vs['ci95'][0], True)}, {_g(vs['ci95'][1], True)}]"
                 better = "-" if vs["improved"] is None else str(vs["improved"])
-                cells = [_g(vs["mean"], True), ci, f"{better}/{vs['n']}"]
-                cells += [_p(vs["p_exact"]), _p(vs["p_holm"])]
+                testable = shows_sign_flip(vs["n"], alpha)
+                cells = [_g(vs["mean"], True), ci if shows_interval(vs["n"]) else "-"]
+                cells += [f"{better}/{vs['n']}"]
+                cells += [_p(vs["p_exact"]) if testable else "-"]
+                cells += [_p(vs["p_holm"]) if testable else "-"]
             rows.append([label + arrow, name, score, str(n_seeds), *cells])
     return rows
 
@@ -142,8 +155,9 @@ def eval_rows(results: dict[str, Any]) -> list[list[str]]:
 def source_rows(results: dict[str, Any]) -> list[list[str]]:
     """One row per arm derived from another (``fitted``, ``sorted``): the paired comparison
     ``arm - source``."""
+    alpha = 1 - results.get("confidence", 0.95)
     return [
-        [name, arm["vs_source"]["arm"], *comparison_cells(arm["vs_source"])]
+        [name, arm["vs_source"]["arm"], *comparison_cells(arm["vs_source"], alpha)]
         for name, arm in results["arms"].items()
         if arm.get("vs_source")
     ]
@@ -151,8 +165,9 @@ def source_rows(results: dict[str, Any]) -> list[list[str]]:
 
 def chosen_rows(results: dict[str, Any]) -> list[list[str]]:
     """One row per pair of report.compare: the paired comparison ``arm - against``."""
+    alpha = 1 - results.get("confidence", 0.95)
     return [
-        [pair["arm"], pair["against"], *comparison_cells(pair["difference"])]
+        [pair["arm"], pair["against"], *comparison_cells(pair["difference"], alpha)]
         for pair in results.get("comparisons", [])
     ]
 

@@ -14,6 +14,9 @@ from typing import Any
 from geospec.report.diagnostics import number
 from geospec.stats import holm
 
+#: The level the prune's tables are read at (its intervals are 95%).
+ALPHA = 0.05
+
 
 def budget_rows(
     prune: Mapping[str, Any],
@@ -64,12 +67,21 @@ def _difference(
     """The cells of one comparison (the mean paired difference, its t interval over seeds, the
     seeds it is better on, the sign-flip p, the interval over seeds and windows) and the
     bootstrap's p (None without window losses)."""
-    from geospec.stats import crossed_bootstrap, paired_difference, sign_flip_p
+    from geospec.stats import (
+        crossed_bootstrap,
+        paired_difference,
+        shows_interval,
+        shows_sign_flip,
+        sign_flip_p,
+    )
 
     ours, theirs = values_by(arm[field][corpus]), values_by(against[field][corpus])
     diff = paired_difference(ours, theirs)
     flip = sign_flip_p([ours[s] - theirs[s] for s in diff.seeds])
-    ci = "-" if math.isnan(diff.ci[0]) else f"[{diff.ci[0]:+.4f}, {diff.ci[1]:+.4f}]"
+    if not shows_sign_flip(diff.n, ALPHA):
+        flip = None  # the test cannot reach the level: a p of 1 is no evidence either way
+    shown = shows_interval(diff.n) and not math.isnan(diff.ci[0])
+    ci = f"[{diff.ci[0]:+.4f}, {diff.ci[1]:+.4f}]" if shown else "-"
     crossed, p = "-", None
     windows = "window_loss" if field == "loss" else None
     if windows and windows in arm and windows in against and diff.seeds:
@@ -251,6 +263,30 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _seed_notes(seeds: int) -> list[str]:
+    """What the table's columns cannot say with this many calibration seeds (empty cells rather
+    than figures that read as evidence the design cannot give)."""
+    from geospec.stats import MIN_INTERVAL_SEEDS, seeds_to_reach, smallest_sign_flip_p
+
+    notes = []
+    if smallest_sign_flip_p(seeds) > ALPHA:
+        notes.append(
+            f"With {seeds} calibration seed{'s' if seeds > 1 else ''} the sign-flip test over "
+            f"seeds cannot give a p below {smallest_sign_flip_p(seeds):.3g} (2/2^{seeds}), so its "
+            f"cells are empty (it takes {seeds_to_reach(ALPHA)} seeds to reach p ≤ {ALPHA})"
+            + (f", and so are the t intervals (they take {MIN_INTERVAL_SEEDS} seeds)"
+               if seeds < MIN_INTERVAL_SEEDS else "")
+            + "."
+        )  # fmt: skip
+    if seeds == 1:
+        notes.append(
+            "With one calibration seed the bootstrap interval and its Holm p resample the eval "
+            "windows only: they say how sure the difference is on this text for this one "
+            "calibration sample, not how it would move with another sample."
+        )
+    return [*notes, ""] if notes else []
+
+
 def computed_in(prune: Mapping[str, Any]) -> str:
     """What the prune's forward passes computed in (prune.json's ``compute_dtype``; a record
     without one is from before it existed, computed in float32)."""
@@ -289,6 +325,7 @@ def prune_markdown(
         "windows (crossed: every seed is scored on the same windows), its p Holm-adjusted "
         "across the rows of the table.",
         "",
+        *_seed_notes(seeds),
         "Unpruned reference: "
         + ", ".join(f"{c} {math.exp(v):.2f}" for c, v in prune["reference"].items())
         + " (perplexity).",

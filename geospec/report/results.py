@@ -52,12 +52,14 @@ from geospec.report.evaluation import eval_results
 from geospec.shapes.model_size import Shape, count_params, total_ffn_params
 from geospec.solve.widths import bounds_problems
 from geospec.stats import (
+    MIN_INTERVAL_SEEDS,
     MIN_RELIABILITY,
     comparison,
     finite,
     holm,
     seeds_to_reach,
     shown_against,
+    shows_interval,
     smallest_sign_flip_p,
     split_half_reliability,
     standard_errors,
@@ -213,6 +215,7 @@ def build_results(run_dir: Path) -> dict[str, Any]:
         # a spec that trains nothing has no runs to wait for
         "notes": ([] if probe_only else unfinished_notes(arms, resolved["seeds"]))
         + exact_test_notes(arms, 1 - confidence)
+        + interval_notes(arms)
         + holm_floor_notes(families, 1 - confidence)
         + reliability_notes(reliability, {name: r[1] for name, r in reads.items()})
         + execution_notes(runs),
@@ -327,9 +330,31 @@ def exact_test_notes(arms: dict[str, Any], alpha: float) -> list[str]:
         f"With {n} paired seed{'s' if n > 1 else ''} the exact sign-flip test cannot give a "
         f"p-value below {smallest_sign_flip_p(n):.4g} (2/2^{n}), so no comparison on {n} "
         f"seed{'s' if n > 1 else ''} can reach p ≤ {alpha:.3g}; that takes at least "
-        f"{seeds_to_reach(alpha)} paired seeds."
+        f"{seeds_to_reach(alpha)} paired seeds; the tables leave its p cells empty."
         for n in too_few
     ]
+
+
+def interval_notes(arms: dict[str, Any]) -> list[str]:
+    """A plain note for every number of paired seeds too small for a t interval to be shown
+    (:data:`~geospec.stats.MIN_INTERVAL_SEEDS`)."""
+    too_few = sorted(
+        {
+            entry[key]["n"]
+            for entry in arms.values()
+            for key in ("vs_uniform", "vs_source")
+            if entry.get(key) and not shows_interval(entry[key]["n"])
+        }
+    )
+    return [
+        f"With {n} paired seed{'s' if n > 1 else ''} the tables show no interval: "
+        + ("one seed has no spread to build one from" if n == 1 else
+           "a t interval on one degree of freedom is set by the normality assumption more than "
+           "by the data (two near-equal differences give a hair-thin interval)")
+        + f"; results.json holds each seed's loss, and {MIN_INTERVAL_SEEDS} seeds give an "
+        "interval."
+        for n in too_few
+    ]  # fmt: skip
 
 
 def holm_floor_notes(families: dict[str, list[Compared]], alpha: float) -> list[str]:
