@@ -150,3 +150,56 @@ def test_best_without_select_or_with_one_arm_or_too_short_a_corpus_is_one_line(
     assert errors == [result.output.strip().splitlines()[-1]]
     assert errors[0].startswith("error: prune.select.windows: [data]'s validation split has")
     assert "need 16097" in errors[0] and not (tmp_path / "short" / "run" / "prune").exists()
+
+
+def test_what_to_ship_shows_the_models_greedy_continuations(selected: Path) -> None:
+    """prune.json's continuations are transformers' own greedy generate of each fixed prompt,
+    by the unpruned checkpoint and by the recommended arm's exported model (the first
+    calibration seed's cut), decoded by the checkpoint's tokenizer; the report prints them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from geospec.prune.select import PROMPTS
+    from geospec.prune.study import CONTINUATION_TOKENS
+
+    record = json.loads((selected / "run" / "prune.json").read_text())
+    found = record["continuations"]
+    assert found["prompts"] == list(PROMPTS) and found["seed"] == record["seeds"][0]
+    tokenizer = AutoTokenizer.from_pretrained(selected / "model")
+
+    def generated(model: torch.nn.Module) -> list[str]:
+        texts = []
+        for prompt in PROMPTS:
+            ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])
+            out = model.generate(  # type: ignore[operator]
+                ids, max_new_tokens=CONTINUATION_TOKENS, do_sample=False
+            )  # stops at the tokenizer's end of text, as geospec's does
+            texts.append(tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True))
+        return texts
+
+    assert found["reference"] == generated(AutoModelForCausalLM.from_pretrained(selected / "model"))
+    for budget in record["budgets"]:
+        arm, keep = budget["recommended"]["arm"], f"{budget['keep']:g}"
+        unit = selected / "run" / "prune" / f"keep-{keep}" / arm / f"seed-{found['seed']}"
+        assert found[keep] == generated(geospec.load_pruned(unit / "model"))
+    report = (selected / "run" / "prune" / "report.md").read_text()
+    assert f"- `{PROMPTS[0]}`" in report and "  - unpruned: `" in report
+
+
+def test_what_to_ship_counts_every_parameter_of_the_model_it_names(selected: Path) -> None:
+    """The unpruned model's parameters (a tied embedding once) and each recommended model's,
+    against the exported model's own count."""
+    from transformers import AutoModelForCausalLM
+
+    from geospec.report.prune import total_parameters
+
+    record = json.loads((selected / "run" / "prune.json").read_text())
+    unpruned = AutoModelForCausalLM.from_pretrained(selected / "model")
+    assert record["parameters"]["total"] == sum(p.numel() for p in unpruned.parameters())
+    report = (selected / "run" / "prune" / "report.md").read_text()
+    for budget in record["budgets"]:
+        arm = budget["recommended"]["arm"]
+        unit = selected / "run" / "prune" / f"keep-{budget['keep']:g}" / arm / "seed-0"
+        exported = sum(p.numel() for p in geospec.load_pruned(unit / "model").parameters())
+        ffn = budget["arms"][arm]["ffn_params"]["0"]
+        assert total_parameters(record, ffn) == exported
+        assert f"{exported:,} parameters" in report

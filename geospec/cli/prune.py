@@ -105,7 +105,7 @@ def prune(
     from geospec.atomic import atomic_write_text, check_new_directory
     from geospec.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
     from geospec.records import read_prune
-    from geospec.report.prune import prune_markdown, with_unit_scores
+    from geospec.report.prune import prune_markdown, what_to_ship, with_unit_scores
 
     if (export_unit is None) != (to is None) or (
         (seed is not None or padded or fmt != "hf") and export_unit is None
@@ -147,6 +147,9 @@ def prune(
         text = prune_markdown(with_unit_scores(record, run_dir), compare=spec.report.compare)
         atomic_write_text(run_dir / PRUNE_DIR / REPORT_FILE, text)
         click.echo(text)
+        shipped = what_to_ship(record)
+        if shipped:  # the tables scroll past: what to ship closes the output too
+            click.echo("\n".join(["", *shipped]))
         click.echo(f"\nprune: {run_dir / PRUNE_FILE}, {run_dir / PRUNE_DIR / REPORT_FILE}")
     elif choice.arms is None and choice.keep is None:
         raise UsageError(f"{run_dir}: the prune stage wrote no {PRUNE_FILE}")

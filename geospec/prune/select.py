@@ -98,5 +98,29 @@ def recommend(arms: Mapping[str, Mapping[str, Any]], windows: int) -> dict[str, 
     }
 
 
+#: What the recommended models continue greedily in "What to ship": a fact, code and prose, so
+#: that a reader sees what a perplexity means (SmolLM2 cut to half its FFN neurons unhealed
+#: answers the first with "la la la"). Fixed text, read by no decision.
+PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time,")
+
+
+def prompt_ids(tokenizer: Any, bos: int | None) -> list[list[int]]:
+    """:data:`PROMPTS` as token ids, after the tokenizer's BOS where it has one (as every
+    scored window starts)."""
+    start = [] if bos is None else [bos]
+    return [start + tokenizer.encode(text, add_special_tokens=False).ids for text in PROMPTS]
+
+
+def continuation_texts(found: Mapping[str, Any], tokenizer: Any) -> dict[str, Any]:
+    """prune.json's ``continuations``: the prompts, and each model's continuations as text
+    (``reference``: the unpruned model; a keep fraction: its recommended arm, cut as calibration
+    seed ``seed`` cut it)."""
+    texts: dict[str, Any] = {"prompts": list(PROMPTS), "seed": found["seed"]}
+    for model, continued in found.items():
+        if model != "seed":
+            texts[model] = [tokenizer.decode(ids, skip_special_tokens=True) for ids in continued]
+    return texts
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)

@@ -136,6 +136,11 @@ class PruneInputs:
     """The token every window starts with (the tokenizer's BOS, ``TokenData.bos_id``), or None."""
     export_dtype: str = "float32"
     """The dtype exported models are written in (``prune.export_dtype`` resolved)."""
+    prompts: Sequence[Sequence[int]] = ()
+    """With ``prune.select``: fixed prompts (token ids) the recommended models and the unpruned
+    one continue greedily in prune.json, for a reader to see what a perplexity means."""
+    stop: int | None = None
+    """The token a continuation ends at (the tokenizer's end of text)."""
 
 
 def prune_units(
@@ -167,7 +172,7 @@ def prune_units(
     from geospec.measure.sensitivity import logits_of
     from geospec.plugin import create_plugin
     from geospec.prune.allocate import allocate
-    from geospec.prune.apply import compensated_export_problem, eval_loss, pruned
+    from geospec.prune.apply import compensated_export_problem, eval_loss, ffn_parameters, pruned
     from geospec.prune.search import SuffixCutLosses
     from geospec.shapes.pruned import pruned_dims
 
@@ -322,8 +327,23 @@ def prune_units(
     if left_out:
         return None
     record = gather(prune, dims, reference, results, width, len(sites))
+    # the unpruned model's (a tied embedding once): an arm's total is this less the FFN
+    # parameters it cut
+    record["parameters"] = {
+        "total": sum(p.numel() for p in model.parameters()),
+        "ffn": ffn_parameters(sites),
+    }
     if reference_select is not None:
         record["select_reference"] = reference_select
+    if inputs.prompts and any("recommended" in budget for budget in record["budgets"]):
+        record["continuations"] = recommended_continuations(
+            model, sites, record, prune, inputs.prompts, inputs.stop,
+            lambda seed: scored.get(seed) or calibrated(
+                model, sites, importances, train_tokens, inputs.seq_len, prune, seed,
+                compensate=compensate, blocks=False, batches=False, bos=inputs.bos,
+            ),
+            arm_importance,
+        )  # fmt: skip
     for budget in record["budgets"]:
         for sweep, found in budget.get("sweeps", {}).items():
             loss = found["calibration_loss"][found["best"]]
@@ -332,6 +352,65 @@ def prune_units(
                 f"calibration windows is {found['best']!r} (loss {loss:.4f})"
             )
     return record
+
+
+#: New tokens per greedy continuation: a sentence, enough to tell "Paris" from "la la la".
+CONTINUATION_TOKENS = 16
+
+
+def recommended_continuations(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    record: Mapping[str, Any],
+    prune: PruneSpec,
+    prompts: Sequence[Sequence[int]],
+    stop: int | None,
+    scored_for: Callable[[int], Scored],
+    arm_importance: Mapping[str, str],
+) -> dict[str, Any]:
+    """Greedy continuations (token ids) of ``prompts`` by the unpruned model and, per keep
+    fraction, by its recommended arm as calibration seed ``seeds[0]`` cut it: what the
+    report's "What to ship" prints beside the perplexities."""
+    import torch
+
+    from geospec.prune.apply import pruned
+
+    prune_seed = int(record["seeds"][0])
+    found: dict[str, Any] = {"reference": greedy(model, prompts, stop), "seed": prune_seed}
+    for budget in record["budgets"]:
+        if "recommended" not in budget:
+            continue
+        name = budget["recommended"]["arm"]
+        widths = budget["arms"][name]["widths"][str(prune_seed)]
+        work = scored_for(prune_seed)
+        compensates = prune.compensates(next(arm for arm in prune.arms if arm.name == name))
+        means = work.means if compensates else None
+        with torch.no_grad(), pruned(sites, work.orders[arm_importance[name]], widths, means):
+            found[f"{budget['keep']:g}"] = greedy(model, prompts, stop)
+    return found
+
+
+def greedy(
+    model: nn.Module, prompts: Sequence[Sequence[int]], stop: int | None = None
+) -> list[list[int]]:
+    """Each prompt's :data:`CONTINUATION_TOKENS` most likely next tokens, one at a time, up to
+    and with ``stop`` (no KV cache: a few short prompts, and geospec's own model has none)."""
+    import torch
+
+    from geospec.measure.sensitivity import logits_of
+
+    device = next(model.parameters()).device
+    continued = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([list(prompt)], device=device)
+            for _ in range(CONTINUATION_TOKENS):
+                following = logits_of(model, ids)[0, -1].argmax()
+                ids = torch.cat([ids, following.view(1, 1)], dim=1)
+                if int(following) == stop:
+                    break
+            continued.append([int(t) for t in ids[0, len(prompt) :]])
+    return continued
 
 
 def evolve_search(

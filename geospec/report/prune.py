@@ -18,6 +18,26 @@ from geospec.stats import holm
 ALPHA = 0.05
 
 
+def corpus_labels(corpora: Sequence[str]) -> dict[str, str]:
+    """How the report names each eval corpus: a file by its name (an absolute path says where
+    one machine kept it, not what it is), the whole path where two files share a name; a
+    ``bundled:`` corpus as it is."""
+    names = [corpus if corpus.startswith("bundled:") else Path(corpus).name for corpus in corpora]
+    return {
+        corpus: name if names.count(name) == 1 else corpus
+        for corpus, name in zip(corpora, names, strict=True)
+    }
+
+
+def total_parameters(prune: Mapping[str, Any], ffn: int) -> int | None:
+    """An arm's parameters in all (the unpruned model's less the FFN parameters cut), from
+    prune.json's ``parameters`` (None in a record from before it was kept)."""
+    found = prune.get("parameters")
+    if not found:
+        return None
+    return int(found["total"]) - int(found["ffn"]) + ffn
+
+
 def budget_rows(
     prune: Mapping[str, Any],
     budget: Mapping[str, Any],
@@ -34,6 +54,7 @@ def budget_rows(
     chosen = pairs if pairs is not None else [(name, baseline) for name in budget["arms"]]
     rows: list[list[str]] = []
     p_values: dict[str, float | None] = {}
+    labels = corpus_labels(list(prune.get("corpora", [])))
     for name, against in chosen:
         arm = budget["arms"][name]
         widths = next(iter(arm["widths"].values()))
@@ -46,7 +67,8 @@ def budget_rows(
         measured += [("healed_loss", corpus) for corpus in arm.get("healed_loss", {})]
         for field, corpus in measured:
             values = [float(v) for v in arm[field][corpus].values()]
-            label = corpus if field == "loss" else f"{corpus}, healed"
+            named = labels.get(corpus, corpus)
+            label = named if field == "loss" else f"{named}, healed"
             row = [name, shown, params, label, number(math.exp(summarize(values).mean), 2)]
             shown, params = "", ""  # once per arm
             if name == against:
@@ -228,12 +250,20 @@ def params_problem(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> str |
     return None
 
 
+#: A recommended model whose perplexity on the selection windows is this many times the
+#: unpruned model's is said to need healing before use: SmolLM2-135M cut to 3/4 of its FFN
+#: neurons (1.3-1.8x) still answers "The capital of France is" with Paris, cut to 1/2 (2.3-4x)
+#: with "la la la" (docs/prune.md, "What to ship").
+NEEDS_HEALING = 2.0
+
+
 def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
     """The report's "What to ship" lines (markdown), or none where nothing was recommended."""
     budgets = [budget for budget in prune["budgets"] if "recommended" in budget]
     if not budgets:
         return []
     first = budgets[0]["recommended"]
+    labels = corpus_labels(list(prune.get("corpora", [])))
     lines = [
         "## What to ship",
         "",
@@ -241,25 +271,77 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
         f"windows of the calibration corpus's validation split (prune.select), over "
         f"{first['seeds']} calibration seed(s): windows no width-setting stage reads and no eval "
         "window overlaps, so no eval text chose it. The perplexities are the eval's, shown, "
-        "not used; the margin is the paired difference from the next arm on the selection "
-        "windows, with its 95% bootstrap interval over seeds x windows.",
+        "not used (the unpruned model's in parentheses); the margin is the paired difference "
+        "from the next arm on the selection windows, with its 95% bootstrap interval over "
+        "seeds x windows.",
         "",
     ]
     for budget in budgets:
         chosen = budget["recommended"]
         arm = budget["arms"][chosen["arm"]]
         perplexity = ", ".join(
-            f"{corpus} {math.exp(sum(float(v) for v in losses.values()) / len(losses)):.2f}"
+            f"{labels.get(corpus, corpus)} {math.exp(_mean(losses.values())):.2f}"
+            + (f" ({math.exp(prune['reference'][corpus]):.2f})" if corpus in prune["reference"]
+               else "")
             for corpus, losses in arm["loss"].items()
-        )
-        params = sorted(set(arm["ffn_params"].values()))
+        )  # fmt: skip
+        ffn = sorted(set(arm["ffn_params"].values()))[0]
+        total = total_parameters(prune, ffn)
+        sized = f"{ffn:,} FFN parameters"
+        if total is not None:
+            unpruned = int(prune["parameters"]["total"])
+            sized = (
+                f"{total:,} parameters ({total / unpruned:.2f}x the unpruned {unpruned:,}; "
+                f"{ffn:,} in FFNs)"
+            )
         low, high = chosen["margin_ci"]
         lines.append(
             f"- keep {budget['keep']:g}: **{chosen['arm']}**, {chosen['margin']:.4f} nats "
             f"[{low:+.4f}, {high:+.4f}] below {chosen['next']} on the selection windows; "
-            f"perplexity {perplexity}; {params[0]:,} FFN parameters; "
-            f"`geospec prune SPEC --export best@{budget['keep']:g} --to DIR`"
+            f"perplexity {perplexity}; {sized}{_healing(prune, chosen)}; "
+            f"`geospec prune SPEC --export best@{budget['keep']:g} --format gguf --to FILE.gguf`"
         )
+    return [*lines, "", *_continuations(prune)]
+
+
+def _mean(values: Any) -> float:
+    found = [float(v) for v in values]
+    return sum(found) / len(found)
+
+
+def _healing(prune: Mapping[str, Any], chosen: Mapping[str, Any]) -> str:
+    """Whether the recommended model needs healing before use, by its perplexity on the
+    selection windows against the unpruned model's (:data:`NEEDS_HEALING`)."""
+    reference = prune.get("select_reference")
+    if reference is None:
+        return ""
+    ratio = math.exp(float(chosen["loss"][chosen["arm"]]) - float(reference))
+    said = f"; on the selection windows {ratio:.2f}x the unpruned model's perplexity"
+    if ratio >= NEEDS_HEALING:
+        return said + ': **heal it before use** (docs/prune.md, "Healing")'
+    return said
+
+
+def _continuations(prune: Mapping[str, Any]) -> list[str]:
+    """The greedy continuations of the fixed prompts, unpruned and per recommended model."""
+    found = prune.get("continuations")
+    if not found:
+        return []
+    models = [("unpruned", "reference")] + [
+        (f"keep {budget['keep']:g}, {budget['recommended']['arm']}", f"{budget['keep']:g}")
+        for budget in prune["budgets"]
+        if "recommended" in budget and f"{budget['keep']:g}" in found
+    ]
+    lines = [
+        f"Greedy continuations of fixed prompts ({len(found['prompts'])} prompts, calibration "
+        f"seed {found['seed']}'s cut; no decision reads them):",
+        "",
+    ]
+    for index, prompt in enumerate(found["prompts"]):
+        lines.append(f"- `{prompt}`")
+        for label, key in models:
+            text = " ".join(found[key][index].split())  # one line in a table of lines
+            lines.append(f"  - {label}: `{text}`")
     return [*lines, ""]
 
 
@@ -327,8 +409,12 @@ def prune_markdown(
         "",
         *_seed_notes(seeds),
         "Unpruned reference: "
-        + ", ".join(f"{c} {math.exp(v):.2f}" for c, v in prune["reference"].items())
-        + " (perplexity).",
+        + ", ".join(
+            f"{corpus_labels(list(prune['reference'])).get(c, c)} {math.exp(v):.2f}"
+            for c, v in prune["reference"].items()
+        )
+        + " (perplexity)"
+        + (f"; {prune['parameters']['total']:,} parameters." if prune.get("parameters") else "."),
         "",
         computed_in(prune),
         "",

@@ -152,7 +152,7 @@ class PruneStage:
         from geospec.pipeline.stages.reference import load_reference
         from geospec.prune.corpora import eval_batches
         from geospec.prune.heal import check_healable
-        from geospec.prune.select import select_batches
+        from geospec.prune.select import continuation_texts, prompt_ids, select_batches
         from geospec.prune.study import PruneInputs, prune_units
 
         prune = self.prune
@@ -186,6 +186,8 @@ class PruneStage:
         inputs = PruneInputs(
             prune, key, self.model.seq_len, self.model.multiple_of, self.model.activation,
             profiles, redraw=redraw, bos=data.bos_id, export_dtype=dtype,
+            prompts=prompt_ids(data.tokenizer(), data.bos_id) if selection is not None else (),
+            stop=data.eot_id,
         )  # fmt: skip
         computed_in = self.dtype(run)
         with computing(computed_in, device):
@@ -199,6 +201,8 @@ class PruneStage:
         if record is None:
             return self.unfinished(run, left_out)
         record = {**record, "key": key, "compute_dtype": computed_in}
+        if "continuations" in record:
+            record["continuations"] = continuation_texts(record["continuations"], data.tokenizer())
         atomic_write_json(run.run_dir / PRUNE_FILE, sealed(record))
         return record
 
