@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import gguf_models
 import hf_models
@@ -221,3 +222,87 @@ def test_geospec_export_writes_a_prune_unit_as_gguf_with_its_reference_tokenizer
     assert again.exit_code == 2 and "already exists" in again.output
     no_suffix = CliRunner().invoke(cli, [*args[:3], str(tmp_path / "flap"), *args[4:]])
     assert no_suffix.exit_code == 2 and "ends in .gguf" in no_suffix.output
+
+
+def without_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-cpp-python made absent for this test: ``import llama_cpp`` raises ImportError (a
+    None in sys.modules is Python's own way to block a module), so the writer takes the path a
+    machine without it takes."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+
+
+def gguf_layout(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """Every matrix of the tiny Llama under its GGUF name as llama.cpp's converter lays it out
+    (the query and key rows permuted per head from rotate-half to interleaved pairs), computed
+    here from the model, not by the writer."""
+    inner: Any = model.model  # type: ignore[union-attr]
+
+    def plain(module: torch.nn.Module) -> np.ndarray:
+        return module.weight.detach().numpy()  # type: ignore[operator]
+
+    def pairs(module: torch.nn.Module, heads: int) -> np.ndarray:
+        rows, cols = plain(module).shape
+        split = plain(module).reshape(heads, 2, rows // heads // 2, cols)
+        return split.swapaxes(1, 2).reshape(rows, cols)
+
+    out = {"token_embd.weight": plain(inner.embed_tokens)}
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    if head.weight.data_ptr() != inner.embed_tokens.weight.data_ptr():
+        out["output.weight"] = plain(head)
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        out |= {
+            f"blk.{i}.attn_q.weight": pairs(attn.q_proj, 4),
+            f"blk.{i}.attn_k.weight": pairs(attn.k_proj, 2),
+            f"blk.{i}.attn_v.weight": plain(attn.v_proj),
+            f"blk.{i}.attn_output.weight": plain(attn.o_proj),
+            f"blk.{i}.ffn_gate.weight": plain(mlp.gate_proj),
+            f"blk.{i}.ffn_up.weight": plain(mlp.up_proj),
+            f"blk.{i}.ffn_down.weight": plain(mlp.down_proj),
+        }
+    return out
+
+
+#: Widths whose last layer's down projection has rows of 40: not a multiple of 32.
+ODD_WIDTHS = [32, 96, 40]
+
+
+@pytest.mark.parametrize(("dtype", "tied"), [("q8_0", False), ("q4_1", False), ("q4_1", True)])
+def test_without_llama_cpp_gguf_py_quantizes_each_matrix_as_llama_cpp_would(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, tied: bool
+) -> None:
+    """The file's matrices, de-quantised by gguf-py, equal the model's own weights quantised and
+    de-quantised by gguf-py here: in ``dtype``, the output matrix (the embedding, when tied) in
+    Q8_0 as llama.cpp's quantizer keeps it, and the down projection with rows of 40 in f16 (its
+    rows do not split into blocks of 32: llama.cpp's fallback); norms f32; a smaller file than
+    the f16 one, whose size gguf_size predicts to the byte."""
+    from geospec.prune.gguf_size import f16_bytes, gguf_size
+
+    without_llama_cpp(monkeypatch)
+    model = gguf_models.llama(eos_of(tokenizer_dir), widths=ODD_WIDTHS, tied=tied)
+    written = write_gguf(model, tmp_path / "q.gguf", dtype, tokenizer=tokenizer_dir)
+    assert written.quantizer == "gguf-py" and written.dtype == dtype
+    kind = gguf.GGMLQuantizationType
+    main = kind.Q8_0 if dtype == "q8_0" else kind.Q4_1
+    output = "token_embd.weight" if tied else "output.weight"
+    stored = {t.name: t for t in gguf.GGUFReader(str(written.path)).tensors}
+    expected = gguf_layout(model)
+    assert {name for name in stored if name.endswith("norm.weight")} | set(expected) == set(stored)
+    for name, weights in expected.items():
+        tensor = stored[name]
+        if name == "blk.2.ffn_down.weight":
+            assert tensor.tensor_type == kind.F16
+            np.testing.assert_array_equal(tensor.data, weights.astype(np.float16))
+            continue
+        wanted = kind.Q8_0 if name == output else main
+        assert tensor.tensor_type == wanted, name
+        again = gguf.quants.dequantize(gguf.quants.quantize(weights, wanted), wanted)
+        np.testing.assert_array_equal(gguf.quants.dequantize(tensor.data, wanted), again)
+    assert all(stored[n].tensor_type == kind.F32 for n in stored if n.endswith("norm.weight"))
+    values = fields(written.path)
+    assert values["general.file_type"] == gguf.LlamaFileType[f"MOSTLY_{dtype.upper()}"]
+    f16 = write_gguf(model, tmp_path / "h.gguf", "f16", tokenizer=tokenizer_dir)
+    assert written.bytes < f16.bytes and f16_bytes(written.path) == f16.bytes
+    assert gguf_size(written.path).f16_bytes == f16.bytes
