@@ -264,11 +264,11 @@ WHEELS = ".whl"  # ignored by git (.gitignore), like the cached SmolLM2 wheel ou
 def llamacpp(session: nox.Session) -> None:
     """GGUF exports loaded by an unmodified llama.cpp (tests marked llamacpp): llama-cpp-python
     is built once from its sdist into .whl/ (about 15 minutes under nice on 2 shared cores; the
-    wheel is reused afterwards), then the tiny Llama (f32, f16, Q8_0), the tiny Qwen2 (its
-    biases, a compensated cut's too), SmolLM2-135M and Qwen2.5-Coder-0.5B pruned to uneven
-    widths are compared with transformers' log-probabilities, and the true-width and GGUF
-    writer tests run with peft and gguf installed. Not part of CI's run (the build alone would
-    take half its time)."""
+    wheel is reused afterwards), then the tiny Llama (f32, f16, Q8_0; Q4_1 and Q4_K_M from
+    llama.cpp's quantizer), the tiny Qwen2 (its biases, a compensated cut's too), SmolLM2-135M
+    (f32, and its source's Q4_1) and Qwen2.5-Coder-0.5B pruned to uneven widths are compared
+    with transformers' log-probabilities, and the true-width and GGUF writer tests run with peft
+    and gguf installed. Not part of CI's run (the build alone would take half its time)."""
     import time
 
     session.install(TORCH, "-e", ".[test,gguf]", "peft")

@@ -66,15 +66,21 @@ def qwen2_bpe_tokenizer(directory: Path) -> Tokenizer:
 
 
 def llama(
-    eos: int, widths: list[int] | None = WIDTHS, tied: bool = False, seed: int = 0
+    eos: int,
+    widths: list[int] | None = WIDTHS,
+    tied: bool = False,
+    seed: int = 0,
+    hidden: int = WIDTH,
+    full: int = FULL,
 ) -> torch.nn.Module:
     """A random 3-layer Llama (grouped-query attention, rope theta 500) with norms that are not
-    their init, each layer cut to ``widths`` (its first neurons)."""
+    their init, ``hidden`` wide with FFNs of ``full``, each layer cut to ``widths`` (its first
+    neurons)."""
     torch.manual_seed(seed)
     config = hf.LlamaConfig(
         vocab_size=VOCAB,
-        hidden_size=WIDTH,
-        intermediate_size=FULL,
+        hidden_size=hidden,
+        intermediate_size=full,
         num_hidden_layers=3,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import gguf_models
 import hf_models
@@ -221,3 +222,191 @@ def test_geospec_export_writes_a_prune_unit_as_gguf_with_its_reference_tokenizer
     assert again.exit_code == 2 and "already exists" in again.output
     no_suffix = CliRunner().invoke(cli, [*args[:3], str(tmp_path / "flap"), *args[4:]])
     assert no_suffix.exit_code == 2 and "ends in .gguf" in no_suffix.output
+
+
+def without_llama_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama-cpp-python made absent for this test: ``import llama_cpp`` raises ImportError (a
+    None in sys.modules is Python's own way to block a module), so the writer takes the path a
+    machine without it takes."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+
+
+def gguf_layout(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """Every matrix of the tiny Llama under its GGUF name as llama.cpp's converter lays it out
+    (the query and key rows permuted per head from rotate-half to interleaved pairs), computed
+    here from the model, not by the writer."""
+    inner: Any = model.model  # type: ignore[union-attr]
+
+    def plain(module: torch.nn.Module) -> np.ndarray:
+        return module.weight.detach().numpy()  # type: ignore[operator]
+
+    def pairs(module: torch.nn.Module, heads: int) -> np.ndarray:
+        rows, cols = plain(module).shape
+        split = plain(module).reshape(heads, 2, rows // heads // 2, cols)
+        return split.swapaxes(1, 2).reshape(rows, cols)
+
+    out = {"token_embd.weight": plain(inner.embed_tokens)}
+    head = model.get_output_embeddings()  # type: ignore[operator]
+    if head.weight.data_ptr() != inner.embed_tokens.weight.data_ptr():
+        out["output.weight"] = plain(head)
+    for i, layer in enumerate(inner.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        out |= {
+            f"blk.{i}.attn_q.weight": pairs(attn.q_proj, 4),
+            f"blk.{i}.attn_k.weight": pairs(attn.k_proj, 2),
+            f"blk.{i}.attn_v.weight": plain(attn.v_proj),
+            f"blk.{i}.attn_output.weight": plain(attn.o_proj),
+            f"blk.{i}.ffn_gate.weight": plain(mlp.gate_proj),
+            f"blk.{i}.ffn_up.weight": plain(mlp.up_proj),
+            f"blk.{i}.ffn_down.weight": plain(mlp.down_proj),
+        }
+    return out
+
+
+#: Widths whose last layer's down projection has rows of 40: not a multiple of 32.
+ODD_WIDTHS = [32, 96, 40]
+
+
+@pytest.mark.parametrize(("dtype", "tied"), [("q8_0", False), ("q4_1", False), ("q4_1", True)])
+def test_without_llama_cpp_gguf_py_quantizes_each_matrix_as_llama_cpp_would(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, tied: bool
+) -> None:
+    """The file's matrices, de-quantised by gguf-py, equal the model's own weights quantised and
+    de-quantised by gguf-py here: in ``dtype``, the output matrix (the embedding, when tied) in
+    Q8_0 as llama.cpp's quantizer keeps it, and the down projection with rows of 40 in f16 (its
+    rows do not split into blocks of 32: llama.cpp's fallback); norms f32; a smaller file than
+    the f16 one, whose size gguf_size predicts to the byte."""
+    from geospec.prune.gguf_size import f16_bytes, gguf_size
+
+    without_llama_cpp(monkeypatch)
+    model = gguf_models.llama(eos_of(tokenizer_dir), widths=ODD_WIDTHS, tied=tied)
+    written = write_gguf(model, tmp_path / "q.gguf", dtype, tokenizer=tokenizer_dir)
+    assert written.quantizer == "gguf-py" and written.dtype == dtype
+    kind = gguf.GGMLQuantizationType
+    main = kind.Q8_0 if dtype == "q8_0" else kind.Q4_1
+    output = "token_embd.weight" if tied else "output.weight"
+    stored = {t.name: t for t in gguf.GGUFReader(str(written.path)).tensors}
+    expected = gguf_layout(model)
+    assert {name for name in stored if name.endswith("norm.weight")} | set(expected) == set(stored)
+    for name, weights in expected.items():
+        tensor = stored[name]
+        if name == "blk.2.ffn_down.weight":
+            assert tensor.tensor_type == kind.F16
+            np.testing.assert_array_equal(tensor.data, weights.astype(np.float16))
+            continue
+        wanted = kind.Q8_0 if name == output else main
+        assert tensor.tensor_type == wanted, name
+        again = gguf.quants.dequantize(gguf.quants.quantize(weights, wanted), wanted)
+        np.testing.assert_array_equal(gguf.quants.dequantize(tensor.data, wanted), again)
+    assert all(stored[n].tensor_type == kind.F32 for n in stored if n.endswith("norm.weight"))
+    values = fields(written.path)
+    assert values["general.file_type"] == gguf.LlamaFileType[f"MOSTLY_{dtype.upper()}"]
+    f16 = write_gguf(model, tmp_path / "h.gguf", "f16", tokenizer=tokenizer_dir)
+    assert written.bytes < f16.bytes and f16_bytes(written.path) == f16.bytes
+    assert gguf_size(written.path).f16_bytes == f16.bytes
+
+
+def source_gguf(path: Path, tokenizer_dir: Path, dtype: str) -> Path:
+    """A GGUF file of the unpruned tiny Llama in ``dtype``: a prune's reference checkpoint."""
+    model = gguf_models.llama(eos_of(tokenizer_dir), widths=None)
+    return write_gguf(model, path, dtype, tokenizer=tokenizer_dir).path
+
+
+def test_a_units_gguf_export_follows_its_gguf_sources_type_and_says_its_size_against_it(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit pruned from a Q4_1 GGUF file is exported in Q4_1 when no --dtype is given, and its
+    line gives the file's size against the source file's; --dtype chooses another type."""
+    from geospec.disk import size
+
+    without_llama_cpp(monkeypatch)
+    unit = hand_made_prune_unit(tmp_path, tokenizer_dir)
+    source = source_gguf(tmp_path / "source.gguf", tokenizer_dir, "q4_1")
+    (unit.parents[3] / "spec.resolved.toml").write_text('[reference]\ncheckpoint = "source.gguf"\n')
+    out = tmp_path / "half.gguf"
+    result = CliRunner().invoke(cli, ["export", str(unit), "--to", str(out), "--format", "gguf"])
+    assert result.exit_code == 0, result.output
+    assert fields(out)["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q4_1
+    ratio = out.stat().st_size / source.stat().st_size
+    assert "GGUF Q4_1 (Q4_1, the source's type; written by gguf-py)" in result.output
+    assert f"{ratio:.2f}x the source's {size(source.stat().st_size)} (Q4_1)" in result.output
+    assert ratio < 1 and len(result.output.strip().splitlines()) == 1
+    chosen = tmp_path / "q8.gguf"
+    args = ["export", str(unit), "--to", str(chosen), "--format", "gguf", "--dtype", "Q8_0"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert fields(chosen)["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q8_0
+    assert "GGUF Q8_0 (as asked; written by gguf-py)" in result.output
+
+
+def test_a_k_quant_without_llama_cpp_is_one_line_and_no_file(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    without_llama_cpp(monkeypatch)
+    unit = hand_made_prune_unit(tmp_path, tokenizer_dir)
+    out = tmp_path / "k.gguf"
+    args = ["export", str(unit), "--to", str(out), "--format", "gguf", "--dtype", "q4_k_m"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1
+    assert "--dtype q4_k_m" in result.output and "pip install llama-cpp-python" in result.output
+    assert "q4_1 or q8_0" in result.output and "Traceback" not in result.output
+    assert not out.exists() and not list(tmp_path.glob(".k.gguf*"))
+    directory = ["export", str(unit), "--to", str(tmp_path / "d"), "--dtype", "f16"]
+    hf = CliRunner().invoke(cli, directory)
+    assert hf.exit_code == 2 and "--dtype is for --format gguf" in hf.output
+
+
+def hand_made_gguf(path: Path, file_type: int | None, matrices: list[Any]) -> Path:
+    """A GGUF file with only ``general.file_type`` (or none) and zero matrices of these types."""
+    writer = gguf.GGUFWriter(str(path), "deci")
+    if file_type is not None:
+        writer.add_file_type(file_type)
+    for i, kind in enumerate(matrices):
+        packed = gguf.quants.quantize(np.zeros((4, 256), np.float32), kind)
+        writer.add_tensor(f"m{i}.weight", packed, raw_shape=packed.shape, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_sources_type_is_its_file_type_or_its_matrices_and_a_k_quant_needs_llama_cpp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """general.file_type where the file declares it (Q4_K_M), the type most matrices are stored
+    in where not; without llama-cpp-python a K-quant source's default is llama.cpp's own
+    fallback type for it (Q4_K: Q5_0), said in the reason; a source that is no GGUF file or
+    holds a type the writer has not (BF16) gives f16."""
+    from geospec.prune.gguf_quant import default_dtype, source_type
+
+    ftype, kind = gguf.LlamaFileType, gguf.GGMLQuantizationType
+    k_quant = hand_made_gguf(tmp_path / "k.gguf", ftype.MOSTLY_Q4_K_M, [kind.Q8_0])
+    assert source_type(k_quant).label == "Q4_K_M" and source_type(k_quant).dtype == "q4_k_m"
+    bare = hand_made_gguf(tmp_path / "bare.gguf", None, [kind.Q4_1, kind.Q4_1, kind.Q8_0])
+    assert source_type(bare).dtype == "q4_1"
+    bf16 = hand_made_gguf(tmp_path / "bf16.gguf", ftype.MOSTLY_BF16, [])
+    assert default_dtype(bf16)[0] == "f16" and "BF16" in default_dtype(bf16)[1]
+    assert default_dtype(tmp_path)[0] == "f16" and default_dtype(None)[0] == "f16"
+    without_llama_cpp(monkeypatch)
+    dtype, why = default_dtype(k_quant)
+    assert dtype == "q5_0" and "Q4_K_M" in why and "pip install llama-cpp-python" in why
+
+
+@pytest.mark.parametrize(
+    ("variable", "label"),
+    [("GEOSPEC_TEST_GGUF", "Q4_1"), ("GEOSPEC_TEST_GEMMA_GGUF", "Q4_K_M"),
+     ("GEOSPEC_TEST_QWEN_GGUF", "Q4_K_M")],
+)  # fmt: skip
+def test_the_real_gguf_files_types_are_read(variable: str, label: str) -> None:
+    """SmolLM2's file is Q4_1, Gemma's and Qwen2.5-Coder's Q4_K_M (nox -s gguf fetches them)."""
+    import os
+
+    from geospec.prune.gguf_quant import source_type
+
+    path = os.environ.get(variable)
+    if not path:
+        pytest.skip(f"{variable} is not set: nox -s gguf fetches the file")
+    assert source_type(Path(path)).label == label

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import gguf_models
 import numpy as np
@@ -297,3 +298,231 @@ def test_llamacpp_tokenizes_a_qwen2_tokenizer_as_transformers_does(tmp_path: Pat
         llm = load(path)
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids, name  # type: ignore[attr-defined]
         assert np.abs(llamacpp_log_probs(llm, ids) - theirs).max() < 1e-4
+
+
+def dequantized(model: torch.nn.Module, path: Path) -> torch.nn.Module:
+    """A copy of ``model`` holding the GGUF file's matrices as gguf-py de-quantises them (its own
+    numpy code, not llama.cpp's), the query and key rows permuted back from llama.cpp's
+    interleaved pairs to transformers' rotate-half order; norms as they are (stored in f32)."""
+    import copy
+
+    import gguf
+
+    config: Any = model.config
+    kv_heads = config.num_key_value_heads or config.num_attention_heads
+    stored = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+
+    def values(name: str, heads: int | None = None) -> torch.Tensor:
+        tensor = stored[name]
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        if heads is not None:  # interleaved pairs back to each head's halves
+            rows, cols = array.shape
+            array = array.reshape(heads, rows // heads // 2, 2, cols).swapaxes(1, 2)
+            array = array.reshape(rows, cols)
+        return torch.from_numpy(np.ascontiguousarray(array))
+
+    copied: Any = copy.deepcopy(model)
+    inner = copied.model
+    with torch.no_grad():
+        inner.embed_tokens.weight.copy_(values("token_embd.weight"))
+        if "output.weight" in stored:
+            copied.lm_head.weight.copy_(values("output.weight"))
+        for i, layer in enumerate(inner.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.q_proj.weight.copy_(values(f"blk.{i}.attn_q.weight", config.num_attention_heads))
+            attn.k_proj.weight.copy_(values(f"blk.{i}.attn_k.weight", kv_heads))
+            attn.v_proj.weight.copy_(values(f"blk.{i}.attn_v.weight"))
+            attn.o_proj.weight.copy_(values(f"blk.{i}.attn_output.weight"))
+            mlp.gate_proj.weight.copy_(values(f"blk.{i}.ffn_gate.weight"))
+            mlp.up_proj.weight.copy_(values(f"blk.{i}.ffn_up.weight"))
+            mlp.down_proj.weight.copy_(values(f"blk.{i}.ffn_down.weight"))
+    return copied
+
+
+def kept_rows_agree(pruned: Path, unpruned: Path, kept: list[list[int]]) -> None:
+    """Every tensor of the pruned file that pruning leaves row for row (all but ``ffn_down``,
+    whose rows lose columns and so form other blocks) holds exactly the unpruned file's bytes
+    for its rows: rows ``kept[l]`` of layer l's gate and up (the neurons kept), the whole of the
+    rest. The same type, block for block: the unpruned model's own quantization, less the cut
+    neurons."""
+    import gguf
+
+    ours = {t.name: t for t in gguf.GGUFReader(str(pruned)).tensors}
+    theirs = {t.name: t for t in gguf.GGUFReader(str(unpruned)).tensors}
+    assert set(ours) == set(theirs)
+    for name, tensor in ours.items():
+        if "ffn_down" in name:
+            continue
+        other = theirs[name]
+        assert tensor.tensor_type == other.tensor_type, name
+        rows = other.data
+        if "ffn_gate" in name or "ffn_up" in name:
+            rows = rows[kept[int(name.split(".")[1])]]
+        np.testing.assert_array_equal(tensor.data, rows, err_msg=name)
+
+
+def first(widths: list[int]) -> list[list[int]]:
+    """Each layer's first ``width`` neurons: what gguf_models.llama keeps."""
+    return [list(range(width)) for width in widths]
+
+
+def test_llamacpp_q4_1_is_gguf_pys_q4_1_and_the_unpruned_files_rows(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """A pruned tiny Llama (its last down projection 40 wide: rows that do not split into Q4_1's
+    blocks of 32) written in Q4_1 through llama.cpp's quantizer: each matrix holds the bytes
+    gguf-py's independent Q4_1 gives its weights (the tied embedding Q8_0, the 40-wide down
+    projection f16, as llama.cpp's rules say); the rows it shares with the unpruned model's Q4_1
+    file are that file's bytes; llama.cpp loads it at its true widths and computes
+    transformers' log-probabilities on the de-quantised weights to within what quantising the
+    activations to 8 bits for each product costs (llama.cpp multiplies Q4_1 rows by Q8_1
+    blocks of the activations, Q8_0 by Q8_0, F16 by F16), far closer than the f32 model."""
+    import gguf
+
+    from geospec.prune.gguf_export import gguf_widths
+    from geospec.prune.gguf_size import gguf_size
+
+    eos, widths = eos_of(tokenizer_dir), [32, 96, 40]
+    model = gguf_models.llama(eos, widths=widths, tied=True)
+    written = write_gguf(model, tmp_path / "q.gguf", "q4_1", tokenizer=tokenizer_dir)
+    assert written.quantizer == "llama.cpp's quantizer" and gguf_widths(written.path) == widths
+    unpruned = gguf_models.llama(eos, widths=None, tied=True)
+    whole = write_gguf(unpruned, tmp_path / "whole.gguf", "q4_1", tokenizer=tokenizer_dir)
+    kept_rows_agree(written.path, whole.path, first(widths))
+    kind = gguf.GGMLQuantizationType
+    f32 = write_gguf(model, tmp_path / "f.gguf", "f32", tokenizer=tokenizer_dir).path
+    plain = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(f32)).tensors}
+    for tensor in gguf.GGUFReader(str(written.path)).tensors:
+        if tensor.name.endswith("norm.weight"):
+            assert tensor.tensor_type == kind.F32
+            continue
+        wanted = {"token_embd.weight": kind.Q8_0, "blk.2.ffn_down.weight": kind.F16}
+        assert tensor.tensor_type == wanted.get(tensor.name, kind.Q4_1), tensor.name
+        ours = gguf.quants.quantize(plain[tensor.name], tensor.tensor_type)
+        np.testing.assert_array_equal(tensor.data, ours, err_msg=tensor.name)
+    assert fields_of(written.path)["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q4_1
+    f16 = write_gguf(model, tmp_path / "h.gguf", "f16", tokenizer=tokenizer_dir)
+    assert gguf_size(written.path).f16_bytes == f16.bytes > written.bytes  # llama.cpp's layout
+    llm = load(written.path)
+    assert llama_cpp.llama_model_n_params(llm.model) == written.parameters  # type: ignore[attr-defined]
+    ids = list(range(3, 40))
+    ours_lp = llamacpp_log_probs(llm, ids)
+    reference = torch_log_probs(dequantized(model, written.path), ids)
+    unquantized = torch_log_probs(model, ids)
+    near, far = np.abs(ours_lp - reference).max(), np.abs(ours_lp - unquantized).max()
+    print(f"tiny Llama Q4_1: max |log p difference| {near:.2e} (from the f32 model: {far:.2e})")
+    assert near < 0.02 and near < far / 3
+
+
+def fields_of(path: Path) -> dict[str, object]:
+    import gguf
+
+    return {key: field.contents() for key, field in gguf.GGUFReader(str(path)).fields.items()}
+
+
+def test_llamacpp_q4_k_m_holds_the_unpruned_files_rows_and_computes_its_weights(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """A Llama 256 wide (so K-quants' blocks of 256 fit its rows) pruned to 256, 512 and 320
+    written in Q4_K_M by llama.cpp's quantizer: its gate and up in Q4_K, layer 2's down
+    projection (its rows 320 wide) fallen back as llama.cpp falls back (from Q6_K, which the
+    mix gives that layer, to Q8_0), said by the export's count; the rows it shares with the
+    unpruned model's Q4_K_M file are that file's bytes; its de-quantised weights stay within
+    Q4_K's error of the model's; llama.cpp computes transformers' log-probabilities on them to
+    within the 8-bit quantisation of the activations (Q8_K blocks for the K-quant products)."""
+    import gguf
+
+    from geospec.prune.gguf_quant import fallbacks
+
+    eos, widths = eos_of(tokenizer_dir), [256, 512, 320]
+    model = gguf_models.llama(eos, widths=widths, hidden=256, full=512)
+    written = write_gguf(model, tmp_path / "k.gguf", "q4_k_m", tokenizer=tokenizer_dir)
+    unpruned = gguf_models.llama(eos, widths=None, hidden=256, full=512)
+    whole = write_gguf(unpruned, tmp_path / "whole.gguf", "q4_k_m", tokenizer=tokenizer_dir)
+    kept_rows_agree(written.path, whole.path, first(widths))
+    kind = gguf.GGMLQuantizationType
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(str(written.path)).tensors}
+    assert types["blk.1.ffn_gate.weight"] == types["blk.1.ffn_up.weight"] == kind.Q4_K
+    assert types["blk.2.ffn_down.weight"] == kind.Q8_0 and types["output.weight"] == kind.Q6_K
+    assert fallbacks(written.path, "q4_k_m") == {"Q8_0": 1}
+    assert fields_of(written.path)["general.file_type"] == gguf.LlamaFileType.MOSTLY_Q4_K_M
+    reference = dequantized(model, written.path)
+    for ours, theirs in zip(reference.parameters(), model.parameters(), strict=True):
+        if ours.ndim == 2:  # 4.5 bits a weight: a few percent of the weights' spread
+            assert (ours - theirs).pow(2).mean().sqrt() < 0.1 * theirs.std()
+    llm = load(written.path)
+    assert llama_cpp.llama_model_n_params(llm.model) == written.parameters  # type: ignore[attr-defined]
+    ids = list(range(3, 40))
+    ours_lp = llamacpp_log_probs(llm, ids)
+    near = np.abs(ours_lp - torch_log_probs(reference, ids)).max()
+    far = np.abs(ours_lp - torch_log_probs(model, ids)).max()
+    print(f"tiny Llama Q4_K_M: max |log p difference| {near:.2e} (from the f32 model: {far:.2e})")
+    # Q8_K scales a block of 256 activations by its largest: coarser than Q8_1's 32 (1.6e-2
+    # measured), the bound the Q8_0 test above allows
+    assert near < 0.05 and near < far / 3
+
+
+def kl_divergence(log_p: np.ndarray, log_q: np.ndarray) -> float:
+    """The mean over positions of KL(p || q), in nats."""
+    return float((np.exp(log_p) * (log_p - log_q)).sum(-1).mean())
+
+
+def test_llamacpp_computes_smollm2_pruned_and_written_in_its_sources_q4_1() -> None:
+    """SmolLM2-135M-Instruct's Q4_1 GGUF (GEOSPEC_TEST_GGUF) read by transformers, every layer
+    cut to its own width (random neurons, half of them in all), exported as geospec export does
+    by default: in the source's Q4_1, by llama.cpp's quantizer, smaller than the source file.
+    Quantized like its source: every tensor but the down projections holds the source file's
+    own Q4_1 (Q8_0 for the embedding) blocks for the rows it keeps, byte for byte, and each down
+    projection gguf-py's Q4_1 of its kept columns. llama.cpp loads it at its true widths and
+    computes transformers' next-token distribution on its de-quantised weights to within what
+    llama.cpp's 8-bit activations cost (Q8_1 blocks against Q4_1 weights): on the unpruned
+    source file itself that costs a mean KL of 4.6e-3 nats (measured, printed); the model cut at
+    random, half its neurons gone, is more sensitive (3.5e-2 measured); the bound is 0.1,
+    against 0.66 from the unquantized pruned model."""
+    source = os.environ.get("GEOSPEC_TEST_GGUF")
+    if not source:
+        pytest.skip("GEOSPEC_TEST_GGUF is not set: nox -s llamacpp fetches SmolLM2-135M's GGUF")
+    import tempfile
+
+    import gguf
+
+    from geospec.engine.pretrained import load_pretrained
+    from geospec.measure.cut import cut_ffn
+    from geospec.prune.gguf_quant import default_dtype
+
+    model = load_pretrained(source)
+    text = "The capital of France is Paris, and the capital of Italy is"
+    llm = load(Path(source), n_ctx=32)
+    ids = llm.tokenize(text.encode(), add_bos=False, special=False)  # type: ignore[attr-defined]
+    unpruned = kl_divergence(llamacpp_log_probs(llm, ids), torch_log_probs(model, ids))
+    widths = [1536 if layer in (0, 29) else 704 + 64 * (layer % 3) for layer in range(30)]
+    generator = torch.Generator().manual_seed(0)
+    kept = []
+    for layer, width in zip(model.model.layers, widths, strict=True):
+        kept.append(sorted(torch.randperm(1536, generator=generator)[:width].tolist()))
+        cut_ffn(layer.mlp, kept[-1])
+    dtype, why = default_dtype(Path(source))
+    assert dtype == "q4_1" and "source" in why
+    with tempfile.TemporaryDirectory() as scratch:
+        written = write_gguf(model, Path(scratch) / "smol.gguf", dtype, tokenizer=Path(source))
+        kept_rows_agree(written.path, Path(source), kept)
+        stored = {t.name: t for t in gguf.GGUFReader(str(written.path)).tensors}
+        for i, layer in enumerate(model.model.layers):
+            down = layer.mlp.down_proj.weight.detach().numpy()
+            q4_1 = gguf.quants.quantize(down, gguf.GGMLQuantizationType.Q4_1)
+            np.testing.assert_array_equal(stored[f"blk.{i}.ffn_down.weight"].data, q4_1)
+        llm = load(written.path, n_ctx=32)
+        ours = llamacpp_log_probs(llm, ids)
+        n_params = llama_cpp.llama_model_n_params(llm.model)  # type: ignore[attr-defined]
+        reference = dequantized(model, written.path)
+    near = kl_divergence(ours, torch_log_probs(reference, ids))
+    far = kl_divergence(ours, torch_log_probs(model, ids))
+    ratio = written.bytes / Path(source).stat().st_size
+    print(
+        f"SmolLM2 pruned, Q4_1: {written.bytes:,} bytes, {ratio:.3f}x the source's; mean KL "
+        f"from transformers on its weights {near:.2e} nats over {len(ids)} positions (unpruned "
+        f"source file: {unpruned:.2e}; from the unquantized pruned model: {far:.2e})"
+    )
+    assert written.bytes < Path(source).stat().st_size
+    assert n_params == sum(p.numel() for p in model.parameters())
+    assert near < 0.1 and near < far / 5

@@ -1161,6 +1161,12 @@ def test_one_finished_unit_is_exported_without_recomputing_any(tmp_path: Path) -
         (["--export", "flap@0.5", "--seed", "7", "--to", "x"], "--seed 7: not one of"),
         (["--export", "flap@0.5"], "--export ARM@KEEP and --to DIR go together"),
         (["--padded"], "--export ARM@KEEP and --to DIR go together"),
+        (["--dtype", "q4_1"], "--export ARM@KEEP and --to DIR go together"),
+        (["--export", "flap@0.5", "--to", "x", "--dtype", "q4_1"], "--dtype is for --format gguf"),
+        (
+            ["--dtype", "q4", "--export", "flap@0.5", "--to", "x.gguf"],
+            "Invalid value for '--dtype'",
+        ),
     ],
 )
 def test_a_bad_export_request_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
+
 
 @click.command()
 @click.argument(
@@ -28,10 +30,12 @@ import click
 )
 @click.option(
     "--dtype",
-    type=click.Choice(["f32", "f16", "q8_0"]),
-    default="f16",
-    show_default=True,
-    help="gguf: the weights' type (norms stay f32).",
+    type=click.Choice(GGUF_DTYPES, case_sensitive=False),
+    default=None,
+    help="gguf: the weights' type (norms stay f32). Default: a prune unit's reference GGUF "
+    "file's own type (Q4_1 for SmolLM2's file, Q4_K_M for Gemma's and Qwen's), f16 otherwise. "
+    "Quantized types through llama.cpp's quantizer where llama-cpp-python is installed; without "
+    "it gguf-py writes q8_0, q4_0, q4_1, q5_0 and q5_1, and the K-quants need it.",
 )
 @click.option(
     "--tokenizer",
@@ -53,7 +57,7 @@ def export(
     training_dir: Path,
     to: Path,
     fmt: str,
-    dtype: str,
+    dtype: str | None,
     tokenizer_dir: Path | None,
     padded: bool,
 ) -> None:
@@ -63,8 +67,11 @@ def export(
     in config.json's "geospec" block), or a GGUF file at the true widths. A prune unit: the
     checkpoint the prune exported (geospec.load_pruned reads it), with --padded one that plain
     transformers reads, or a GGUF file at the true widths with the reference's tokenizer."""
+    from geospec.errors import UsageError
     from geospec.prune.exports import export_prune_unit, export_training_gguf, is_prune_unit
 
+    if dtype is not None and fmt != "gguf":
+        raise UsageError("--dtype is for --format gguf; an hf export keeps the model's dtype")
     if is_prune_unit(training_dir):
         click.echo(export_prune_unit(training_dir, to, fmt, dtype, tokenizer_dir, padded))
         return

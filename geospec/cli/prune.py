@@ -12,6 +12,7 @@ import click
 from geospec.cli.console import plugin_option, set_option, spec_argument
 from geospec.cli.until import from_option, out_option, run_until, threads_option
 from geospec.errors import UsageError
+from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
 from geospec.spec.sections import PruneSpec, Spec
 
 
@@ -68,6 +69,13 @@ from geospec.spec.sections import PruneSpec, Spec
     "AutoModelForCausalLM.from_pretrained reads the directory (the same logits; the zero "
     "units cost parameters and time).",
 )
+@click.option(
+    "--dtype",
+    type=click.Choice(GGUF_DTYPES, case_sensitive=False),
+    default=None,
+    help="With --format gguf: the weights' type (default: a GGUF checkpoint's own type, f16 "
+    "otherwise; the K-quants need llama-cpp-python), as geospec export --dtype.",
+)
 def prune(
     spec_path: Path,
     from_stage: str | None,
@@ -80,6 +88,7 @@ def prune(
     to: Path | None,
     fmt: str,
     padded: bool,
+    dtype: str | None,
 ) -> None:
     """Prune SPEC's pretrained reference.checkpoint to each [prune] keep fraction with every
     [prune] arm's allocation and each calibration seed (docs/prune.md).
@@ -108,14 +117,16 @@ def prune(
     from geospec.report.prune import prune_markdown, what_to_ship, with_unit_scores
 
     if (export_unit is None) != (to is None) or (
-        (seed is not None or padded or fmt != "hf") and export_unit is None
+        (seed is not None or padded or fmt != "hf" or dtype is not None) and export_unit is None
     ):
         raise UsageError(
-            "--export ARM@KEEP and --to DIR go together (and --seed, --format and --padded with "
-            "them): geospec prune SPEC --export flap@0.5 --to flap-half"
+            "--export ARM@KEEP and --to DIR go together (and --seed, --format, --dtype and "
+            "--padded with them): geospec prune SPEC --export flap@0.5 --to flap-half"
         )
     if padded and fmt == "gguf":
         raise UsageError("--padded is for --format hf; a GGUF file holds the true widths")
+    if dtype is not None and fmt != "gguf":
+        raise UsageError("--dtype is for --format gguf; an hf export keeps the model's dtype")
     if to is not None:
         if fmt == "hf":
             check_new_directory(to, f"--to {to}")
@@ -164,7 +175,7 @@ def prune(
         if fmt == "gguf":
             from geospec.prune.exports import export_prune_unit
 
-            click.echo(export_prune_unit(unit, to, "gguf"))
+            click.echo(export_prune_unit(unit, to, "gguf", dtype))
         else:
             click.echo(export_padded(unit, to) if padded else export_with_tokenizer(unit, to))
 

@@ -59,10 +59,10 @@ def unit_model(unit: Path) -> Path:
     return model
 
 
-def run_tokenizer_source(unit: Path) -> Path | None:
-    """Where the unit's reference checkpoint keeps its tokenizer: the ``.gguf`` file, or the
-    checkpoint directory when it holds tokenizer.json (read from the run's spec.resolved.toml,
-    relative paths from the spec file's directory); None when the run does not say."""
+def run_checkpoint(unit: Path) -> Path | None:
+    """The unit's local reference checkpoint: its ``.gguf`` file or directory (read from the
+    run's spec.resolved.toml, relative paths from the spec file's directory); None when the run
+    does not say or names a hub checkpoint."""
     import tomllib
 
     from geospec.hub import spec_path
@@ -76,8 +76,16 @@ def run_tokenizer_source(unit: Path) -> Path | None:
     reference = resolved.get("reference") or {}
     checkpoint = reference.get("checkpoint")
     if not isinstance(checkpoint, str) or reference.get("revision"):
-        return None  # a hub checkpoint: its tokenizer is in the Hugging Face cache, not here
-    path = spec_path(checkpoint, spec_file.parent)
+        return None  # a hub checkpoint: its files are in the Hugging Face cache, not here
+    return spec_path(checkpoint, spec_file.parent)
+
+
+def run_tokenizer_source(unit: Path) -> Path | None:
+    """Where the unit's reference checkpoint keeps its tokenizer: the ``.gguf`` file, or the
+    checkpoint directory when it holds tokenizer.json; None when the run does not say."""
+    path = run_checkpoint(unit)
+    if path is None:
+        return None
     if path.is_file() and path.suffix == ".gguf":
         return path
     if (path / "tokenizer.json").is_file():
@@ -111,21 +119,29 @@ def export_prune_unit(
     unit: Path,
     to: Path,
     fmt: str,
-    dtype: str = "f16",
+    dtype: str | None = None,
     tokenizer: Path | None = None,
     padded: bool = False,
 ) -> str:
     """Write a prune unit's model to ``to``: ``hf``, the unit's checkpoint as the prune stored it
     (a directory, copied atomically, with the run's tokenizer), or with ``padded`` every FFN
     zero-padded to the widest layer (:func:`export_padded`); ``gguf``, a GGUF file at its true
-    widths. The one line the command prints."""
+    widths, in ``dtype`` (None: the reference GGUF file's own type, f16 for any other
+    reference: :func:`geospec.prune.gguf_quant.default_dtype`). The one line the command
+    prints, with the file's size against the reference checkpoint's."""
     if fmt == "hf":
         return export_padded(unit, to) if padded else export_with_tokenizer(unit, to)
     if padded:
         raise UsageError("--padded: a GGUF file stores the true widths; leave --padded out")
     from geospec.prune.gguf_export import write_gguf
+    from geospec.prune.gguf_quant import check_dtype, default_dtype
 
     model = unit_model(unit)
+    checkpoint = run_checkpoint(unit)
+    if dtype is None:
+        dtype, why = default_dtype(checkpoint)
+    else:
+        dtype, why = check_dtype(dtype), "as asked"
     reference = run_tokenizer_source(unit)
     # a GGUF reference's tokenizer fields are copied as they are: exactly what llama.cpp read
     # from the source (the unit's tokenizer.json is transformers' rebuild of them)
@@ -138,7 +154,7 @@ def export_prune_unit(
             "give --tokenizer (the checkpoint's .gguf file, or a directory with tokenizer.json)"
         )
     written = write_gguf(model, _gguf_target(to), dtype, tokenizer=source)
-    return _gguf_line(written)
+    return _gguf_line(written, why, checkpoint)
 
 
 def export_padded(unit: Path, to: Path) -> str:
@@ -206,10 +222,11 @@ def _unit_name(unit: Path) -> str:
 
 
 def export_training_gguf(
-    training_dir: Path, to: Path, dtype: str = "f16", tokenizer_dir: Path | None = None
+    training_dir: Path, to: Path, dtype: str | None = None, tokenizer_dir: Path | None = None
 ) -> str:
     """A finished trained arm (a Llama-family geospec model) as a GGUF file at its true widths,
-    with the run's tokenizer. The one line the command prints."""
+    with the run's tokenizer, in ``dtype`` (None: f16; a trained model has no source file). The
+    one line the command prints."""
     from geospec.engine.export import LLAMA, save_tokenizer, training_model
     from geospec.prune.gguf_export import write_gguf
     from geospec.prune.true_width import set_widths
@@ -226,8 +243,8 @@ def export_training_gguf(
     set_widths(model, exported.widths)  # the padding sits after each layer's live units
     with tempfile.TemporaryDirectory() as scratch:
         save_tokenizer(tokenizer, eot, Path(scratch))
-        written = write_gguf(model, target, dtype, tokenizer=Path(scratch))
-    return _gguf_line(written)
+        written = write_gguf(model, target, dtype or "f16", tokenizer=Path(scratch))
+    return _gguf_line(written, "as asked" if dtype else "the default for a trained model")
 
 
 def _gguf_target(to: Path) -> Path:
@@ -238,13 +255,25 @@ def _gguf_target(to: Path) -> Path:
     return to
 
 
-def _gguf_line(written: Any) -> str:
-    from geospec.disk import size
+def _gguf_line(written: Any, why: str, source: Path | None = None) -> str:
+    """What a GGUF export prints: its type and why, who quantized it, the matrices that fell
+    back, its widths, and its size against ``source``'s (and an f16 file's)."""
+    from geospec.prune.gguf_quant import block_size, fallbacks
+    from geospec.prune.gguf_size import gguf_size
 
+    kind = written.dtype if written.dtype in ("f32", "f16") else written.dtype.upper()
+    fell = fallbacks(written.path, written.dtype)
+    fallen = ""
+    if fell:
+        stored = ", ".join(f"{count} in {name}" for name, count in sorted(fell.items()))
+        fallen = (
+            f"; {sum(fell.values())} matrices whose rows do not split into blocks of "
+            f"{block_size(written.dtype)} are stored as llama.cpp's quantizer falls back: {stored}"
+        )
     return (
-        f"exported GGUF ({written.dtype}, llama.cpp architecture deci, FFN widths "
-        f"{' '.join(map(str, written.widths))}): {written.parameters:,} parameters, "
-        f"{size(written.bytes)} -> {written.path}"
+        f"exported GGUF {kind} ({why}; written by {written.quantizer}), llama.cpp architecture "
+        f"deci, FFN widths {' '.join(map(str, written.widths))}: {written.parameters:,} "
+        f"parameters, {gguf_size(written.path, source).line()}{fallen} -> {written.path}"
     )
 
 

@@ -24,6 +24,12 @@ from SmolLM2's GGUF keeps that file's vocabulary, merges, special tokens and cha
 built from a byte-level BPE ``tokenizer.json`` (GPT-2's, SmolLM's and Qwen2's pre-tokenizers, as
 llama.cpp's ``gpt2`` tokenizer model reads them; the special tokens and chat template through
 gguf-py's ``SpecialVocab``). ``gguf`` (the ``gguf`` extra) is imported only inside the functions.
+
+Weight types (:mod:`geospec.prune.gguf_quant`): f32 and f16 are written here; a quantized type
+through llama.cpp's own quantizer where llama-cpp-python is installed (the model written in f32
+to a temporary file beside the target, quantized into the target), else gguf-py's numpy
+quantizer for the legacy types, with llama.cpp's rules for the output matrix and for rows that do
+not split into blocks.
 """
 
 from __future__ import annotations
@@ -37,9 +43,9 @@ import numpy as np
 import torch
 
 from geospec.errors import UsageError
+from geospec.prune.gguf_quant import DTYPES as DTYPES  # the types written, where they were
+from geospec.prune.gguf_quant import GGUF_PY, check_dtype, file_type, main_type, quantizer
 
-#: The weight types written: f32, f16, and Q8_0 (gguf-py quantises it in numpy).
-DTYPES = ("f32", "f16", "q8_0")
 ARCH = "deci"
 #: transformers model types the writer maps to llama.cpp's deci (Llama's layer, its optional
 #: biases included: Qwen2's).
@@ -53,9 +59,12 @@ class Written:
     path: Path
     widths: list[int]
     dtype: str
+    """The file's weight type (a ``--dtype``: f16, q4_1, q4_k_m)."""
     parameters: int
     """Parameters in the file (a tied embedding once)."""
     bytes: int
+    quantizer: str
+    """Who wrote the weights: gguf-py, or llama.cpp's quantizer."""
 
 
 def write_gguf(
@@ -71,12 +80,14 @@ def write_gguf(
     tokenizer.json is the default tokenizer) or a transformers model object (its MLPs at any
     widths: cut, loaded by ``load_pruned``, or padded with zero units, which are written as they
     are). ``tokenizer``: a ``.gguf`` file whose tokenizer fields are copied, or a directory holding
-    ``tokenizer.json``. ``dtype``: one of :data:`DTYPES` for the matrices (norms stay f32)."""
+    ``tokenizer.json``. ``dtype``: one of :data:`DTYPES` for the matrices (norms and biases
+    stay f32); a quantized type is written by llama.cpp's quantizer where llama-cpp-python is
+    installed, else by gguf-py (a K-quant without llama-cpp-python is one line)."""
     from geospec.atomic import atomic_path
     from geospec.prune.true_width import load_pruned
 
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype {dtype!r}: the GGUF writer writes {', '.join(DTYPES)}")
+    dtype = check_dtype(dtype)
+    writes = quantizer(dtype)
     gguf = _import_gguf()
     directory = Path(source) if isinstance(source, (str, Path)) else None
     if directory is not None:
@@ -95,21 +106,50 @@ def write_gguf(
     vocab_size = int(model.get_input_embeddings().weight.shape[0])
     tensors, widths = _tensors(model)
     path = Path(path)
+    contents = _Contents(config, tensors, widths, vocab_size, tokenizer, name or path.stem)
     with atomic_path(path) as tmp:
-        writer = gguf.GGUFWriter(str(tmp), ARCH)
-        writer.add_name(name or path.stem)
-        _hyperparameters(writer, config, widths, vocab_size, dtype, gguf)
-        _tokenizer(writer, tokenizer, vocab_size, gguf)
-        writer.add_array("geospec.ffn_widths", widths)
-        parameters = 0
-        for tensor_name, tensor in tensors:
-            parameters += tensor.size
-            _add_tensor(writer, tensor_name, tensor, dtype, gguf)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-    return Written(path, widths, dtype, parameters, path.stat().st_size)
+        if writes == GGUF_PY:
+            _write(tmp, contents, dtype, gguf)
+        else:
+            from geospec.hardware import available_cores
+            from geospec.prune.gguf_quant import quantize_file, scratch_beside
+
+            # llama.cpp quantizes from the f32 weights themselves (no f16 rounding first)
+            with scratch_beside(path) as unquantized:
+                _write(unquantized, contents, "f32", gguf)
+                quantize_file(unquantized, tmp, dtype, available_cores())
+    parameters = sum(tensor.size for _, tensor in tensors)
+    return Written(path, widths, dtype, parameters, path.stat().st_size, writes)
+
+
+@dataclass(frozen=True)
+class _Contents:
+    """What a file holds whatever its weight type."""
+
+    config: Any
+    tensors: list[tuple[str, np.ndarray]]
+    widths: list[int]
+    vocab_size: int
+    tokenizer: Path
+    name: str
+
+
+def _write(path: Path, contents: _Contents, dtype: str, gguf: Any) -> None:
+    """``contents`` as the GGUF file ``path`` with gguf-py, matrices in ``dtype``."""
+    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer.add_name(contents.name)
+    _hyperparameters(writer, contents.config, contents.widths, contents.vocab_size, dtype, gguf)
+    _tokenizer(writer, contents.tokenizer, contents.vocab_size, gguf)
+    writer.add_array("geospec.ffn_widths", contents.widths)
+    names = {tensor_name for tensor_name, _ in contents.tensors}
+    # llama.cpp's quantizer treats the output matrix apart, and a tied embedding as that matrix
+    output = "output.weight" if "output.weight" in names else "token_embd.weight"
+    for tensor_name, tensor in contents.tensors:
+        _add_tensor(writer, tensor_name, tensor, dtype, tensor_name == output, gguf)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def _import_gguf() -> Any:
@@ -190,12 +230,9 @@ def _hyperparameters(
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_vocab_size(vocab)
-    file_type = {
-        "f32": gguf.LlamaFileType.ALL_F32,
-        "f16": gguf.LlamaFileType.MOSTLY_F16,
-        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-    }[dtype]
-    writer.add_file_type(int(file_type))
+    writer.add_file_type(file_type(dtype, gguf))
+    if dtype not in ("f32", "f16"):
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)  # as llama.cpp's converter does
 
 
 def _tensors(model: Any) -> tuple[list[tuple[str, np.ndarray]], list[int]]:
@@ -266,17 +303,23 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def _add_tensor(writer: Any, name: str, tensor: np.ndarray, dtype: str, gguf: Any) -> None:
-    """Vectors in f32 (as llama.cpp's converter keeps norms); matrices in ``dtype``; a matrix whose
-    rows do not split into Q8_0 blocks of 32 falls back to f16, as the converter does."""
+def _add_tensor(
+    writer: Any, name: str, tensor: np.ndarray, dtype: str, output: bool, gguf: Any
+) -> None:
+    """Vectors in f32 (as llama.cpp's converter keeps norms); matrices in ``dtype`` (gguf-py's
+    types: the floats and the legacy ones), as llama.cpp's quantizer chooses for a legacy type:
+    the ``output`` matrix (the embedding, when tied) in Q8_0 (llama.cpp keeps it at Q6_K or Q8_0;
+    gguf-py has no Q6_K), and a matrix whose rows do not split into blocks in f16."""
     kind = gguf.GGMLQuantizationType
     if tensor.ndim == 1 or dtype == "f32":
         writer.add_tensor(name, tensor.astype(np.float32))
         return
-    if dtype == "q8_0" and tensor.shape[-1] % gguf.GGML_QUANT_SIZES[kind.Q8_0][0] == 0:
-        packed = gguf.quants.quantize(tensor, kind.Q8_0)
-        writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=kind.Q8_0)
-        return
+    if dtype != "f16":
+        target = kind.Q8_0 if output else main_type(dtype, gguf)
+        if tensor.shape[-1] % gguf.GGML_QUANT_SIZES[target][0] == 0:
+            packed = gguf.quants.quantize(tensor, target)
+            writer.add_tensor(name, packed, raw_shape=packed.shape, raw_dtype=target)
+            return
     writer.add_tensor(name, tensor.astype(np.float16))
 
 
