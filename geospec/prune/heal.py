@@ -65,6 +65,9 @@ def heal_settings(
         device=device,
         threads=threads,
         eval_tokens=seq_len,
+        # a line (and the bar's loss and tokens/s) at least every tenth of the healing: its
+        # steps are slow on a CPU
+        log_interval=max(1, min(10, heal.steps // 10)),
     )
 
 

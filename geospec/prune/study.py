@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from geospec.engine.model import GPT
+    from geospec.engine.progress import StageAdvance
     from geospec.kinds import BlockLinears, Importance, Search
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
@@ -244,9 +245,9 @@ def prune_units(
     profiles: dict[int, Mapping[str, Sequence[float]]] = {}  # by calibration seed, when needed
     widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
 
-    def computed(unit: Unit, unit_dir: Path, unit_key: str) -> dict[str, Any]:
-        """The unit's record, computed (or, finished before its model was asked for, its model
-        written): this process holds the unit's claim."""
+    def computed(unit: Unit, unit_dir: Path, unit_key: str, heal: Healer | None) -> dict[str, Any]:
+        """The unit's record, computed (healed by ``heal``) or, finished before its model was
+        asked for, its model written: this process holds the unit's claim."""
         stored = finished_unit(unit_dir, unit_key)
         if unit.seed not in scored:  # once per calibration sample, only when needed
             scored[unit.seed] = calibrated(
@@ -318,6 +319,7 @@ def prune_units(
         return stored if stored is not None and exported else None
 
     with stage_progress(console, say, "pruned models", len(units)) as advance:
+        healing = None if heal is None else shown_alone(heal, advance)
         for unit in units:
             unit_dir = unit.directory(run_dir)
             # owl's units from before it read the block linears are not reused: the stage's key
@@ -331,7 +333,7 @@ def prune_units(
                 with claim(unit_dir, waiting=waiting_note(unit, say)):
                     result = reusable(unit, unit_dir, unit_key)
                     if result is None:
-                        result = computed(unit, unit_dir, unit_key)
+                        result = computed(unit, unit_dir, unit_key, healing)
             results[unit] = result
             advance(1)
     if left_out:
@@ -347,6 +349,17 @@ def prune_units(
                 f"calibration windows is {found['best']!r} (loss {loss:.4f})"
             )
     return record
+
+
+def shown_alone(heal: Healer, advance: StageAdvance) -> Healer:
+    """``heal`` with the units' bar off the screen, so that its training bar (step, loss,
+    tokens/s, eta) is the one shown while it runs."""
+
+    def healed(unit: Unit, directory: Path, key: str, imported: GPT) -> dict[str, float]:
+        with advance.paused():
+            return heal(unit, directory, key, imported)
+
+    return healed
 
 
 def waiting_note(unit: Unit, say: Callable[[str], None]) -> Callable[[Any], None]:
