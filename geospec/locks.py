@@ -1,5 +1,6 @@
-"""Advisory file locks: one process builds a data cache while others wait, and no two processes
-ever train into the same directory.
+"""Advisory file locks: one process builds a data cache while others wait, no two processes
+ever train into the same directory, and no two compute the same prune unit (the second waits
+for the first's result and reuses it).
 
 Several ``geospec run`` processes may share one run directory (to use more cores, or more
 machines on a shared disk): each trains the arm-seed runs that no other process has claimed and
@@ -21,7 +22,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,13 +58,21 @@ def claim_path(directory: Path) -> Path:
 
 
 @contextlib.contextmanager
-def claim(directory: Path) -> Iterator[bool]:
-    """Claim ``directory`` for training without waiting; yields whether this process has it.
+def claim(
+    directory: Path, waiting: Callable[[dict[str, Any] | None], None] | None = None
+) -> Iterator[bool]:
+    """Claim ``directory`` without waiting; yields whether this process has it.
 
-    The holder writes its record into the lock file while it holds the claim and empties it on
-    release."""
+    With ``waiting``, a claim another process holds is waited for instead (and then always
+    granted): ``waiting`` is first told who holds it (:func:`claim_holder`; None when its record
+    is not written yet), so that the wait is said. The holder writes its record into the lock
+    file while it holds the claim and empties it on release."""
     path = claim_path(directory)
-    with file_lock(path, wait=False) as granted:
+    with contextlib.ExitStack() as held:
+        granted = held.enter_context(file_lock(path, wait=False))
+        if not granted and waiting is not None:
+            waiting(claim_holder(directory))
+            granted = held.enter_context(file_lock(path, wait=True))
         if granted:
             _write_holder(path, holder_record())
         try:

@@ -3,13 +3,14 @@ the kernel when the holder dies."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from geospec.locks import claim, file_lock
+from geospec.locks import claim, claim_holder, file_lock
 
 HOLD = """
 import sys, time
@@ -53,6 +54,33 @@ def test_the_claim_of_a_killed_process_is_released(tmp_path: Path) -> None:
         holder.wait()
     with claim(run) as granted:
         assert granted
+
+
+def test_a_waiting_claim_is_told_its_holder_and_granted_once_it_is_gone(tmp_path: Path) -> None:
+    """claim(directory, waiting=...) on a claim another process holds: ``waiting`` is told the
+    holder's record (its pid), and the claim is granted when the holder is gone (killed here,
+    by ``waiting`` itself), its record then this process's."""
+    run = tmp_path / "seed-0"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True
+    )
+    told: list[object] = []
+
+    def waiting(record: dict[str, object] | None) -> None:
+        told.append(record)
+        holder.send_signal(signal.SIGKILL)
+
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "True"
+        with claim(run, waiting=waiting) as granted:
+            assert granted
+            mine = claim_holder(run)
+            assert mine is not None and mine["pid"] == os.getpid()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert len(told) == 1 and isinstance(told[0], dict) and told[0]["pid"] == holder.pid
+    assert claim_holder(run) is None  # emptied on release
 
 
 def test_a_waiting_lock_is_always_granted(tmp_path: Path) -> None:

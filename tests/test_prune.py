@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -845,7 +846,8 @@ def test_healing_can_distil_from_the_unpruned_model(tmp_path: Path) -> None:
     """heal.distill = 1: each pruned model is trained on the KL divergence from the unpruned
     reference, imported into the engine (its heal run's fingerprint names the teacher's
     weights); at a vanishing learning rate the healed loss is the pruned loss, and a new
-    distill share is a new healing (tests/test_distill.py: the student moves to its teacher)."""
+    distill share is a new healing (tests/test_distill.py: the student moves to its teacher).
+    Healing says what it heals and shows its progress: step, loss, tokens/s, eta."""
     from geospec.engine.identity import weights_digest
     from geospec.engine.imported import import_llama
 
@@ -855,7 +857,13 @@ def test_healing_can_distil_from_the_unpruned_model(tmp_path: Path) -> None:
         calibration={"windows": 8, "seeds": [0]}, heal=heal,
     )  # fmt: skip
     heal_dir = tmp_path / "run" / "prune" / "keep-0.5" / "uniform" / "seed-0" / "heal"
-    invoke("prune", str(spec))
+    output = invoke("prune", str(spec))
+    # what healing shows (in a log: a line per log interval, here every step of 4)
+    said = "heal: uniform@0.5 (seed 0), 4 steps of 4 x 16 tokens, distilled from the unpruned"
+    assert said in output
+    steps = [line for line in output.splitlines() if re.match(r"step \d+/", line)]
+    assert [line.split()[1] for line in steps] == ["1/4", "2/4", "3/4", "4/4"], output
+    assert all("loss" in line and "tok/s" in line and "eta" in line for line in steps)
     reference = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
     teacher = import_llama(reference, 16)
     result = json.loads((heal_dir / "result.json").read_text())
@@ -870,6 +878,25 @@ def test_healing_can_distil_from_the_unpruned_model(tmp_path: Path) -> None:
     invoke("prune", str(spec))
     result = json.loads((heal_dir / "result.json").read_text())
     assert result["fingerprint"]["teacher"]["weight"] == 0.5
+
+
+def test_healing_takes_the_units_bar_off_a_terminal_while_its_own_shows() -> None:
+    """A terminal shows one live display at a time: the prune's bar of units is stopped while a
+    unit heals (its training bar shows) and shown again after (prune.study.shown_alone)."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from geospec.engine.progress import stage_progress
+
+    console = Console(file=StringIO(), force_terminal=True)
+    with stage_progress(console, print, "pruned models", 2) as advance:
+        assert advance.bar.live.is_started
+        with advance.paused():
+            assert not advance.bar.live.is_started
+        assert advance.bar.live.is_started
+        advance(2)
+    assert "pruned models" in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 def test_healing_a_model_geospec_cannot_import_is_one_line(tmp_path: Path) -> None:

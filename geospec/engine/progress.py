@@ -122,23 +122,39 @@ class LogProgress:
         )
 
 
+class StageAdvance:
+    """What :func:`stage_progress` yields: called with the work just done, it advances the bar
+    (or the log line); :meth:`paused` takes the bar off the screen while a step inside the loop
+    shows its own (a unit's healing: its training bar), since a terminal shows one live display
+    at a time."""
+
+    def __init__(self, bar: Progress, task: TaskID, log: LogProgress) -> None:
+        self.bar, self.task, self.log = bar, task, log
+
+    def __call__(self, done: int = 1) -> None:
+        self.bar.advance(self.task, done)
+        self.log.advance(done)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self.bar.stop()  # transient: the bar is cleared, and shown again after
+        try:
+            yield
+        finally:
+            self.bar.start()
+
+
 @contextmanager
 def stage_progress(
     console: Console, say: Callable[[str], None], what: str, total: int, shown: bool = True
-) -> Iterator[Callable[[int], None]]:
-    """Progress of one long loop of a stage, advanced by the function it yields: a transient bar
-    on a terminal, a :class:`LogProgress` line every few seconds otherwise (logs, batch jobs);
-    nothing when not ``shown`` (the ranks other than 0 under torchrun)."""
+) -> Iterator[StageAdvance]:
+    """Progress of one long loop of a stage, advanced by the :class:`StageAdvance` it yields: a
+    transient bar on a terminal, a :class:`LogProgress` line every few seconds otherwise (logs,
+    batch jobs); nothing when not ``shown`` (the ranks other than 0 under torchrun)."""
     terminal = console.is_terminal
     with Progress(console=console, transient=True, disable=not (shown and terminal)) as bar:
         task = bar.add_task(what, total=total)
-        log = LogProgress(say, what, total, enabled=shown and not terminal)
-
-        def advance(done: int = 1) -> None:
-            bar.advance(task, done)
-            log.advance(done)
-
-        yield advance
+        yield StageAdvance(bar, task, LogProgress(say, what, total, enabled=shown and not terminal))
 
 
 def format_bytes(size: float) -> str:

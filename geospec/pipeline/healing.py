@@ -6,6 +6,7 @@ this module hands it the trainer)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,18 +54,28 @@ def healer(
         out: Path,
         key: str,
         seed: int,
+        *,
+        announce: str,
     ) -> bool:
         tokens = run.token_data(data)
         job = TrainingJob(
             out, key, list(config.ffn_widths), config, settings, tokens, seed,
             initial=initial, teacher=teacher(),
         )  # fmt: skip
-        trained = train_into(run, job, progress=False)
+        # the training bar (step, loss, tokens/s, eta; a line per log interval in logs): the
+        # prune's bar of units is off the screen meanwhile (prune.study.shown_alone)
+        trained = train_into(run, job, announce=announce, progress=True)
         return trained is not None
 
     def healed(unit: Unit, out: Path, key: str, imported: GPT) -> dict[str, float]:
         settings = heal_settings(heal, unit.seed, run.device, threads, seq_len)
-        losses = healed_losses(imported, settings, out, key, unit.seed, train, corpora)
+        distilled = ""
+        if heal.distill:
+            distilled = f", distilled from the unpruned model (distill {heal.distill:g})"
+        batch = f"{settings.batch_size} x {seq_len} tokens"
+        announce = f"[bold]heal[/]: {unit.label}, {settings.steps} steps of {batch}{distilled}"
+        trainer = functools.partial(train, announce=announce)
+        losses = healed_losses(imported, settings, out, key, unit.seed, trainer, corpora)
         if losses is None:
             raise GeospecError(
                 f"prune: {out} is being healed by another process; wait for it to finish "

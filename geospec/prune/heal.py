@@ -65,6 +65,9 @@ def heal_settings(
         device=device,
         threads=threads,
         eval_tokens=seq_len,
+        # a line (and the bar's loss and tokens/s) at least every tenth of the healing: its
+        # steps are slow on a CPU
+        log_interval=max(1, min(10, heal.steps // 10)),
     )
 
 
@@ -84,7 +87,10 @@ def healed_losses(
     from geospec.engine.checkpoint import load_model
     from geospec.prune.apply import eval_loss
 
-    state = {k: v.detach().clone() for k, v in imported.state_dict().items()}
+    # the imported model's own tensors, not a copy: training copies them into the model it
+    # trains and never writes them (a copy cost the pruned model's size again, its tied
+    # embedding twice)
+    state = {k: v.detach() for k, v in imported.state_dict().items()}
     if not train(imported.config, state, settings, directory, key, seed):
         return None
     healed = load_model(directory, next(iter(corpora.values()))[0][0].device)

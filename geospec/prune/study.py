@@ -27,6 +27,7 @@ from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.disk import writing
 from geospec.layout import HEAL_DIR, SEARCH_FILE, UNIT_FILE, UNIT_MODEL_DIR
+from geospec.locks import claim
 from geospec.prune.units import EXPORTED_FILE, Unit, finished_unit, gather, has_model, units_of
 from geospec.prune.units import unit_key as key_of
 from geospec.spec.sections import PruneSpec
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from geospec.engine.model import GPT
+    from geospec.engine.progress import StageAdvance
     from geospec.kinds import BlockLinears, Importance, Search
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
@@ -247,81 +249,96 @@ def prune_units(
     teachers: dict[int, dict[int, torch.Tensor]] = {}  # the unpruned model's, by seed and window
     profiles: dict[int, Mapping[str, Sequence[float]]] = {}  # by calibration seed, when needed
     widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
+
+    def computed(unit: Unit, unit_dir: Path, unit_key: str, heal: Healer | None) -> dict[str, Any]:
+        """The unit's record, computed (healed by ``heal``) or, finished before its model was
+        asked for, its model written: this process holds the unit's claim."""
+        stored = finished_unit(unit_dir, unit_key)
+        if unit.seed not in scored:  # once per calibration sample, only when needed
+            scored[unit.seed] = calibrated(
+                model, sites, importances, train_tokens, inputs.seq_len, prune, unit.seed,
+                compensate=compensate, blocks=blocks_needed,
+                batches=bool(searches or evolves or prune.sweeps), bos=inputs.bos,
+            )  # fmt: skip
+        work = scored[unit.seed]
+        arm = next(a for a in prune.arms if a.name == unit.arm)
+        if stored is not None:  # finished, its model asked for since: written, not redone
+            means = work.means if prune.compensates(arm) else None
+            orders = work.orders[arm_importance[unit.arm]]
+            target = unit_dir / UNIT_MODEL_DIR
+            if "healed_loss" in stored:  # the model it hands out is the healed one
+                export_healed(
+                    model, sites, orders, stored["widths"], means, unit_dir / HEAL_DIR,
+                    target, unit_key, inputs.export_dtype,
+                )  # fmt: skip
+            else:
+                cut = pruned(sites, orders, stored["widths"], compensation=means)
+                with torch.no_grad(), cut:
+                    export_unit(
+                        model, sites, stored["widths"], target, unit_key, inputs.export_dtype
+                    )
+            return stored
+        if (unit.seed, unit.keep) not in widths:
+            if unit.seed not in profiles:
+                profiles[unit.seed] = inputs.seed_profiles(unit.seed)
+            losses = {  # a search's calibration losses, of its own importance's cuts
+                name: SuffixCutLosses(
+                    model, sites, work.orders[arm_importance[name]], work.batches or []
+                )
+                for name in searches
+            }
+            searched = {}  # each evolve arm's search, resumable in its unit's directory
+            for name in [name for name in evolves if name in wanted]:
+                searched[name] = evolve_search(
+                    model, sites, work.orders[arm_importance[name]], work.batches or [],
+                    teachers.setdefault(unit.seed, {}), prune, run_dir,
+                    Unit(unit.keep, name, unit.seed), inputs.key, say,
+                )  # fmt: skip
+            widths[(unit.seed, unit.keep)] = allocate(
+                allocated, dims[unit.keep], profiles[unit.seed], [],
+                arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
+                blocks=work.blocks, cut_losses=losses, searches=searched,
+            )  # fmt: skip
+        result = pruned_unit(
+            model, sites, work.orders[arm_importance[unit.arm]],
+            widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
+            inputs, heal, work.means if prune.compensates(arm) else None,
+            calibration=work.batches if arm.sweep is not None else None,
+            export=prune.exports(unit.keep, unit.arm), selection=selection,
+        )  # fmt: skip
+        result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
+        if unit.arm in evolves:  # the search's path to its widths
+            result["search"] = searched_path(unit_dir / SEARCH_FILE)
+        if inputs.redraw is not None:  # what this seed's allocation was solved from
+            result["profiles"] = {k: list(v) for k, v in profiles[unit.seed].items()}
+        result["key"] = unit_key
+        atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
+        return result
+
+    def reusable(unit: Unit, unit_dir: Path, unit_key: str) -> dict[str, Any] | None:
+        """The unit's record when nothing is left to do for it (its model written, if asked)."""
+        stored = finished_unit(unit_dir, unit_key)
+        exported = not prune.exports(unit.keep, unit.arm) or has_model(
+            unit_dir, unit_key, inputs.export_dtype
+        )
+        return stored if stored is not None and exported else None
+
     with stage_progress(console, say, "pruned models", len(units)) as advance:
+        healing = None if heal is None else shown_alone(heal, advance)
         for unit in units:
             unit_dir = unit.directory(run_dir)
             # owl's units from before it read the block linears are not reused: the stage's key
             # (inputs.key) names the arms that read them (PruneStage.block_arms)
             unit_key = key_of(inputs.key, unit)
-            stored = finished_unit(unit_dir, unit_key)
-            export = prune.exports(unit.keep, unit.arm)
-            if stored is not None and (
-                not export or has_model(unit_dir, unit_key, inputs.export_dtype)
-            ):
-                results[unit] = stored
-                advance(1)
-                continue
-            if unit.seed not in scored:  # once per calibration sample, only when needed
-                scored[unit.seed] = calibrated(
-                    model, sites, importances, train_tokens, inputs.seq_len, prune, unit.seed,
-                    compensate=compensate, blocks=blocks_needed,
-                    batches=bool(searches or evolves or prune.sweeps), bos=inputs.bos,
-                )  # fmt: skip
-            work = scored[unit.seed]
-            arm = next(a for a in prune.arms if a.name == unit.arm)
-            if stored is not None:  # finished, its model asked for since: written, not redone
-                means = work.means if prune.compensates(arm) else None
-                orders = work.orders[arm_importance[unit.arm]]
-                target = unit_dir / UNIT_MODEL_DIR
-                if "healed_loss" in stored:  # the model it hands out is the healed one
-                    export_healed(
-                        model, sites, orders, stored["widths"], means, unit_dir / HEAL_DIR,
-                        target, unit_key, inputs.export_dtype,
-                    )  # fmt: skip
-                else:
-                    cut = pruned(sites, orders, stored["widths"], compensation=means)
-                    with torch.no_grad(), cut:
-                        export_unit(
-                            model, sites, stored["widths"], target, unit_key, inputs.export_dtype
-                        )
-                results[unit] = stored
-                advance(1)
-                continue
-            if (unit.seed, unit.keep) not in widths:
-                if unit.seed not in profiles:
-                    profiles[unit.seed] = inputs.seed_profiles(unit.seed)
-                losses = {  # a search's calibration losses, of its own importance's cuts
-                    name: SuffixCutLosses(
-                        model, sites, work.orders[arm_importance[name]], work.batches or []
-                    )
-                    for name in searches
-                }
-                searched = {}  # each evolve arm's search, resumable in its unit's directory
-                for name in [name for name in evolves if name in wanted]:
-                    searched[name] = evolve_search(
-                        model, sites, work.orders[arm_importance[name]], work.batches or [],
-                        teachers.setdefault(unit.seed, {}), prune, run_dir,
-                        Unit(unit.keep, name, unit.seed), inputs.key, say,
-                    )  # fmt: skip
-                widths[(unit.seed, unit.keep)] = allocate(
-                    allocated, dims[unit.keep], profiles[unit.seed], [],
-                    arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
-                    blocks=work.blocks, cut_losses=losses, searches=searched,
-                )  # fmt: skip
-            result = pruned_unit(
-                model, sites, work.orders[arm_importance[unit.arm]],
-                widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
-                inputs, heal, work.means if prune.compensates(arm) else None,
-                calibration=work.batches if arm.sweep is not None else None, export=export,
-                selection=selection,
-            )  # fmt: skip
-            result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
-            if unit.arm in evolves:  # the search's path to its widths
-                result["search"] = searched_path(unit_dir / SEARCH_FILE)
-            if inputs.redraw is not None:  # what this seed's allocation was solved from
-                result["profiles"] = {k: list(v) for k, v in profiles[unit.seed].items()}
-            result["key"] = unit_key
-            atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
+            result = reusable(unit, unit_dir, unit_key)
+            if result is None:
+                # another geospec prune on this run directory may be computing the unit: wait
+                # for it and reuse its record rather than compute it twice (the claim is an
+                # flock, released when its holder exits or dies)
+                with claim(unit_dir, waiting=waiting_note(unit, say)):
+                    result = reusable(unit, unit_dir, unit_key)
+                    if result is None:
+                        result = computed(unit, unit_dir, unit_key, healing)
             results[unit] = result
             advance(1)
     if left_out:
@@ -411,6 +428,33 @@ def greedy(
                     break
             continued.append([int(t) for t in ids[0, len(prompt) :]])
     return continued
+
+
+def shown_alone(heal: Healer, advance: StageAdvance) -> Healer:
+    """``heal`` with the units' bar off the screen, so that its training bar (step, loss,
+    tokens/s, eta) is the one shown while it runs."""
+
+    def healed(unit: Unit, directory: Path, key: str, imported: GPT) -> dict[str, float]:
+        with advance.paused():
+            return heal(unit, directory, key, imported)
+
+    return healed
+
+
+def waiting_note(unit: Unit, say: Callable[[str], None]) -> Callable[[Any], None]:
+    """What a prune says when another process holds ``unit``'s claim, told the holder's record
+    (:func:`geospec.locks.claim_holder`: None, or one without a pid, when it cannot be read)."""
+    import socket
+
+    def waiting(holder: dict[str, Any] | None) -> None:
+        who = ""
+        if holder is not None and "pid" in holder:
+            host = holder["host"]  # a pid is its host's own: the host is named where it differs
+            where = "" if host == socket.gethostname() else f" on {host}"
+            who = f" (pid {holder['pid']}{where})"
+        say(f"waiting for unit {unit.label}: another geospec prune{who} is computing it")
+
+    return waiting
 
 
 def evolve_search(

@@ -34,6 +34,11 @@ class Unit:
     def directory(self, run_dir: Path) -> Path:
         return prune_unit_dir(run_dir, self.keep, self.arm, self.seed)
 
+    @property
+    def label(self) -> str:
+        """The unit as the commands name it: ``ARM@KEEP``, and its calibration seed."""
+        return f"{self.arm}@{self.keep:g} (seed {self.seed})"
+
 
 def unit_key(stage_key: str, unit: Unit) -> str:
     """A unit's key: the prune stage's, the unit's budget, arm and calibration seed."""

@@ -15,6 +15,11 @@ Under FSDP2 the weights, gradients and AdamW state are split across the processe
 block's weights gathered at a time); under DDP every process holds all of them, and DDP keeps
 its gradient buckets besides the gradients. The counts are an estimate of what the allocator is
 asked for: tests/test_memory.py measures real runs' peak memory against it.
+
+Healing a pruned model (``[prune.heal]``, :func:`healing_memory`) is such a training run inside
+the prune's process, which also holds the checkpoint as it loaded it, the pruned model as
+imported into the engine (the weights training starts from) and, distilling, the unpruned model
+imported as the teacher and a step's distillation tensors (docs/prune.md, "Healing").
 """
 
 from __future__ import annotations
@@ -116,6 +121,82 @@ def training_memory(
         precision="bf16 autocast" if bf16 else "fp32",
         processes=processes,
         sharded=sharded,
+    )
+
+
+#: Bytes per weight of each dtype a checkpoint is loaded in (``reference.dtype``).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+#: The float32 tensors of batch x seq_len x vocabulary alive at a distillation step's peak
+#: beyond a plain step's: the teacher's logits and the KL divergence's log-softmaxes and
+#: elementwise terms (:func:`geospec.engine.distill.kl_per_token`). Measured on the engine: a
+#: step's peak is 8 such tensors with distillation, 4 without (tests/test_memory.py).
+DISTILLATION_LOGITS = 4
+
+
+@dataclass(frozen=True)
+class HealingEstimate:
+    """Bytes the prune's process holds at its peak while it heals one pruned model, by part."""
+
+    training: MemoryEstimate
+    """The pruned model's training: its weights, gradients, AdamW state, a batch's activations."""
+    imported: int
+    """The pruned model imported into the engine: the weights training starts from."""
+    teacher: int
+    """Distilling: the unpruned model imported into the engine (float32)."""
+    distillation: int
+    """Distilling: a step's tensors beside the student's (:data:`DISTILLATION_LOGITS`)."""
+    reference: int
+    """The checkpoint as the prune loaded it (``reference.dtype``), held throughout."""
+
+    @property
+    def total(self) -> int:
+        """The training's peak with the distillation's tensors (alive with the activations and
+        gradients of a step) and the weights held beside it."""
+        t = self.training
+        transient = max(t.activations + t.gradients + self.distillation, t.checkpoint)
+        held = self.imported + self.teacher + self.reference
+        return t.weights + t.optimizer + transient + held
+
+    def describe(self) -> str:
+        """One line: the total and its parts."""
+        t = self.training
+        distilled = (
+            f"teacher {size(self.teacher)}, distillation {size(self.distillation)}, "
+            if self.teacher
+            else ""
+        )
+        return (
+            f"{size(self.total)} (pruned model {size(t.weights)}, gradients {size(t.gradients)}, "
+            f"AdamW {size(t.optimizer)}, activations {size(t.activations)} at batch "
+            f"{t.micro_batch}, {distilled}the pruned model as imported {size(self.imported)}, "
+            f"the checkpoint as loaded {size(self.reference)}; {t.precision}, {t.setting()})"
+        )
+
+
+def healing_memory(
+    shape: Shape,
+    widths: Sequence[int],
+    pruned: Sequence[int],
+    batch: int,
+    *,
+    checkpoint_bytes: int,
+    distill: bool,
+    bf16: bool = False,
+) -> HealingEstimate:
+    """The estimate for healing the model of ``shape`` with FFN ``widths``, pruned to the FFN
+    widths ``pruned``, on ``batch`` sequences of ``shape.seq_len`` tokens a step (healing takes
+    them in one forward pass), the checkpoint loaded in ``checkpoint_bytes`` per weight;
+    ``distill``: from the unpruned model (``heal.distill`` > 0)."""
+    training = training_memory(shape, pruned, batch, bf16=bf16)
+    logits = batch * shape.seq_len * shape.vocab_size * FP32
+    params = count_params(shape, widths)
+    return HealingEstimate(
+        training=training,
+        imported=FP32 * count_params(shape, pruned),
+        teacher=FP32 * params if distill else 0,
+        distillation=DISTILLATION_LOGITS * logits if distill else 0,
+        reference=checkpoint_bytes * params,
     )
 
 

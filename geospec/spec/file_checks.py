@@ -225,9 +225,6 @@ def _corpus_problems(spec: Spec, spec_dir: Path) -> list[str]:
 
 
 #: Bytes per weight as the checkpoint is loaded (reference.dtype).
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
 def _autocast_copies(spec: Spec) -> int:
     """Bytes per weight that autocast adds while a stage computes in a narrower dtype than the
     weights' float32: torch keeps one cast copy of every weight it has cast until the stage's
@@ -248,7 +245,7 @@ def loading_memory_problem(spec: Spec) -> str | None:
     reference.dtype and the fixes), or None: where it fits, where the weights go to a GPU (whose
     free memory only torch can tell), where [model]'s size is unknown, or with
     GEOSPEC_SKIP_MEMORY_CHECK=1."""
-    from geospec.shapes.memory import host_available
+    from geospec.shapes.memory import DTYPE_BYTES, host_available
     from geospec.shapes.model_size import count_params
     from geospec.spec.resolve import declared_vocab_size, model_shape
 
@@ -262,7 +259,7 @@ def loading_memory_problem(spec: Spec) -> str | None:
     m = spec.model
     params = count_params(model_shape(spec, vocab), [m.ffn_width] * m.n_layers)
     dtype = spec.reference.dtype
-    weights = params * _DTYPE_BYTES[dtype]
+    weights = params * DTYPE_BYTES[dtype]
     # exporting a pruned model builds its padded copy beside the reference
     copies = 2 if spec.prune is not None and spec.prune.export else 1
     cast = params * _autocast_copies(spec)

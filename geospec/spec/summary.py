@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.table import Table
@@ -18,6 +18,9 @@ from geospec.spec.resolve import (
     prunes_only,
 )
 from geospec.spec.sections import PretrainedTokenizer, Spec
+
+if TYPE_CHECKING:
+    from geospec.shapes.memory import HealingEstimate
 
 
 def spec_summary(spec: Spec) -> Group:
@@ -220,32 +223,62 @@ def compute_row(spec: Spec) -> str | None:
 def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:
     """Each arm's estimated training memory per process (``geospec validate``), at the arm's
     widths where they are computable without profiles and at the uniform widths otherwise (the
-    same FFN budget: only the widest layer's backward differs)."""
+    same FFN budget: only the widest layer's backward differs); and, where the spec heals its
+    pruned models, the prune's process while it heals one."""
     import os
 
     from geospec.shapes.memory import micro_batching, training_memory
 
     vocab = declared_vocab_size(spec)
-    if vocab is None or spec.probe_only:
+    if vocab is None:
         return []
     train = spec.train
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    micro, _ = micro_batching(train, processes)
     cuda = train.device.startswith("cuda")
-    bf16 = train.precision == "bf16" or (train.precision == "auto" and cuda)
     shape = model_shape(spec, vocab)
-    uniform = [spec.model.ffn_width] * spec.model.n_layers
     lines = []
-    for arm in spec.arms:
-        estimate = training_memory(
-            shape, widths.get(arm.name, uniform), micro, bf16=bf16, processes=processes,
-            sharded=processes > 1 and train.distributed == "fsdp2",
-        )  # fmt: skip
-        lines.append(f"memory of arm {arm.name}: {estimate.describe()}")
-    if train.precision == "auto" and train.device == "auto":
-        lines.append(
+    if not spec.probe_only:
+        processes = int(os.environ.get("WORLD_SIZE", "1"))
+        micro, _ = micro_batching(train, processes)
+        bf16 = train.precision == "bf16" or (train.precision == "auto" and cuda)
+        uniform = [spec.model.ffn_width] * spec.model.n_layers
+        for arm in spec.arms:
+            estimate = training_memory(
+                shape, widths.get(arm.name, uniform), micro, bf16=bf16, processes=processes,
+                sharded=processes > 1 and train.distributed == "fsdp2",
+            )  # fmt: skip
+            lines.append(f"memory of arm {arm.name}: {estimate.describe()}")
+    arms = bool(lines)
+    heals = spec.prune is not None and spec.prune.heal.steps > 0
+    if spec.prune is not None and heals:
+        keep = max(spec.prune.fractions)
+        described = healing_estimate(spec, vocab).describe()
+        lines.append(f"memory of healing (keep {keep:g}): {described}")
+    # healing's precision is always auto; an arm's is train.precision
+    if train.device == "auto" and (heals or (arms and train.precision == "auto")):
+        note = (
             "memory: precision auto is counted as fp32 (its setting on CPU; on CUDA it is bf16 "
-            "autocast, with smaller activations); WORLD_SIZE=N geospec validate shows it per "
-            "process of N processes"
+            "autocast, with smaller activations)"
         )
+        if arms:  # healing runs in the prune's one process
+            note += "; WORLD_SIZE=N geospec validate shows it per process of N processes"
+        lines.append(note)
     return lines
+
+
+def healing_estimate(spec: Spec, vocab: int) -> HealingEstimate:
+    """The prune's process while it heals its largest pruned model (at the largest keep
+    fraction; every arm of a budget has its parameters), healing's precision resolved as
+    training's (auto: bf16 autocast on CUDA)."""
+    from geospec.shapes.memory import DTYPE_BYTES, healing_memory
+    from geospec.shapes.pruned import pruned_dims
+
+    assert spec.prune is not None
+    m, heal = spec.model, spec.prune.heal
+    shape = model_shape(spec, vocab)
+    keep = max(spec.prune.fractions)
+    dims = pruned_dims(m.n_layers, m.d_model, m.ffn_width, m.multiple_of, keep, m.activation)
+    return healing_memory(
+        shape, [m.ffn_width] * m.n_layers, [dims.ffn_width] * m.n_layers, heal.batch_size,
+        checkpoint_bytes=DTYPE_BYTES[spec.reference.dtype], distill=heal.distill > 0,
+        bf16=spec.train.device.startswith("cuda"),
+    )  # fmt: skip
