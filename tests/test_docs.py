@@ -146,7 +146,7 @@ def test_the_prune_guide_error_example_is_the_real_output(
         (ROOT / "specs" / "prune-quickstart.toml").read_text()
     )
     config = {
-        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+        "model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64,
         "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 100,
         "max_position_embeddings": 2048,
     }  # fmt: skip
