@@ -203,3 +203,45 @@ def test_what_to_ship_counts_every_parameter_of_the_model_it_names(selected: Pat
         ffn = budget["arms"][arm]["ffn_params"]["0"]
         assert total_parameters(record, ffn) == exported
         assert f"{exported:,} parameters" in report
+
+
+def test_a_spec_can_export_the_recommended_arm(selected: Path, tmp_path: Path) -> None:
+    """export = ["best@0.5"]: once every unit is scored, the recommended arm's units at keep 0.5
+    (every calibration seed) and no other write their model, the same model the selection
+    scored; a later prune finds them written and computes nothing."""
+    record = json.loads((selected / "run" / "prune.json").read_text())
+    best = record["budgets"][1]["recommended"]["arm"]
+    spec = prune_spec(tmp_path, select={"windows": WINDOWS}, export=["best@0.5"])
+    output = invoke("prune", str(spec))
+    assert f"exported the recommended {best}@0.5 (seed 0)" in output
+    prune_dir = tmp_path / "run" / "prune"
+    written = sorted(
+        p.parent.relative_to(prune_dir).as_posix() for p in prune_dir.glob("*/*/*/model")
+    )
+    assert written == [f"keep-0.5/{best}/seed-{seed}" for seed in record["seeds"]]
+    losses = record["budgets"][1]["arms"][best]["select_loss"]["1"]
+    unit = prune_dir / "keep-0.5" / best / "seed-1"
+    assert selection_losses(tmp_path, unit / "model") == pytest.approx(losses, rel=1e-5)
+    again = invoke("prune", str(spec))
+    assert "exported the recommended" not in again and "prune: up to date" in again
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"export": ["best@0.5"]}, "exports the arm select recommends; add select"),
+        ({"select": {"windows": 2}, "export": ["best@0.6"]}, "names keep 0.6"),
+        (
+            {"select": {"windows": 2},
+             "arms": [{"name": "best", "schedule": {"kind": "uniform"}},
+                      {"name": "uniform", "schedule": {"kind": "uniform"}}]},
+            "arm name 'best' is taken",
+        ),
+    ],
+)  # fmt: skip
+def test_a_bad_best_export_in_a_spec_is_one_line(
+    tmp_path: Path, changes: dict[str, object], said: str
+) -> None:
+    result = CliRunner().invoke(cli, ["validate", str(prune_spec(tmp_path, **changes))])
+    assert result.exit_code == 2, result.output
+    assert said in " ".join(result.output.split())

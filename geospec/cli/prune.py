@@ -13,7 +13,7 @@ from geospec.cli.console import plugin_option, set_option, spec_argument
 from geospec.cli.until import from_option, out_option, run_until, threads_option
 from geospec.errors import UsageError
 from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
-from geospec.spec.sections import PruneSpec, Spec
+from geospec.spec.sections import BEST, PruneSpec, Spec
 
 
 @click.command()
@@ -178,10 +178,6 @@ def prune(
             click.echo(export_prune_unit(unit, to, "gguf", dtype))
         else:
             click.echo(export_padded(unit, to) if padded else export_with_tokenizer(unit, to))
-
-
-#: ``--export best@KEEP``: the arm prune.select recommends at KEEP.
-BEST = "best"
 
 
 def _best_keep(spec_path: Path, export: str, choice: Choice) -> float:

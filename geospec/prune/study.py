@@ -250,33 +250,41 @@ def prune_units(
     profiles: dict[int, Mapping[str, Sequence[float]]] = {}  # by calibration seed, when needed
     widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
 
+    def scored_for(seed: int) -> Scored:
+        """Calibration sample ``seed``'s scores, computed once and only when needed."""
+        if seed not in scored:
+            scored[seed] = calibrated(
+                model, sites, importances, train_tokens, inputs.seq_len, prune, seed,
+                compensate=compensate, blocks=blocks_needed,
+                batches=bool(searches or evolves or prune.sweeps), bos=inputs.bos,
+            )  # fmt: skip
+        return scored[seed]
+
+    def write_model(unit: Unit, unit_dir: Path, unit_key: str, stored: Mapping[str, Any]) -> None:
+        """A finished unit's model written without computing it again (its healed model,
+        where it was healed)."""
+        work = scored_for(unit.seed)
+        arm = next(a for a in prune.arms if a.name == unit.arm)
+        means = work.means if prune.compensates(arm) else None
+        orders = work.orders[arm_importance[unit.arm]]
+        target = unit_dir / UNIT_MODEL_DIR
+        if "healed_loss" in stored:  # the model it hands out is the healed one
+            export_healed(
+                model, sites, orders, stored["widths"], means, unit_dir / HEAL_DIR,
+                target, unit_key, inputs.export_dtype,
+            )  # fmt: skip
+        else:
+            with torch.no_grad(), pruned(sites, orders, stored["widths"], compensation=means):
+                export_unit(model, sites, stored["widths"], target, unit_key, inputs.export_dtype)
+
     def computed(unit: Unit, unit_dir: Path, unit_key: str, heal: Healer | None) -> dict[str, Any]:
         """The unit's record, computed (healed by ``heal``) or, finished before its model was
         asked for, its model written: this process holds the unit's claim."""
         stored = finished_unit(unit_dir, unit_key)
-        if unit.seed not in scored:  # once per calibration sample, only when needed
-            scored[unit.seed] = calibrated(
-                model, sites, importances, train_tokens, inputs.seq_len, prune, unit.seed,
-                compensate=compensate, blocks=blocks_needed,
-                batches=bool(searches or evolves or prune.sweeps), bos=inputs.bos,
-            )  # fmt: skip
-        work = scored[unit.seed]
+        work = scored_for(unit.seed)
         arm = next(a for a in prune.arms if a.name == unit.arm)
         if stored is not None:  # finished, its model asked for since: written, not redone
-            means = work.means if prune.compensates(arm) else None
-            orders = work.orders[arm_importance[unit.arm]]
-            target = unit_dir / UNIT_MODEL_DIR
-            if "healed_loss" in stored:  # the model it hands out is the healed one
-                export_healed(
-                    model, sites, orders, stored["widths"], means, unit_dir / HEAL_DIR,
-                    target, unit_key, inputs.export_dtype,
-                )  # fmt: skip
-            else:
-                cut = pruned(sites, orders, stored["widths"], compensation=means)
-                with torch.no_grad(), cut:
-                    export_unit(
-                        model, sites, stored["widths"], target, unit_key, inputs.export_dtype
-                    )
+            write_model(unit, unit_dir, unit_key, stored)
             return stored
         if (unit.seed, unit.keep) not in widths:
             if unit.seed not in profiles:
@@ -355,12 +363,16 @@ def prune_units(
     if inputs.prompts and any("recommended" in budget for budget in record["budgets"]):
         record["continuations"] = recommended_continuations(
             model, sites, record, prune, inputs.prompts, inputs.stop,
-            lambda seed: scored.get(seed) or calibrated(
-                model, sites, importances, train_tokens, inputs.seq_len, prune, seed,
-                compensate=compensate, blocks=False, batches=False, bos=inputs.bos,
-            ),
-            arm_importance,
+            scored_for, arm_importance,
         )  # fmt: skip
+    for keep in prune.best_exports():  # export = ["best@KEEP"]: the recommended arm's models
+        budget = next(budget for budget in record["budgets"] if budget["keep"] == keep)
+        for unit in (Unit(keep, budget["recommended"]["arm"], s) for s in prune.calibration.seeds):
+            unit_dir, unit_key = unit.directory(run_dir), key_of(inputs.key, unit)
+            if not has_model(unit_dir, unit_key, inputs.export_dtype):
+                with claim(unit_dir, waiting=waiting_note(unit, say)):
+                    write_model(unit, unit_dir, unit_key, results[unit])
+                say(f"prune: exported the recommended {unit.arm}@{keep:g} (seed {unit.seed})")
     for budget in record["budgets"]:
         for sweep, found in budget.get("sweeps", {}).items():
             loss = found["calibration_loss"][found["best"]]

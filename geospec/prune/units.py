@@ -47,15 +47,29 @@ def unit_key(stage_key: str, unit: Unit) -> str:
     return digest("prune-unit", stage_key, unit.keep, unit.arm, unit.seed)
 
 
-def missing_exports(prune: PruneSpec, stage_key: str, run_dir: Path, dtype: str) -> list[Unit]:
+def missing_exports(
+    prune: PruneSpec,
+    stage_key: str,
+    run_dir: Path,
+    dtype: str,
+    recommended: Mapping[float, str] | None = None,
+) -> list[Unit]:
     """The units ``prune.export`` asks a model of that have none written for their key, in
-    ``dtype``."""
+    ``dtype``; ``recommended`` (prune.json's arm per keep fraction) names what a
+    ``"best@KEEP"`` entry asks for."""
+    best = {keep: (recommended or {}).get(keep) for keep in prune.best_exports()}
     return [
         unit
         for unit in units_of(prune)
-        if prune.exports(unit.keep, unit.arm)
+        if (prune.exports(unit.keep, unit.arm) or best.get(unit.keep) == unit.arm)
         and not has_model(unit.directory(run_dir), unit_key(stage_key, unit), dtype)
     ]
+
+
+def recommended_arms(record: Mapping[str, Any] | None) -> dict[float, str]:
+    """prune.json's recommended arm per keep fraction (none without a record or ``select``)."""
+    budgets = [] if record is None else record.get("budgets", [])
+    return {b["keep"]: b["recommended"]["arm"] for b in budgets if "recommended" in b}
 
 
 def is_finished(prune: PruneSpec, stage_key: str, run_dir: Path, unit: Unit, dtype: str) -> bool:

@@ -607,6 +607,11 @@ def _expanded_grids(arms: Any) -> Any:
 EXPORT_PATTERN = r"^[A-Za-z0-9_.-]+@(0?\.[0-9]+|1(\.0*)?)$"
 
 
+#: ``export = ["best@KEEP"]``: the arm ``prune.select`` recommends at KEEP (no arm may take the
+#: name).
+BEST = "best"
+
+
 def _export_unit(entry: str) -> tuple[str, float]:
     """``"ARM@KEEP"`` as (arm, keep)."""
     arm, _, keep = entry.rpartition("@")
@@ -655,7 +660,8 @@ class PruneSpec(Section):
     """The arm every other is compared with, paired by calibration seed."""
     export: bool | list[Annotated[str, Field(pattern=EXPORT_PATTERN)]] = True
     """Write pruned models as checkpoints (at their true widths, docs/prune.md): true, every
-    unit's; a list of `"ARM@KEEP"` (`["flap@0.5"]`), those units' only, every calibration seed;
+    unit's; a list of `"ARM@KEEP"` (`["flap@0.5"]`), those units' only, every calibration seed
+    (`"best@KEEP"`: the arm `select` recommends at KEEP, written once every unit is scored);
     false, none. A finished unit is exported without being computed again."""
     export_dtype: Annotated[
         Literal["checkpoint", "float32", "bfloat16", "float16"], ADDED_LATER
@@ -716,10 +722,19 @@ class PruneSpec(Section):
         return [arm.name for arm in self.arms if name in (arm.name, arm.sweep)]
 
     def exports(self, keep: float, arm: str) -> bool:
-        """Whether the units of ``arm`` at ``keep`` write their model (``export``)."""
+        """Whether the units of ``arm`` at ``keep`` write their model as they are computed
+        (``export``; a ``"best@KEEP"`` entry's arm is known only once every unit is:
+        :meth:`best_exports`)."""
         if isinstance(self.export, bool):
             return self.export
         return any(_export_unit(entry) == (arm, keep) for entry in self.export)
+
+    def best_exports(self) -> list[float]:
+        """The keep fractions whose recommended arm's models ``export`` asks for
+        (``"best@KEEP"``)."""
+        if isinstance(self.export, bool):
+            return []
+        return [keep for arm, keep in map(_export_unit, self.export) if arm == BEST]
 
     def importance_of(self, arm: PruneArmSpec) -> ImportanceRef:
         """The importance table ``arm`` keeps its neurons by: its own, or the prune's."""
@@ -738,9 +753,16 @@ class PruneSpec(Section):
             raise ValueError(f"baseline {self.baseline!r} is not one of the arms {names}")
         if len(set(self.fractions)) != len(self.fractions):
             raise ValueError(f"keep fractions must be distinct, got {self.fractions}")
+        if BEST in names:
+            raise ValueError(f"arm name {BEST!r} is taken: it names the recommended arm")
         for i, entry in enumerate(self.export if isinstance(self.export, list) else []):
             named, keep = _export_unit(entry)
-            if named not in names:
+            if named == BEST and self.select is None:
+                raise ValueError(
+                    f"export[{i}]: {entry!r} exports the arm select recommends; add select = "
+                    '{ windows = 8 } (docs/prune.md, "What to ship") or name the arm'
+                )
+            if named not in [*names, BEST]:
                 raise ValueError(f"export[{i}]: {entry!r} names no arm; the arms are {names}")
             if keep not in self.fractions:
                 raise ValueError(

@@ -34,7 +34,14 @@ from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.probe import Probe
 from geospec.pipeline.stages.reference import compute_dtype, dtype_key
 from geospec.prune.exports import export_dtype
-from geospec.prune.units import chosen_units, is_finished, left_out_note, missing_exports, units_of
+from geospec.prune.units import (
+    chosen_units,
+    is_finished,
+    left_out_note,
+    missing_exports,
+    recommended_arms,
+    units_of,
+)
 from geospec.records import PRUNE_KEYS
 from geospec.spec.resolve import measures, prune_profiles
 from geospec.spec.sections import (
@@ -112,8 +119,11 @@ class PruneStage:
         path = run.run_dir / PRUNE_FILE
         # models asked for since the units finished: the stage runs, reusing every unit
         dtype = export_dtype(self.prune, self.reference, run.spec_dir)
+        recommended = recommended_arms(read_json(path)) if path.exists() else None
         unwritten = (
-            missing_exports(self.prune, key, run.run_dir, dtype) if self.prune.export else []
+            missing_exports(self.prune, key, run.run_dir, dtype, recommended)
+            if self.prune.export
+            else []
         )
         return Plan(
             key,
