@@ -526,3 +526,23 @@ def test_llamacpp_computes_smollm2_pruned_and_written_in_its_sources_q4_1() -> N
     assert written.bytes < Path(source).stat().st_size
     assert n_params == sum(p.numel() for p in model.parameters())
     assert near < 0.1 and near < far / 5
+
+
+def test_the_speed_of_an_export_is_measured_against_its_source(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """geospec prune --export ... --format gguf's speed line: both files run in llama.cpp, every
+    figure positive, the ratios those of the figures printed."""
+    import re
+
+    from geospec.prune.runtime import compare_speeds, speed_line
+
+    model = gguf_models.llama(eos_of(tokenizer_dir))
+    source = write_gguf(model, tmp_path / "source.gguf", "f32", tokenizer=tokenizer_dir).path
+    smaller = write_gguf(model, tmp_path / "smaller.gguf", "q8_0", tokenizer=tokenizer_dir).path
+    speeds = compare_speeds([smaller, source], prompt=16, generate=4, repeats=1)
+    assert all(s.prompt > 0 and s.generation > 0 for s in speeds)
+    line = speed_line(smaller, source)
+    numbers = [float(n.replace(",", "")) for n in re.findall(r"[\d,]+\.?\d*(?= tok/s)", line)]
+    ratios = [float(r) for r in re.findall(r"\(([\d.]+)x", line)]
+    assert len(numbers) == 2 and len(ratios) == 2 and all(r > 0 for r in ratios)

@@ -173,9 +173,14 @@ def prune(
         keep, arm, chosen = wanted[0]
         unit = prune_unit_dir(run_dir, keep, arm, chosen)
         if fmt == "gguf":
-            from geospec.prune.exports import export_prune_unit
+            from geospec.prune.exports import export_prune_unit, run_checkpoint
+            from geospec.prune.runtime import have_llamacpp, speed_line
 
             click.echo(export_prune_unit(unit, to, "gguf", dtype))
+            source = run_checkpoint(unit)
+            if have_llamacpp() and source is not None and source.suffix == ".gguf":
+                # what the smaller file buys where it runs, measured now against the user's own
+                click.echo(speed_line(to, source))
         else:
             click.echo(export_padded(unit, to) if padded else export_with_tokenizer(unit, to))
 
