@@ -251,9 +251,11 @@ def params_problem(prune: Mapping[str, Any], budget: Mapping[str, Any]) -> str |
 
 
 #: A recommended model whose perplexity on the selection windows is this many times the
-#: unpruned model's is said to need healing before use: SmolLM2-135M cut to 3/4 of its FFN
-#: neurons (1.3-1.8x) still answers "The capital of France is" with Paris, cut to 1/2 (2.3-4x)
-#: with "la la la" (docs/prune.md, "What to ship").
+#: unpruned model's is said to need healing before use: SmolLM2-135M cut to 1/2 of its FFN
+#: neurons (2.3-4x on the eval corpora) answers "The capital of France is" with "la la la",
+#: Qwen2.5-Coder-0.5B (2.3x) with "a capital of France, a capital ...". Below it the ratio does
+#: not decide (SmolLM2 at 3/4, 1.3-1.8x, still says Paris; Qwen at 3/4, 1.35x, says "F."): the
+#: report points to the continuations (docs/prune.md, "What to ship").
 NEEDS_HEALING = 2.0
 
 
@@ -319,7 +321,8 @@ def _healing(prune: Mapping[str, Any], chosen: Mapping[str, Any]) -> str:
     said = f"; on the selection windows {ratio:.2f}x the unpruned model's perplexity"
     if ratio >= NEEDS_HEALING:
         return said + ': **heal it before use** (docs/prune.md, "Healing")'
-    return said
+    # below it the ratio alone does not say: Qwen2.5-Coder-0.5B at 1.35x no longer names Paris
+    return said + "; read its continuations below before shipping it unhealed"
 
 
 def _continuations(prune: Mapping[str, Any]) -> list[str]:
