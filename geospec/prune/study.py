@@ -260,13 +260,17 @@ def prune_units(
             )  # fmt: skip
         return scored[seed]
 
+    def kept_by(unit: Unit) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+        """How ``unit``'s arm cuts: each layer's neuron order under its importance, and with
+        compensation its calibration sample's mean activations."""
+        work = scored_for(unit.seed)
+        arm = next(a for a in prune.arms if a.name == unit.arm)
+        return work.orders[arm_importance[unit.arm]], work.means if prune.compensates(arm) else None
+
     def write_model(unit: Unit, unit_dir: Path, unit_key: str, stored: Mapping[str, Any]) -> None:
         """A finished unit's model written without computing it again (its healed model,
         where it was healed)."""
-        work = scored_for(unit.seed)
-        arm = next(a for a in prune.arms if a.name == unit.arm)
-        means = work.means if prune.compensates(arm) else None
-        orders = work.orders[arm_importance[unit.arm]]
+        orders, means = kept_by(unit)
         target = unit_dir / UNIT_MODEL_DIR
         if "healed_loss" in stored:  # the model it hands out is the healed one
             export_healed(
@@ -281,11 +285,11 @@ def prune_units(
         """The unit's record, computed (healed by ``heal``) or, finished before its model was
         asked for, its model written: this process holds the unit's claim."""
         stored = finished_unit(unit_dir, unit_key)
-        work = scored_for(unit.seed)
-        arm = next(a for a in prune.arms if a.name == unit.arm)
         if stored is not None:  # finished, its model asked for since: written, not redone
             write_model(unit, unit_dir, unit_key, stored)
             return stored
+        work = scored_for(unit.seed)
+        arm = next(a for a in prune.arms if a.name == unit.arm)
         if (unit.seed, unit.keep) not in widths:
             if unit.seed not in profiles:
                 profiles[unit.seed] = inputs.seed_profiles(unit.seed)
@@ -307,10 +311,11 @@ def prune_units(
                 arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
                 blocks=work.blocks, cut_losses=losses, searches=searched,
             )  # fmt: skip
+        orders, means = kept_by(unit)
         result = pruned_unit(
-            model, sites, work.orders[arm_importance[unit.arm]],
+            model, sites, orders,
             widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
-            inputs, heal, work.means if prune.compensates(arm) else None,
+            inputs, heal, means,
             calibration=work.batches if arm.sweep is not None else None,
             export=prune.exports(unit.keep, unit.arm), selection=selection,
         )  # fmt: skip
@@ -362,9 +367,8 @@ def prune_units(
         record["select_reference"] = reference_select
     if inputs.prompts and any("recommended" in budget for budget in record["budgets"]):
         record["continuations"] = recommended_continuations(
-            model, sites, record, prune, inputs.prompts, inputs.stop,
-            scored_for, arm_importance,
-        )  # fmt: skip
+            model, sites, record, inputs.prompts, inputs.stop, kept_by
+        )
     for keep in prune.best_exports():  # export = ["best@KEEP"]: the recommended arm's models
         budget = next(budget for budget in record["budgets"] if budget["keep"] == keep)
         for unit in (Unit(keep, budget["recommended"]["arm"], s) for s in prune.calibration.seeds):
@@ -391,15 +395,14 @@ def recommended_continuations(
     model: nn.Module,
     sites: Sequence[FFNSite],
     record: Mapping[str, Any],
-    prune: PruneSpec,
     prompts: Sequence[Sequence[int]],
     stop: int | None,
-    scored_for: Callable[[int], Scored],
-    arm_importance: Mapping[str, str],
+    kept_by: Callable[[Unit], tuple[list[list[int]], list[torch.Tensor] | None]],
 ) -> dict[str, Any]:
     """Greedy continuations (token ids) of ``prompts`` by the unpruned model and, per keep
-    fraction, by its recommended arm as calibration seed ``seeds[0]`` cut it: what the
-    report's "What to ship" prints beside the perplexities."""
+    fraction, by its recommended arm as calibration seed ``seeds[0]`` cut it (``kept_by``: a
+    unit's neuron orders and compensation): what the report's "What to ship" prints beside the
+    perplexities."""
     import torch
 
     from geospec.prune.apply import pruned
@@ -411,10 +414,8 @@ def recommended_continuations(
             continue
         name = budget["recommended"]["arm"]
         widths = budget["arms"][name]["widths"][str(prune_seed)]
-        work = scored_for(prune_seed)
-        compensates = prune.compensates(next(arm for arm in prune.arms if arm.name == name))
-        means = work.means if compensates else None
-        with torch.no_grad(), pruned(sites, work.orders[arm_importance[name]], widths, means):
+        orders, means = kept_by(Unit(budget["keep"], name, prune_seed))
+        with torch.no_grad(), pruned(sites, orders, widths, means):
             found[f"{budget['keep']:g}"] = greedy(model, prompts, stop)
     return found
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
 from geospec.report.diagnostics import number
@@ -282,7 +283,7 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
         chosen = budget["recommended"]
         arm = budget["arms"][chosen["arm"]]
         perplexity = ", ".join(
-            f"{labels.get(corpus, corpus)} {math.exp(_mean(losses.values())):.2f}"
+            f"{labels.get(corpus, corpus)} {math.exp(fmean(float(v) for v in losses.values())):.2f}"
             + (f" ({math.exp(prune['reference'][corpus]):.2f})" if corpus in prune["reference"]
                else "")
             for corpus, losses in arm["loss"].items()
@@ -304,11 +305,6 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
             f"`geospec prune SPEC --export best@{budget['keep']:g} --format gguf --to FILE.gguf`"
         )
     return [*lines, "", *_continuations(prune)]
-
-
-def _mean(values: Any) -> float:
-    found = [float(v) for v in values]
-    return sum(found) / len(found)
 
 
 def _healing(prune: Mapping[str, Any], chosen: Mapping[str, Any]) -> str:
