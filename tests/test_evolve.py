@@ -59,9 +59,9 @@ def setting() -> tuple[torch.nn.Module, list, list[list[float]], list[list[int]]
     return model, sites, scores, orders, batches
 
 
-def fitness_of(setting: tuple, kind: str = "kl") -> CalibrationFitness:
+def fitness_of(setting: tuple, kind: str = "kl", cut: str = "true") -> CalibrationFitness:
     model, sites, _, orders, batches = setting
-    return CalibrationFitness(model, sites, orders, batches, kind, batch_size=4)
+    return CalibrationFitness(model, sites, orders, batches, kind, batch_size=4, cut=cut)
 
 
 def direct_kl(setting: tuple, widths: list[int], rows: list[int]) -> float:
@@ -76,11 +76,15 @@ def direct_kl(setting: tuple, widths: list[int], rows: list[int]) -> float:
     return float(F.kl_div(student, teacher, reduction="batchmean", log_target=True))
 
 
-def test_the_kl_fitness_is_the_kl_of_the_cut_model(setting: tuple) -> None:
+@pytest.mark.parametrize("cut", ["true", "zero"])
+def test_the_kl_fitness_is_the_kl_of_the_cut_model(setting: tuple, cut: str) -> None:
     """Candidates run from their first layer that differs from the base score what the truly
-    cut model scores by full passes; without a base, the same; the loss fitness is the cut
-    model's calibration loss."""
-    fitness = fitness_of(setting)
+    cut model scores by full passes, whether they run at their true widths or with zeroed
+    activations; without a base, the same; the loss fitness is the cut model's calibration
+    loss; afterwards the model is the one it was (the same parameter objects)."""
+    model, sites, _, orders, batches = setting
+    before = [(name, id(param)) for name, param in model.named_parameters()]
+    fitness = fitness_of(setting, cut=cut)
     assert fitness.windows == WINDOWS and fitness.window_tokens == SEQ - 1
     base = [40, 32, 24]
     candidates = [[40, 32, 24], [32, 40, 24], [40, 24, 32], [24, 40, 32], [48, 16, 32]]
@@ -90,11 +94,11 @@ def test_the_kl_fitness_is_the_kl_of_the_cut_model(setting: tuple) -> None:
     for widths, value in zip(candidates, got, strict=True):
         assert value == pytest.approx(direct_kl(setting, widths, sorted(rows)), rel=1e-5)
     assert fitness(candidates, rows) == pytest.approx(got, rel=1e-9)
-    model, sites, _, orders, batches = setting
-    losses = fitness_of(setting, "loss")(candidates, list(range(WINDOWS)), base=base)
+    losses = fitness_of(setting, "loss", cut)(candidates, list(range(WINDOWS)), base=base)
     for widths, value in zip(candidates, losses, strict=True):
         with torch.no_grad(), pruned(sites, orders, widths):
             assert value == pytest.approx(eval_loss(model, batches), rel=1e-6)
+    assert [(name, id(param)) for name, param in model.named_parameters()] == before
 
 
 class Killed(Exception):

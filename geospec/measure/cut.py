@@ -263,14 +263,24 @@ def ffn_cut(
     """Inside the block, ``ffn`` keeps only the neurons ``keep`` (compensated by ``compensate``
     when given: :func:`cut_modules`); afterwards it is the module it was (the same parameter
     objects, the bias it had or none)."""
-    replaced = cut_modules(ffn, keep, compensate)
-    original = {name: getattr(ffn, name) for name in replaced}
-    width = getattr(ffn, "width", None)
+    with ffn_replaced(
+        ffn, cut_modules(ffn, keep, compensate), len(torch.as_tensor(keep).flatten())
+    ):
+        yield
+
+
+@contextmanager
+def ffn_replaced(ffn: nn.Module, modules: dict[str, nn.Module], width: int) -> Iterator[None]:
+    """Inside the block, ``ffn``'s projections are ``modules`` (:func:`cut_modules`'s, which a
+    caller cutting the same layer to the same width many times may build once), ``width``
+    neurons wide; afterwards it is the module it was (the same parameter objects)."""
+    original = {name: getattr(ffn, name) for name in modules}
+    before = getattr(ffn, "width", None)
     try:
-        _install(ffn, replaced, len(torch.as_tensor(keep).flatten()))
+        _install(ffn, modules, width)
         yield
     finally:
-        _install(ffn, original, width)
+        _install(ffn, original, before)
         # under autocast (a compute dtype) torch keeps a cast copy of every weight it has cast
         # until the outermost autocast block ends; the cut's weights are gone now, and a prune
         # cuts hundreds of times in one block: their copies must not pile up

@@ -30,7 +30,7 @@ from geospec.artifacts import json_problem, read_json
 from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.disk import writing
-from geospec.measure.cut import zeroed_neurons
+from geospec.measure.cut import cut_modules, ffn_replaced, zeroed_neurons
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, next_token_loss
 from geospec.measure.suffix import SuffixRunner, suffix_problem
@@ -147,7 +147,13 @@ class CalibrationFitness:
     vocabulary floats at most). A candidate is cut by zeroed activations, as
     :class:`SuffixCutLosses` cuts, and runs from its first layer that differs from the base
     (the parent), from the base's output of the layer before: one pass of the base per batch
-    keeps those outputs."""
+    keeps those outputs.
+
+    ``cut`` says how a candidate is cut: "true" (the default) runs each layer at its width, its
+    projections sliced to the kept neurons (each layer's slices at a width built once per call
+    and shared by every candidate and batch of it); "zero" runs every layer at full width with
+    the removed neurons' activations zeroed. The same numbers up to float rounding (tested);
+    which is faster is ``benchmarks/search.py``'s to say (true widths, on SmolLM2)."""
 
     def __init__(
         self,
@@ -158,9 +164,14 @@ class CalibrationFitness:
         kind: str,
         batch_size: int,
         teacher: dict[int, torch.Tensor] | None = None,
+        cut: str = "true",
     ) -> None:
         if kind not in ("kl", "loss"):
             raise ValueError(f"fitness is 'kl' or 'loss', not {kind!r}")
+        if cut not in ("true", "zero"):
+            raise ValueError(f"cut is 'true' or 'zero', not {cut!r}")
+        self.cut = cut
+        self._narrowed: dict[tuple[int, int], dict[str, nn.Module]] = {}  # during a call
         self.model, self.sites, self.orders, self.kind = model, sites, orders, kind
         self.inputs = torch.cat([inputs for inputs, _ in batches])
         self.targets = torch.cat([targets for _, targets in batches])
@@ -193,9 +204,16 @@ class CalibrationFitness:
     def _cut(self, widths: Sequence[int]) -> Iterator[None]:
         with ExitStack() as stack:
             for layer, width in enumerate(widths):
-                if width < len(self.orders[layer]):
-                    zero = list(self.orders[layer][width:])
-                    stack.enter_context(zeroed_neurons(self.sites[layer].ffn, zero))
+                if width >= len(self.orders[layer]):
+                    continue
+                ffn = self.sites[layer].ffn
+                if self.cut == "zero":
+                    stack.enter_context(zeroed_neurons(ffn, list(self.orders[layer][width:])))
+                    continue
+                if (layer, width) not in self._narrowed:
+                    kept = list(self.orders[layer][:width])
+                    self._narrowed[(layer, width)] = cut_modules(ffn, kept)
+                stack.enter_context(ffn_replaced(ffn, self._narrowed[(layer, width)], width))
             yield
 
     def __call__(
@@ -222,6 +240,7 @@ class CalibrationFitness:
                     self._add(batch, candidates, base, firsts, totals)
         finally:
             self.model.train(was_training)
+            self._narrowed.clear()  # a call's slices: the next generation cuts other widths
         count = len(rows) * self.window_tokens
         return [total / count for total in totals]
 
