@@ -4,14 +4,17 @@ Loads SmolLM2-135M's GGUF (``--gguf PATH``, the gguf extra; without it a Llama o
 shape with random weights; ``--tiny``: a Llama of 4 small layers, to check the script), scores
 the neurons (activation) on ``--windows`` calibration windows of ``--seq-len`` tokens, and runs
 ``--generations`` generations of the search at ``--keep`` from uniform, as the prune stage runs
-it (KL fitness, each candidate from its first changed layer). Prints each generation's line,
-then the seconds per generation, the share of them spent scoring candidates (the forward
-passes, the unpruned model's log-probabilities included), the tokens scored per second against
-plain transformers' forward of the same model pruned at its true widths, and what a search of
-150 generations would take:
+it (KL fitness, each candidate from its first changed layer), once per way of cutting a
+candidate (``--cuts``: at its true widths, the default, and with zeroed activations at full
+width), the same seed each time. Prints each generation's line, then per cut the seconds per
+generation, the share of them spent scoring candidates (the forward passes, the unpruned
+model's log-probabilities included), the tokens scored per second against plain transformers'
+forward of the same model pruned at its true widths, what a search of 150 generations would
+take, and each cut's time against the last one's:
 
-    generation_s: 9.8  scoring_share: 0.97  tokens_per_s: 1050  plain_tokens_per_s: 1230
-    search_150_min: 24.5  peak_rss_gb: 2.1
+    cut true: generation_s: 9.8  scoring_share: 0.97  tokens_per_s: 1050  plain_tokens_per_s: 1230
+    search_150_min: 24.5
+    generation time against cut zero: true 0.80x  zero 1.00x
 
 A generation scores ``offspring x stage 1 + (survivors + parent) x later stages`` tokens (the
 defaults: about 10k); size the stages from that and from the fitness's noise.
@@ -101,6 +104,11 @@ def main() -> None:
     parser.add_argument(
         "--stages", default="256:2,2048:1", help="tokens:survivors per stage (the defaults)"
     )
+    parser.add_argument(
+        "--cuts",
+        default="true,zero",
+        help="how candidates are cut, each timed in turn: true widths, zeroed activations",
+    )
     args = parser.parse_args()
 
     model = model_of(args.gguf, args.tiny)
@@ -138,34 +146,53 @@ def main() -> None:
         f"{torch.get_num_threads()} threads",
         flush=True,
     )
-    timed = TimedFitness(CalibrationFitness(model, sites, orders, batches, "kl", args.batch_size))
-
-    def fitness(kind: str) -> Fitness:
-        return timed
-
-    with tempfile.TemporaryDirectory() as directory:
-        state = SealedSearchState(
-            Path(directory) / "search.json", "benchmark", print, "evolve", args.generations
+    cuts = args.cuts.split(",")
+    found: dict[str, tuple[float, TimedFitness, list[int]]] = {}
+    teacher: dict[int, torch.Tensor] = {}  # the unpruned log-probabilities, shared as a prune does
+    for cut in cuts:
+        timed = TimedFitness(
+            CalibrationFitness(model, sites, orders, batches, "kl", args.batch_size, teacher, cut)
         )
-        started = time.perf_counter()
-        widths = schedule.widths_from_search(dims, scores, {}, Search(fitness, state))
-        total = time.perf_counter() - started
+
+        def fitness(kind: str, timed: TimedFitness = timed) -> Fitness:
+            return timed
+
+        with tempfile.TemporaryDirectory() as directory:
+            state = SealedSearchState(
+                Path(directory) / "search.json", "benchmark", print, f"cut {cut}", args.generations
+            )
+            started = time.perf_counter()
+            widths = schedule.widths_from_search(dims, scores, {}, Search(fitness, state))
+            found[cut] = (time.perf_counter() - started, timed, list(widths))
     # plain transformers' forward of the same model at its true widths, on as many windows as
     # the last stage scores
+    widths = found[cuts[0]][2]
     with torch.no_grad(), pruned(sites, orders, widths):
         plain_started = time.perf_counter()
         eval_loss(model, batches)
         plain = time.perf_counter() - plain_started
     plain_tokens = sum(targets.numel() for _, targets in batches)
-    generation = total / args.generations
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"searched widths: {widths}")
-    print(
-        f"generation_s: {generation:.1f}  scoring_share: {timed.seconds / total:.2f}  "
-        f"tokens_per_s: {timed.tokens / timed.seconds:.0f}  "
-        f"plain_tokens_per_s: {plain_tokens / plain:.0f}\n"
-        f"search_150_min: {150 * generation / 60:.1f}  peak_rss_gb: {peak:.2f}"
-    )
+    print(f"searched widths ({cuts[0]}): {widths}")
+    if len(cuts) > 1:
+        same = all(found[cut][2] == widths for cut in cuts)
+        print(f"the same widths from every cut: {same}")
+    for cut in cuts:
+        total, timed, _ = found[cut]
+        generation = total / args.generations
+        print(
+            f"cut {cut}: generation_s: {generation:.1f}  scoring_share: "
+            f"{timed.seconds / total:.2f}  tokens_per_s: {timed.tokens / timed.seconds:.0f}  "
+            f"plain_tokens_per_s: {plain_tokens / plain:.0f}  "
+            f"search_150_min: {150 * generation / 60:.1f}"
+        )
+    if len(cuts) > 1:
+        base = found[cuts[-1]][0]
+        print(
+            "generation time against cut " + cuts[-1] + ": "
+            + "  ".join(f"{cut} {found[cut][0] / base:.2f}x" for cut in cuts)
+        )  # fmt: skip
+    print(f"peak_rss_gb: {peak:.2f}")
 
 
 if __name__ == "__main__":

@@ -274,20 +274,36 @@ def prune_plot(run_dir: Path, prune: Mapping[str, Any]) -> list[str]:
 
 def search_plot(plots: PlotDir, budgets: Sequence[Mapping[str, Any]]) -> None:
     """``plots/search.png``: per keep fraction, each search arm's fitness per generation on
-    every calibration seed (left), and every arm's widths per layer on the first seed (right:
-    the searched widths bold, the heuristics' thin)."""
-    fig, axes = plots.plt.subplots(len(budgets), 2, figsize=(10, 3.2 * len(budgets)), squeeze=False)
+    every calibration seed (left: one colour per search, one line style per seed), and the
+    widths per layer on the first seed (right: the searched widths bold, the heuristics thin, a
+    sweep such as OWL's grid as the setting its calibration loss chose, so the panel stays
+    readable)."""
+    fig, axes = plots.plt.subplots(len(budgets), 2, figsize=(10, 3.4 * len(budgets)), squeeze=False)
+    styles = ("-", "--", ":", "-.")
     for row, budget in enumerate(budgets):
         path, widths = axes[row]
-        for index, (name, arm) in enumerate(budget["arms"].items()):
-            searched = "search" in arm
-            for seed, found in arm.get("search", {}).items():
+        sweeps = budget.get("sweeps", {})
+        dropped = {  # every setting of a sweep but the chosen one
+            name for sweep in sweeps.values() for name in sweep["calibration_loss"]
+        } - {sweep["best"] for sweep in sweeps.values()}
+        searches = [name for name, arm in budget["arms"].items() if "search" in arm]
+        heuristics = [
+            name for name in budget["arms"] if name not in dropped and name not in searches
+        ]
+        for index, name in enumerate(heuristics):  # tab10 for the heuristics, thin
+            first = next(iter(budget["arms"][name]["widths"].values()))
+            widths.plot(range(len(first)), first, color=f"C{index % 10}", lw=0.9, label=name)
+        for index, name in enumerate(searches):  # dark, bold, never a heuristic's colour
+            colour, marker = (("black", "o"), ("teal", "s"), ("dimgrey", "^"))[index % 3]
+            arm = budget["arms"][name]
+            for order, (seed, found) in enumerate(arm["search"].items()):
                 steps = range(1, len(found["fitness"]) + 1)
-                path.plot(steps, found["fitness"], color=f"C{index % 10}", lw=1,
+                style = styles[order % len(styles)]
+                path.plot(steps, found["fitness"], color=colour, lw=1.1, ls=style,
                           label=f"{name} (seed {seed})")  # fmt: skip
             first = next(iter(arm["widths"].values()))
-            widths.plot(range(len(first)), first, color=f"C{index % 10}",
-                        lw=2.2 if searched else 0.9, label=name)  # fmt: skip
+            widths.plot(range(len(first)), first, color=colour, lw=2.0, marker=marker,
+                        markersize=3, label=name)  # fmt: skip
         path.set_title(f"keep {budget['keep']:g}: fitness per generation", fontsize=9)
         path.set_xlabel("generation", fontsize=8)
         path.set_ylabel("fitness (calibration windows)", fontsize=8)
@@ -295,8 +311,10 @@ def search_plot(plots: PlotDir, budgets: Sequence[Mapping[str, Any]]) -> None:
             f"keep {budget['keep']:g}: widths (first seed; bold: searched)", fontsize=9
         )
         widths.set_xlabel("layer", fontsize=8)
+        widths.set_ylabel("FFN neurons", fontsize=8)
         for ax in (path, widths):
             ax.tick_params(labelsize=7)
-            ax.legend(fontsize=6)
+        path.legend(fontsize=6)
+        widths.legend(fontsize=6, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     plots.save(fig, "search.png")
