@@ -5,6 +5,7 @@
 ``reference/``, ``clouds/`` (one file per probed layer, ``meta.json``), ``profiles.json``,
 ``measures.json``, ``diagnostics.json``, ``demand.json``, ``widths.json``, ``prune.json`` and
 ``prune/keep-<f>/<arm>/seed-<k>/`` (one unit each: ``result.json``, ``model/``, ``heal/``),
+``prune/keep-<f>/shipped.json`` (what the recommended model there ships as),
 ``arms/<arm>/seed-<k>/`` (one training directory each: ``run_key.json``, ``failure.json``,
 ``eval.json`` beside the trainer's files), ``launch/submitted.json``, ``results.json``,
 ``report.md``, ``plots/``.
@@ -39,6 +40,9 @@ UNIT_MODEL_DIR = "model"
 HEAL_DIR = "heal"
 #: A search allocation's (``evolve``) resumable state, in its unit's directory.
 SEARCH_FILE = "search.json"
+#: What a keep fraction's recommended model ships as (its files' sizes, its llama.cpp speed), in
+#: the keep fraction's directory.
+SHIPPED_FILE = "shipped.json"
 
 
 def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:
@@ -46,7 +50,12 @@ def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:
     return run_dir / "arms" / arm / f"seed-{seed}"
 
 
+def prune_keep_dir(run_dir: Path, keep: float) -> Path:
+    """The directory of one keep fraction's units (and its recommended model's record)."""
+    return run_dir / PRUNE_DIR / f"keep-{keep:g}"
+
+
 def prune_unit_dir(run_dir: Path, keep: float, arm: str, seed: int) -> Path:
     """The directory of one prune unit: ``keep`` of the FFN neurons, ``arm``'s allocation,
     calibration sample ``seed``."""
-    return run_dir / PRUNE_DIR / f"keep-{keep:g}" / arm / f"seed-{seed}"
+    return prune_keep_dir(run_dir, keep) / arm / f"seed-{seed}"

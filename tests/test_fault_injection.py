@@ -627,3 +627,69 @@ def test_a_damaged_measures_json_is_said_and_measure_all_resolved_again(
     assert [said in line and "resolved again" in line for line in lines] == [True]
     assert again.measure == first.measure  # what every plugin registered now gives
     assert pin_measures(spec, tmp_path, lines.append).measure == first.measure and len(lines) == 1
+
+
+# -- what a recommended pruned model ships as ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shipping(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished prune that recommends an arm (prune.select), made once: its keep fraction's
+    shipped.json records what the recommended model ships as."""
+    from test_prune import invoke as prune
+    from test_prune import prune_spec
+
+    folder = tmp_path_factory.mktemp("shipping")
+    arms = [{"name": "uniform", "schedule": {"kind": "uniform"}},
+            {"name": "flap", "schedule": {"kind": "flap"}}]  # fmt: skip
+    spec = prune_spec(folder, keep=0.5, arms=arms, select={"windows": 4}, export=False,
+                      calibration={"windows": 8, "seeds": [0]})  # fmt: skip
+    prune("prune", str(spec))
+    return folder
+
+
+def _change_bytes(data: Any) -> None:
+    data["safetensors_bytes"] += 1
+
+
+def _change_bytes_and_seal(data: Any) -> None:
+    from geospec.digests import sealed
+
+    _change_bytes(data)
+    data.update(sealed(data))
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        pytest.param(truncate, "shipped.json is unreadable", id="truncated"),
+        pytest.param(wrong_type, "shipped.json does not hold what geospec wrote", id="a list"),
+        pytest.param(delete, "shipped.json is missing", id="deleted"),
+        pytest.param(
+            edit_json(_change_bytes), "shipped.json was changed after geospec wrote it",
+            id="edited, seal intact",
+        ),
+        pytest.param(
+            edit_json(_change_bytes_and_seal), "shipped.json does not hold what prune.json "
+            "records", id="edited and sealed again",
+        ),
+    ],
+)  # fmt: skip
+def test_a_damaged_shipped_json_is_measured_again(
+    shipping: Path, damage: Callable[[Path], None], said: str
+) -> None:
+    """The prune stage checks each recommended model's shipped.json against prune.json before it
+    calls itself up to date: a damaged or edited one is named, measured again (no unit is
+    computed again) and prune.json ends as it was."""
+    run = shipping / "run"
+    before = (run / "prune.json").read_text()
+    unit = next((run / "prune").glob("keep-0.5/*/seed-0/result.json"))
+    stamp = unit.stat().st_mtime_ns
+    damage(run / "prune" / "keep-0.5" / "shipped.json")
+    result = invoke("prune", str(shipping / "spec.toml"))
+    assert result.exit_code == 0, result.output
+    assert f"! prune: prune/keep-0.5/{said}; running it again" in result.output
+    assert "measuring what the recommended" in result.output and "Traceback" not in result.output
+    assert json.loads((run / "prune.json").read_text()) == json.loads(before)
+    assert unit.stat().st_mtime_ns == stamp
+    assert "prune: up to date" in invoke("prune", str(shipping / "spec.toml")).output

@@ -546,3 +546,43 @@ def test_the_speed_of_an_export_is_measured_against_its_source(
     numbers = [float(n.replace(",", "")) for n in re.findall(r"[\d,]+\.?\d*(?= tok/s)", line)]
     ratios = [float(r) for r in re.findall(r"\(([\d.]+)x", line)]
     assert len(numbers) == 2 and len(ratios) == 2 and all(r > 0 for r in ratios)
+
+
+def test_what_to_ship_times_the_recommended_model_against_its_source(tmp_path: Path) -> None:
+    """prune.select from a GGUF reference (the tiny Qwen2 in Q8_0): the recommended model's GGUF
+    file is written by llama.cpp's quantizer in the source's type, is the size of the file
+    `--export best@0.5 --format gguf` writes, and is run in llama.cpp against the source file
+    (best of 3 round-robin rounds on 2 threads); the report prints the ratios of the speeds it
+    recorded. With select.runtime = false the record is measured again untimed and no unit is
+    computed again."""
+    from test_prune import invoke
+    from test_select import gguf_prune_spec
+
+    output = invoke("prune", str(gguf_prune_spec(tmp_path, export=False)))
+    run = tmp_path / "run"
+    chosen = json.loads((run / "prune.json").read_text())["budgets"][0]["recommended"]
+    shipped, speed = chosen["shipped"], chosen["shipped"]["speed"]
+    assert shipped["gguf"]["quantizer"] == "llama.cpp's quantizer"
+    assert shipped["gguf"]["type"] == shipped["gguf"]["source_type"] == "Q8_0"
+    assert (speed["threads"], speed["rounds"]) == (2, 3)
+    assert (speed["prompt_tokens"], speed["generated_tokens"]) == (128, 32)
+    rates = [speed[k] for k in ("prompt", "generation", "source_prompt", "source_generation")]
+    assert all(rate > 0 for rate in rates)
+    prompt, generation = rates[0] / rates[2], rates[1] / rates[3]
+    said = f"llama.cpp prompt {prompt:.2f}x, generation {generation:.2f}x the source's ("
+    assert said in output and "2 threads, best of 3)" in output
+    print(f"tiny Qwen2, keep 0.5, {chosen['arm']}: {said}{rates[0]:,.0f} and {rates[1]:,.1f} tok/s")
+    target = tmp_path / "exported" / f"{chosen['arm']}-0.5.gguf"
+    target.parent.mkdir()
+    spec = tmp_path / "spec.toml"
+    invoke("prune", str(spec), "--export", "best@0.5", "--format", "gguf", "--to", str(target))
+    assert shipped["gguf"]["bytes"] == os.path.getsize(target)
+    units = {p: p.stat().st_mtime_ns for p in (run / "prune").glob("keep-*/*/seed-*/result.json")}
+    untimed = gguf_prune_spec(tmp_path, export=False, select={"windows": 2, "runtime": False})
+    output = invoke("prune", str(untimed))
+    assert "measuring what the recommended" in output
+    assert {p: p.stat().st_mtime_ns for p in units} == units
+    again = json.loads((run / "prune.json").read_text())["budgets"][0]["recommended"]["shipped"]
+    assert again["speed"] == {"skipped": "prune.select.runtime = false"}
+    assert again["gguf"] == shipped["gguf"] and again["key"] != shipped["key"]
+    assert "no llama.cpp speed (prune.select.runtime = false)" in output

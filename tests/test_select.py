@@ -4,9 +4,12 @@ windows of the calibration corpus that no width-setting stage and no eval reads;
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
+import tomlkit
 import torch
 import torch.nn.functional as F
 from click.testing import CliRunner
@@ -81,6 +84,8 @@ def test_changing_the_eval_corpora_changes_no_recommendation(
         json.loads((d / "run" / "prune.json").read_text()) for d in (selected, tmp_path)
     )
     for a, b in zip(first["budgets"], second["budgets"], strict=True):
+        # (what the recommended model ships as is keyed by its unit: measured again, alike)
+        a["recommended"].pop("shipped"), b["recommended"].pop("shipped")
         assert a["recommended"] == b["recommended"]
         for name, arm in a["arms"].items():
             assert arm["select_loss"] == b["arms"][name]["select_loss"]
@@ -245,3 +250,173 @@ def test_a_bad_best_export_in_a_spec_is_one_line(
     result = CliRunner().invoke(cli, ["validate", str(prune_spec(tmp_path, **changes))])
     assert result.exit_code == 2, result.output
     assert said in " ".join(result.output.split())
+
+
+# -- what the recommended model ships as, before anything is exported --------------------------
+
+
+def files_bytes(directory: Path, pattern: str = "*.safetensors") -> int:
+    return sum(os.path.getsize(path) for path in directory.glob(pattern))
+
+
+def test_what_to_ship_gives_the_bytes_of_the_safetensors_the_export_writes(
+    selected: Path, tmp_path: Path
+) -> None:
+    """From a checkpoint directory: per keep fraction the recommended model's safetensors bytes
+    are those of the files --export best@KEEP writes (os.path.getsize); no GGUF size, the
+    reason said, in prune.json, the keep fraction's shipped.json and the report's line."""
+    from geospec.digests import unsealed
+    from geospec.prune.shipped import NO_GGUF
+
+    run = selected / "run"
+    record = json.loads((run / "prune.json").read_text())
+    report = (run / "prune" / "report.md").read_text()
+    for budget in record["budgets"]:
+        keep, shipped = f"{budget['keep']:g}", budget["recommended"]["shipped"]
+        out = tmp_path / f"best-{keep}"
+        invoke("prune", str(selected / "spec.toml"), "--export", f"best@{keep}", "--to", str(out))
+        assert shipped["safetensors_bytes"] == files_bytes(out) > 0
+        assert (shipped["arm"], shipped["seed"]) == (budget["recommended"]["arm"], 0)
+        assert shipped["gguf"] == {"skipped": "the reference is not a GGUF file: no source "
+                                   "file to compare one with"}  # fmt: skip
+        assert shipped["speed"] == {"skipped": NO_GGUF}
+        stored = json.loads((run / "prune" / f"keep-{keep}" / "shipped.json").read_text())
+        assert unsealed(stored) == shipped
+        size = f"{files_bytes(out) / 1024:.1f} KiB"
+        assert f"as files (calibration seed 0's cut): safetensors {size} (float32); no GGUF " in (
+            report
+        )
+        assert f"--format gguf --to {shipped['arm']}-{keep}.gguf`" in report
+
+
+def gguf_prune_spec(directory: Path, **prune: object) -> Path:
+    """A prune of the tiny Qwen2 written as a Q8_0 GGUF file (its 400-token BPE inside, as
+    llama.cpp's converter writes one): three arms, one calibration seed, keep 0.5, select on
+    two windows; ``prune`` changes the [prune] table."""
+    import gguf_models
+    import test_qwen2
+
+    tokenizer = directory / "tokenizer"
+    if not (directory / "q.gguf").exists():
+        gguf_models.bpe_tokenizer(tokenizer)
+        model = test_qwen2.qwen2(vocab=gguf_models.VOCAB)
+        gguf_models.qwen2_gguf(directory / "q.gguf", model, tokenizer, q8_0=True)
+    spec = test_qwen2.prune_spec(directory)
+    data = tomlkit.parse(spec.read_text())
+    data["reference"]["checkpoint"] = "q.gguf"  # type: ignore[index]
+    table = data["prune"]
+    table["arms"] = table["arms"][:3]  # type: ignore[index]
+    table["select"] = {"windows": 2}  # type: ignore[index]
+    table.update(prune)  # type: ignore[union-attr]
+    spec.write_text(tomlkit.dumps(data))
+    return spec
+
+
+def no_llama_cpp(patch: pytest.MonkeyPatch) -> None:
+    """llama-cpp-python made absent (a None in sys.modules blocks an import): gguf-py writes the
+    GGUF file and nothing is timed, as on a machine without it."""
+    patch.setitem(sys.modules, "llama_cpp", None)
+
+
+@pytest.fixture(scope="module")
+def from_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The GGUF prune, export = false (the recommended model is written to a temporary
+    directory to be measured), without llama-cpp-python."""
+    pytest.importorskip("gguf")
+    directory = tmp_path_factory.mktemp("from-gguf")
+    with pytest.MonkeyPatch.context() as patch:
+        no_llama_cpp(patch)
+        output = invoke("prune", str(gguf_prune_spec(directory, export=False)))
+    (directory / "output.txt").write_text(output)
+    return directory
+
+
+@pytest.mark.gguf
+def test_what_to_ship_gives_the_sizes_of_the_files_the_export_writes(
+    from_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a Q8_0 GGUF file, with export = false: the recorded GGUF bytes are the size of the
+    file `--export best@0.5 --format gguf --to ARM-0.5.gguf` writes (the name the report gives),
+    its f16 bytes the size of the same export in f16, the source's its file's, the safetensors
+    bytes those of `--export best@0.5 --to DIR`; no file is left behind, the export reuses the
+    record, and the report says it all in one line."""
+    no_llama_cpp(monkeypatch)
+    run, spec = from_gguf / "run", str(from_gguf / "spec.toml")
+    record = json.loads((run / "prune.json").read_text())
+    shipped = record["budgets"][0]["recommended"]["shipped"]
+    arm = record["budgets"][0]["recommended"]["arm"]
+    assert "measuring what the recommended" in (from_gguf / "output.txt").read_text()
+    stored = (run / "prune" / "keep-0.5" / "shipped.json").read_bytes()
+    assert not list((run / "prune").rglob(".shipping-*"))
+    assert not list((run / "prune").glob("keep-0.5/*/seed-*/model"))  # export = false
+    target = tmp_path / "q8" / f"{arm}-0.5.gguf"
+    target.parent.mkdir()
+    output = invoke("prune", spec, "--export", "best@0.5", "--format", "gguf", "--to", str(target))
+    assert "measuring what the recommended" not in output  # the record is reused
+    assert (run / "prune" / "keep-0.5" / "shipped.json").read_bytes() == stored
+    f16 = tmp_path / "f16" / target.name
+    f16.parent.mkdir()
+    args = ["--export", "best@0.5", "--format", "gguf", "--dtype", "f16", "--to", str(f16)]
+    invoke("prune", spec, *args)
+    directory = tmp_path / "hf"
+    invoke("prune", spec, "--export", "best@0.5", "--to", str(directory))
+    assert shipped["gguf"] == {
+        "file": target.name,
+        "type": "Q8_0",
+        "quantizer": "gguf-py",
+        "bytes": os.path.getsize(target),
+        "source_bytes": os.path.getsize(from_gguf / "q.gguf"),
+        "source_type": "Q8_0",
+        "f16_bytes": os.path.getsize(f16),
+    }
+    assert shipped["safetensors_bytes"] == files_bytes(directory) > 0
+    assert shipped["speed"] == {"skipped": "llama-cpp-python is not installed"}
+    from geospec.disk import size
+
+    ratio = os.path.getsize(target) / os.path.getsize(from_gguf / "q.gguf")
+    report = (run / "prune" / "report.md").read_text()
+    assert (
+        f"GGUF (Q8_0) {size(os.path.getsize(target))}, {ratio:.2f}x the source's "
+        f"{size(os.path.getsize(from_gguf / 'q.gguf'))} (Q8_0); no llama.cpp speed "
+        "(llama-cpp-python is not installed)"
+    ) in report
+    assert ratio < 1
+
+
+@pytest.mark.gguf
+def test_the_record_is_reused_and_measured_again_when_what_it_measures_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rerun (prune.json lost) reuses shipped.json; another export dtype measures it again
+    and recomputes no unit; another recommendation (the recommended arm removed) measures the
+    new arm's model."""
+    pytest.importorskip("gguf")
+    no_llama_cpp(monkeypatch)
+    spec = gguf_prune_spec(tmp_path, export=False)
+    invoke("prune", str(spec))
+    run = tmp_path / "run"
+    path = run / "prune" / "keep-0.5" / "shipped.json"
+    first = json.loads((run / "prune.json").read_text())["budgets"][0]["recommended"]
+    stored = path.read_bytes()
+    (run / "prune.json").unlink()
+    output = invoke("prune", str(spec))
+    assert "measuring what the recommended" not in output and path.read_bytes() == stored
+    again = json.loads((run / "prune.json").read_text())["budgets"][0]["recommended"]
+    assert again["shipped"] == first["shipped"]
+    units = {p: p.stat().st_mtime_ns for p in (run / "prune").glob("keep-*/*/seed-*/result.json")}
+    spec = gguf_prune_spec(tmp_path, export=False, export_dtype="bfloat16")
+    output = invoke("prune", str(spec))
+    assert f"measuring what the recommended {first['arm']}@0.5" in output
+    assert {p: p.stat().st_mtime_ns for p in units} == units  # no unit computed again
+    narrow = json.loads(path.read_text())
+    assert narrow["key"] != first["shipped"]["key"] and narrow["export_dtype"] == "bfloat16"
+    ratio = narrow["safetensors_bytes"] / first["shipped"]["safetensors_bytes"]
+    assert 0.45 < ratio < 0.6  # two bytes a weight for four, the header aside
+    assert narrow["gguf"]["bytes"] == first["shipped"]["gguf"]["bytes"]  # from the same shapes
+    arms = [a for a in tomlkit.parse(spec.read_text())["prune"]["arms"]  # type: ignore[index]
+            if a["name"] != first["arm"]]  # fmt: skip
+    spec = gguf_prune_spec(tmp_path, export=False, arms=arms, baseline=arms[0]["name"])
+    output = invoke("prune", str(spec))
+    other = json.loads((run / "prune.json").read_text())["budgets"][0]["recommended"]
+    assert other["arm"] != first["arm"] and f"recommended {other['arm']}@0.5 ships" in output
+    assert json.loads(path.read_text())["arm"] == other["arm"] == other["shipped"]["arm"]

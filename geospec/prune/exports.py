@@ -133,15 +133,8 @@ def export_prune_unit(
         return export_padded(unit, to) if padded else export_with_tokenizer(unit, to)
     if padded:
         raise UsageError("--padded: a GGUF file stores the true widths; leave --padded out")
-    from geospec.prune.gguf_export import write_gguf
-    from geospec.prune.gguf_quant import check_dtype, default_dtype
-
     model = unit_model(unit)
     checkpoint = run_checkpoint(unit)
-    if dtype is None:
-        dtype, why = default_dtype(checkpoint)
-    else:
-        dtype, why = check_dtype(dtype), "as asked"
     reference = run_tokenizer_source(unit)
     # a GGUF reference's tokenizer fields are copied as they are: exactly what llama.cpp read
     # from the source (the unit's tokenizer.json is transformers' rebuild of them)
@@ -153,8 +146,26 @@ def export_prune_unit(
             f"{unit}: the run's reference checkpoint holds no tokenizer this command can find; "
             "give --tokenizer (the checkpoint's .gguf file, or a directory with tokenizer.json)"
         )
-    written = write_gguf(model, _gguf_target(to), dtype, tokenizer=source)
+    written, why = unit_gguf(model, _gguf_target(to), checkpoint, source, dtype)
     return _gguf_line(written, why, checkpoint)
+
+
+def unit_gguf(
+    model: Path, to: Path, checkpoint: Path | None, tokenizer: Path, dtype: str | None = None
+) -> tuple[Any, str]:
+    """A unit's exported model directory written as the GGUF file ``to`` with ``tokenizer``'s
+    fields, in ``dtype`` (None: the type :func:`geospec.prune.gguf_quant.default_dtype` gives for
+    the reference ``checkpoint``): the one path of ``geospec export --format gguf`` and of what
+    the report's "What to ship" measures before anything is exported. The writer's
+    :class:`~geospec.prune.gguf_export.Written` and why it chose the type, in words."""
+    from geospec.prune.gguf_export import write_gguf
+    from geospec.prune.gguf_quant import check_dtype, default_dtype
+
+    if dtype is None:
+        dtype, why = default_dtype(checkpoint)
+    else:
+        dtype, why = check_dtype(dtype), "as asked"
+    return write_gguf(model, to, dtype, tokenizer=tokenizer), why
 
 
 def export_padded(unit: Path, to: Path) -> str:

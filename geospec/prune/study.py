@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from geospec.kinds import BlockLinears, Importance, Search
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
+    from geospec.prune.shipped import ShipSettings
 
 #: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
 #: the unit's key and returns its loss on every eval corpus.
@@ -143,6 +144,9 @@ class PruneInputs:
     one continue greedily in prune.json, for a reader to see what a perplexity means."""
     stop: int | None = None
     """The token a continuation ends at (the tokenizer's end of text)."""
+    ship: ShipSettings | None = None
+    """With ``prune.select``: how each recommended model's files and speed are measured
+    (:mod:`geospec.prune.shipped`); None measures nothing."""
 
 
 def prune_units(
@@ -267,19 +271,28 @@ def prune_units(
         arm = next(a for a in prune.arms if a.name == unit.arm)
         return work.orders[arm_importance[unit.arm]], work.means if prune.compensates(arm) else None
 
-    def write_model(unit: Unit, unit_dir: Path, unit_key: str, stored: Mapping[str, Any]) -> None:
+    def write_model(
+        unit: Unit,
+        unit_dir: Path,
+        unit_key: str,
+        stored: Mapping[str, Any],
+        target: Path | None = None,
+    ) -> None:
         """A finished unit's model written without computing it again (its healed model,
-        where it was healed)."""
+        where it was healed), into its ``model/`` or into ``target``."""
         orders, means = kept_by(unit)
-        target = unit_dir / UNIT_MODEL_DIR
+        target = target or unit_dir / UNIT_MODEL_DIR
         if "healed_loss" in stored:  # the model it hands out is the healed one
             export_healed(
                 model, sites, orders, stored["widths"], means, unit_dir / HEAL_DIR,
-                target, unit_key, inputs.export_dtype,
+                target, unit_key, inputs.export_dtype, unit_dir,
             )  # fmt: skip
         else:
             with torch.no_grad(), pruned(sites, orders, stored["widths"], compensation=means):
-                export_unit(model, sites, stored["widths"], target, unit_key, inputs.export_dtype)
+                export_unit(
+                    model, sites, stored["widths"], target, unit_key, inputs.export_dtype,
+                    unit_dir,
+                )  # fmt: skip
 
     def computed(unit: Unit, unit_dir: Path, unit_key: str, heal: Healer | None) -> dict[str, Any]:
         """The unit's record, computed (healed by ``heal``) or, finished before its model was
@@ -377,6 +390,24 @@ def prune_units(
                 with claim(unit_dir, waiting=waiting_note(unit, say)):
                     write_model(unit, unit_dir, unit_key, results[unit])
                 say(f"prune: exported the recommended {unit.arm}@{keep:g} (seed {unit.seed})")
+    if inputs.ship is not None:  # what each recommended model ships as, before any export
+        from geospec.prune.shipped import shipped
+
+        for budget in record["budgets"]:
+            if "recommended" not in budget:
+                continue
+            unit = Unit(budget["keep"], budget["recommended"]["arm"], prune.calibration.seeds[0])
+            unit_dir, unit_key = unit.directory(run_dir), key_of(inputs.key, unit)
+            written = has_model(unit_dir, unit_key, inputs.export_dtype)
+
+            def write_into(target: Path, unit: Unit = unit) -> None:
+                write_model(unit, unit.directory(run_dir), key_of(inputs.key, unit),
+                            results[unit], target)  # fmt: skip
+
+            budget["recommended"]["shipped"] = shipped(
+                unit, unit_key, run_dir, inputs.ship,
+                unit_dir / UNIT_MODEL_DIR if written else None, write_into, say,
+            )  # fmt: skip
     for budget in record["budgets"]:
         for sweep, found in budget.get("sweeps", {}).items():
             loss = found["calibration_loss"][found["best"]]
@@ -579,6 +610,7 @@ def export_healed(
     directory: Path,
     key: str,
     dtype: str,
+    unit_dir: Path | None = None,
 ) -> None:
     """Export the unit's healed model (trained in ``heal_dir``) as :func:`export_unit` exports a
     pruned one: ``model`` is cut as the unit was, the healed weights are copied into it
@@ -595,7 +627,7 @@ def export_healed(
         own = {name: value.clone() for name, value in model.state_dict().items()}
         try:
             load_into_llama(model, healed)
-            export_unit(model, sites, widths, directory, key, dtype)
+            export_unit(model, sites, widths, directory, key, dtype, unit_dir)
         finally:
             model.load_state_dict(own)
 
@@ -607,11 +639,14 @@ def export_unit(
     directory: Path,
     key: str,
     dtype: str,
+    unit_dir: Path | None = None,
 ) -> None:
     """Export the pruned model into ``directory`` (at its true widths, in ``dtype``) with the
     checkpoint's tokenizer beside it (``AutoTokenizer`` reads it), replacing an older export of
     the unit, and mark it with the unit's ``key`` and the dtype (:func:`~geospec.prune.units.
-    has_model`), last: a directory without the mark is written again (a full disk: one line)."""
+    has_model`), last: a directory without the mark is written again (a full disk: one line).
+    ``unit_dir``: the unit whose run names the tokenizer (None: ``directory``'s parent, where a
+    unit keeps its ``model/``)."""
     from geospec.atomic import atomic_write_text
     from geospec.prune.apply import export_pruned
     from geospec.prune.exports import save_run_tokenizer
@@ -620,5 +655,5 @@ def export_unit(
     shutil.rmtree(directory, ignore_errors=True)  # from other inputs: the unit is recomputed
     with writing(directory):
         export_pruned(model, sites, widths, directory, dtype=dtype)
-        save_run_tokenizer(directory.parent, directory)
+        save_run_tokenizer(unit_dir or directory.parent, directory)
         atomic_write_text(directory / EXPORTED_FILE, export_mark(key, dtype) + "\n")

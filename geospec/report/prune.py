@@ -262,6 +262,8 @@ NEEDS_HEALING = 2.0
 
 def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
     """The report's "What to ship" lines (markdown), or none where nothing was recommended."""
+    from geospec.prune.shipped import gguf_file_name
+
     budgets = [budget for budget in prune["budgets"] if "recommended" in budget]
     if not budgets:
         return []
@@ -276,7 +278,9 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
         "window overlaps, so no eval text chose it. The perplexities are the eval's, shown, "
         "not used (the unpruned model's in parentheses); the margin is the paired difference "
         "from the next arm on the selection windows, with its 95% bootstrap interval over "
-        "seeds x windows.",
+        "seeds x windows. Below each, what the model ships as, measured before anything is "
+        "exported: its true-width safetensors and, from a GGUF reference, the GGUF file the "
+        "command writes and its llama.cpp speed, against the source file's.",
         "",
     ]
     for budget in budgets:
@@ -302,9 +306,52 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
             f"- keep {budget['keep']:g}: **{chosen['arm']}**, {chosen['margin']:.4f} nats "
             f"[{low:+.4f}, {high:+.4f}] below {chosen['next']} on the selection windows; "
             f"perplexity {perplexity}; {sized}{_healing(prune, chosen)}; "
-            f"`geospec prune SPEC --export best@{budget['keep']:g} --format gguf --to FILE.gguf`"
+            f"`geospec prune SPEC --export best@{budget['keep']:g} --format gguf --to "
+            f"{gguf_file_name(chosen['arm'], budget['keep'])}`"
         )
+        if "shipped" in chosen:
+            lines.append(f"  - {shipped_line(chosen['shipped'])}")
     return [*lines, "", *_continuations(prune)]
+
+
+def shipped_line(shipped: Mapping[str, Any]) -> str:
+    """What a recommended model ships as (prune.json's ``recommended.shipped``), in one line:
+    its safetensors, its GGUF file against the source's, its llama.cpp speed against the
+    source's, or why a piece is missing."""
+    from geospec.disk import size
+    from geospec.prune.shipped import NO_GGUF
+
+    dtype = shipped.get("export_dtype")
+    parts = [
+        f"as files (calibration seed {shipped['seed']}'s cut): safetensors "
+        f"{size(int(shipped['safetensors_bytes']))}" + (f" ({dtype})" if dtype else "")
+    ]
+    gguf, speed = shipped["gguf"], shipped["speed"]
+    if "skipped" in gguf:
+        untimed = "skipped" in speed and speed["skipped"] == NO_GGUF
+        parts.append(
+            f"{'no GGUF size or llama.cpp speed' if untimed else 'no GGUF size'} "
+            f"({gguf['skipped']})"
+        )
+    else:
+        against = ""
+        if gguf.get("source_bytes"):
+            ratio = int(gguf["bytes"]) / int(gguf["source_bytes"])
+            kind = f" ({gguf['source_type']})" if gguf.get("source_type") else ""
+            against = f", {ratio:.2f}x the source's {size(int(gguf['source_bytes']))}{kind}"
+        parts.append(f"GGUF ({gguf['type']}) {size(int(gguf['bytes']))}{against}")
+    if "skipped" in speed:
+        if speed["skipped"] != NO_GGUF:
+            parts.append(f"no llama.cpp speed ({speed['skipped']})")
+    else:
+        prompt = float(speed["prompt"]) / float(speed["source_prompt"])
+        generation = float(speed["generation"]) / float(speed["source_generation"])
+        parts.append(
+            f"llama.cpp prompt {prompt:.2f}x, generation {generation:.2f}x the source's "
+            f"({float(speed['prompt']):,.0f} and {float(speed['generation']):,.1f} tok/s; "
+            f"{speed['threads']} threads, best of {speed['rounds']})"
+        )
+    return "; ".join(parts)
 
 
 def _healing(prune: Mapping[str, Any], chosen: Mapping[str, Any]) -> str:

@@ -544,6 +544,11 @@ class PruneSelect(Section):
     width-setting stage reads (they read the training split) and no eval window overlaps (the
     eval reads each corpus's first windows). Per keep fraction the arm with the lowest mean loss
     on them, over every calibration seed, is recommended."""
+    runtime: Annotated[bool, ADDED_LATER] = True
+    """Time the recommended model in llama.cpp against the source GGUF file (prompt and
+    generation speed, best of 3 rounds on 2 threads: seconds per keep fraction), where the
+    reference is a GGUF file and llama-cpp-python is installed; false: its sizes only. Not part
+    of what a unit computes: changing it recomputes no unit (docs/prune.md, "What to ship")."""
 
 
 class PruneArmSpec(ArmSpec):

@@ -34,6 +34,13 @@ from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.probe import Probe
 from geospec.pipeline.stages.reference import compute_dtype, dtype_key
 from geospec.prune.exports import export_dtype
+from geospec.prune.shipped import (
+    ShipSettings,
+    local_checkpoint,
+    shipped_path,
+    stale_shipped,
+    untrusted_shipped,
+)
 from geospec.prune.units import (
     chosen_units,
     is_finished,
@@ -98,12 +105,15 @@ class PruneStage:
             # which units write their model, and in which dtype, is not what they compute: a
             # finished unit is exported without being recomputed (the key holds export = false
             # and the default dtype, what it held before, so those prunes keep their keys)
+            # (nor is whether the recommended models are timed: select.runtime)
             section(
                 self.prune.model_copy(
                     update={
                         "export": False,
                         "export_dtype": "checkpoint",
                         "compute_dtype": "float32",
+                        "select": self.prune.select
+                        and self.prune.select.model_copy(update={"runtime": True}),
                     }
                 )
             ),
@@ -119,19 +129,40 @@ class PruneStage:
         path = run.run_dir / PRUNE_FILE
         # models asked for since the units finished: the stage runs, reusing every unit
         dtype = export_dtype(self.prune, self.reference, run.spec_dir)
-        recommended = recommended_arms(read_json(path)) if path.exists() else None
+        problem = json_problem(path, *PRUNE_KEYS) if path.exists() else None
+        stored = read_json(path) if path.exists() and problem is None else None
+        recommended = recommended_arms(stored) if stored is not None else None
         unwritten = (
             missing_exports(self.prune, key, run.run_dir, dtype, recommended)
             if self.prune.export
             else []
         )
+        # what the recommended models ship as, measured again where it is stale (their
+        # settings changed) or its record damaged; the units are reused
+        ship = self.ship(run)
+        stale = False
+        if ship is not None and stored is not None:
+            stale = stale_shipped(stored, key, ship)
+            untrusted = untrusted_shipped(run.run_dir, stored)
+            problem = next(iter(untrusted.values()), None)
         return Plan(
             key,
             run=lambda: self.write(run, key, profiles),
             load=lambda: read_json(path),
             artifacts=(path,),
-            problem=json_problem(path, *PRUNE_KEYS) if path.exists() else None,
-            current=False if unwritten else None,
+            problem=problem,
+            current=False if unwritten or stale else None,
+        )
+
+    def ship(self, run: RunContext) -> ShipSettings | None:
+        """How the recommended models' files and speed are measured (with prune.select)."""
+        assert self.prune is not None
+        if self.prune.select is None:
+            return None
+        return ShipSettings(
+            export_dtype(self.prune, self.reference, run.spec_dir),
+            local_checkpoint(self.reference, run.spec_dir),
+            self.prune.select.runtime,
         )
 
     def dtype(self, run: RunContext) -> str:
@@ -167,6 +198,11 @@ class PruneStage:
 
         prune = self.prune
         assert prune is not None
+        path = run.run_dir / PRUNE_FILE
+        if prune.select is not None and json_problem(path, *PRUNE_KEYS) is None:
+            # a record prune.json does not agree with is measured again, not reused
+            for keep in untrusted_shipped(run.run_dir, read_json(path)):
+                shipped_path(run.run_dir, keep).unlink(missing_ok=True)
         chosen = chosen_units(prune, run.prune_arms, run.prune_keep)
         dtype = export_dtype(prune, self.reference, run.spec_dir)
         todo = [u for u in units_of(prune) if not is_finished(prune, key, run.run_dir, u, dtype)]
@@ -197,7 +233,7 @@ class PruneStage:
             prune, key, self.model.seq_len, self.model.multiple_of, self.model.activation,
             profiles, redraw=redraw, bos=data.bos_id, export_dtype=dtype,
             prompts=prompt_ids(data.tokenizer(), data.bos_id) if selection is not None else (),
-            stop=data.eot_id,
+            stop=data.eot_id, ship=self.ship(run),
         )  # fmt: skip
         computed_in = self.dtype(run)
         with computing(computed_in, device):

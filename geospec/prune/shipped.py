@@ -1,0 +1,327 @@
+"""What a recommended model ships as, measured before anything is exported (docs/prune.md, "What
+to ship"): per keep fraction, the arm ``prune.select`` recommends, as calibration seed
+``seeds[0]`` cut it (the model ``geospec prune --export best@KEEP`` writes), measured three ways:
+
+- the bytes of its true-width safetensors in the prune's export dtype: the files of the model
+  directory the prune writes (its ``model/``, or the same export into a temporary directory);
+- where the reference is a GGUF file, the bytes of the GGUF file ``--export best@KEEP --format
+  gguf --to ARM-KEEP.gguf`` writes (the same export path, :func:`geospec.prune.exports.
+  unit_gguf`, in the source's own type) against the source file's
+  (:mod:`geospec.prune.gguf_size`); a K-quant source without llama-cpp-python gets no size and
+  a reason (the export would be llama.cpp's fallback type, not the source's);
+- with llama-cpp-python, that file's llama.cpp prompt and generation speed against the source
+  file's (:func:`geospec.prune.runtime.compare_speeds`: best of 3 round-robin rounds on 2
+  threads), unless ``prune.select.runtime = false``.
+
+The temporary files are written in the keep fraction's directory (the run's disk) and removed.
+The record is sealed in ``prune/keep-<f>/shipped.json`` under a key of the recommended unit's key
+and what changes the measurement (the export dtype, the GGUF type and who writes it, the gguf and
+llama-cpp-python versions, whether it is timed), so a rerun reuses it, another recommendation
+(another unit) measures again (:func:`stale_shipped`), and the stage checks it against
+prune.json's copy before it calls itself up to date (:func:`untrusted_shipped`). A prune.json
+from before the record existed is measured into on the next run. Torch-free: the model is
+written by the callable the prune hands in.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from geospec.artifacts import json_problem, read_json
+from geospec.atomic import atomic_write_json
+from geospec.digests import digest, sealed, unsealed
+from geospec.errors import UsageError
+from geospec.layout import SHIPPED_FILE, prune_keep_dir
+
+if TYPE_CHECKING:
+    from geospec.prune.units import Unit
+    from geospec.spec.sections import ReferenceSpec
+
+#: What every shipped.json holds (prune.json's ``budgets[i].recommended.shipped`` is the same
+#: without its seal).
+SHIPPED_FIELDS = ("key", "arm", "seed", "safetensors_bytes", "gguf", "speed")
+#: The runtime benchmark's settings (benchmarks/pruned_runtime.py): threads, prompt tokens in
+#: one batch, tokens generated one at a time, timed rounds.
+THREADS, PROMPT, GENERATE, ROUNDS = 2, 128, 32, 3
+#: Bumped when what a record measures changes, so older records are measured again.
+RECORD = 1
+#: Why a model without a GGUF file has no llama.cpp speed.
+NO_GGUF = "no GGUF file to time"
+
+
+def gguf_file_name(arm: str, keep: float) -> str:
+    """The file the report's export command names (``--to owl-0.5.gguf``): the file whose size
+    the record holds to the byte (its stem is the file's ``general.name``)."""
+    return f"{arm}-{keep:g}.gguf"
+
+
+def local_checkpoint(reference: ReferenceSpec, spec_dir: Path) -> Path | None:
+    """The reference checkpoint on this machine (a ``.gguf`` file or a directory, relative paths
+    from the spec's directory); None for a hub checkpoint or a trained reference."""
+    from geospec.hub import spec_path
+
+    if reference.checkpoint is None or reference.revision is not None:
+        return None
+    return spec_path(reference.checkpoint, spec_dir)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a measurement will do here: the GGUF type and who writes it (or why no GGUF file),
+    and whether it is timed (or why not)."""
+
+    dtype: str | None
+    quantizer: str | None
+    no_gguf: str | None
+    timed: bool
+    no_speed: str | None
+
+
+@dataclass(frozen=True)
+class ShipSettings:
+    """How the recommended models are measured: the prune's export dtype (``prune.export_dtype``
+    resolved), the reference checkpoint on this machine, and ``prune.select.runtime``."""
+
+    export_dtype: str
+    source: Path | None
+    runtime: bool = True
+
+    @property
+    def gguf_source(self) -> Path | None:
+        """The source GGUF file the GGUF export is compared with, or None."""
+        source = self.source
+        return source if source is not None and source.suffix == ".gguf" else None
+
+    def plan(self) -> Plan:
+        """What is measured on this machine, and why a piece is not."""
+        from geospec.prune.gguf_quant import (
+            INSTALL,
+            K_QUANTS,
+            default_dtype,
+            quantizer,
+            source_type,
+        )
+        from geospec.prune.runtime import have_llamacpp
+
+        source = self.gguf_source
+        dtype = written_by = no_gguf = None
+        if source is None:
+            no_gguf = "the reference is not a GGUF file: no source file to compare one with"
+        elif not source.is_file():
+            no_gguf = f"the source GGUF file {source} is not there"
+        else:
+            found = source_type(source)
+            if found.dtype in K_QUANTS and not have_llamacpp():
+                no_gguf = (
+                    f"the source's {found.label} is written by llama.cpp's quantizer only "
+                    f"({INSTALL})"
+                )
+            else:
+                dtype = default_dtype(source)[0]
+                written_by = quantizer(dtype)
+        no_speed = None
+        if not self.runtime:
+            no_speed = "prune.select.runtime = false"
+        elif dtype is None:
+            no_speed = NO_GGUF
+        elif not have_llamacpp():
+            no_speed = "llama-cpp-python is not installed"
+        return Plan(dtype, written_by, no_gguf, no_speed is None, no_speed)
+
+    def key(self, unit_key: str, plan: Plan | None = None) -> str:
+        """The record's key for the recommended unit of key ``unit_key``: what it measures and
+        with what (the versions of the writers and of llama.cpp), not the reasons' words."""
+        from geospec.prune.gguf_quant import LLAMA_CPP
+
+        plan = plan or self.plan()
+        gguf = None if plan.dtype is None else [plan.dtype, plan.quantizer, _version("gguf")]
+        llama = plan.timed or plan.quantizer == LLAMA_CPP
+        return digest(
+            "shipped", RECORD, unit_key, self.export_dtype, gguf, plan.timed,
+            _version("llama_cpp_python") if llama else None,
+        )  # fmt: skip
+
+
+def _version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def shipped_path(run_dir: Path, keep: float) -> Path:
+    return prune_keep_dir(run_dir, keep) / SHIPPED_FILE
+
+
+def stored_shipped(path: Path, key: str) -> dict[str, Any] | None:
+    """The record in ``path`` when it is intact and measured under ``key``."""
+    if json_problem(path, *SHIPPED_FIELDS) is not None:
+        return None
+    stored = read_json(path)
+    return dict(unsealed(stored)) if stored["key"] == key else None
+
+
+def shipped(
+    unit: Unit,
+    unit_key: str,
+    run_dir: Path,
+    settings: ShipSettings,
+    model_dir: Path | None,
+    write_model: Callable[[Path], None],
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """The record of what ``unit`` (a recommended one) ships as: reused from its keep
+    fraction's shipped.json when that holds its key, measured and sealed there otherwise.
+    ``model_dir``: the unit's exported model when the prune wrote it (for ``unit_key`` in the
+    export dtype); else ``write_model`` writes it into the directory it is given."""
+    plan = settings.plan()
+    key = settings.key(unit_key, plan)
+    path = shipped_path(run_dir, unit.keep)
+    found = stored_shipped(path, key)
+    if found is not None:
+        return found
+    # (a damaged record was named by the stage's plan, which ran the stage for it)
+    say(
+        f"prune: measuring what the recommended {unit.arm}@{unit.keep:g} ships as (files"
+        + ("; llama.cpp speed, best of 3" if plan.timed else "")
+        + ")"
+    )
+    scratch = prune_keep_dir(run_dir, unit.keep)
+    record = measure(unit, settings, plan, model_dir, write_model, scratch)
+    record = {"key": key, "unit_key": unit_key, **record}
+    atomic_write_json(path, sealed(record))
+    return record
+
+
+def measure(
+    unit: Unit,
+    settings: ShipSettings,
+    plan: Plan,
+    model_dir: Path | None,
+    write_model: Callable[[Path], None],
+    scratch_in: Path,
+) -> dict[str, Any]:
+    """The measurement itself (:func:`shipped` without the record): the files written into a
+    temporary directory in ``scratch_in``, measured, removed."""
+    scratch_in.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".shipping-", dir=scratch_in))
+    try:
+        model = model_dir
+        if model is None:
+            model = scratch / "model"
+            write_model(model)
+        record: dict[str, Any] = {
+            "arm": unit.arm,
+            "seed": unit.seed,
+            "keep": unit.keep,
+            "export_dtype": settings.export_dtype,
+            "safetensors_bytes": sum(f.stat().st_size for f in sorted(model.glob("*.safetensors"))),
+        }
+        target = scratch / gguf_file_name(unit.arm, unit.keep)
+        record["gguf"] = _gguf(model, target, settings, plan)
+        if plan.timed and "skipped" not in record["gguf"]:
+            record["speed"] = _speed(target, settings)
+        else:  # the writer may have refused the model: nothing to time then either
+            record["speed"] = {"skipped": plan.no_speed or NO_GGUF}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return record
+
+
+def _gguf(model: Path, target: Path, settings: ShipSettings, plan: Plan) -> dict[str, Any]:
+    """The GGUF file's sizes (:class:`~geospec.prune.gguf_size.GGUFSize`), or why there are
+    none: the plan's reason, or the writer's one line (a family it does not map)."""
+    if plan.dtype is None:
+        return {"skipped": plan.no_gguf}
+    from geospec.prune.exports import unit_gguf
+    from geospec.prune.gguf_size import gguf_size
+
+    source = settings.gguf_source
+    assert source is not None
+    try:
+        written, _ = unit_gguf(model, target, source, source, plan.dtype)
+    except UsageError as error:
+        return {"skipped": str(error)}
+    size = gguf_size(target, source)
+    kind = written.dtype if written.dtype in ("f32", "f16") else written.dtype.upper()
+    return {
+        "file": target.name,
+        "type": kind,
+        "quantizer": written.quantizer,
+        "bytes": size.bytes,
+        "source_bytes": size.source_bytes,
+        "source_type": size.source_type,
+        "f16_bytes": size.f16_bytes,
+    }
+
+
+def _speed(target: Path, settings: ShipSettings) -> dict[str, Any]:
+    """llama.cpp's prompt and generation speed on the GGUF file and on its source, round-robin
+    (or why there is none: llama.cpp could not run one of them)."""
+    from geospec.prune.runtime import compare_speeds
+
+    source = settings.gguf_source
+    assert source is not None
+    try:
+        ours, theirs = compare_speeds([target, source], THREADS, PROMPT, GENERATE, ROUNDS)
+    except (ValueError, RuntimeError, OSError) as error:  # llama-cpp-python's load failures
+        return {"skipped": f"llama.cpp could not run the files: {error}"}
+    return {
+        "threads": THREADS,
+        "rounds": ROUNDS,
+        "prompt_tokens": PROMPT,
+        "generated_tokens": GENERATE,
+        "prompt": ours.prompt,
+        "generation": ours.generation,
+        "source_prompt": theirs.prompt,
+        "source_generation": theirs.generation,
+        "llama_cpp": _version("llama_cpp_python"),
+    }
+
+
+def stale_shipped(record: Mapping[str, Any], stage_key: str, settings: ShipSettings) -> bool:
+    """Whether prune.json (``record``) lacks a recommended model's ``shipped``, or holds one
+    measured under another key than the recommended unit's under ``settings`` (the export dtype,
+    select.runtime, llama-cpp-python installed since): the stage measures again, the units
+    reused."""
+    from geospec.prune.units import Unit, unit_key
+
+    seeds = record.get("seeds") or []
+    plan = settings.plan()
+    for budget in record.get("budgets", []):
+        chosen = budget.get("recommended")
+        if chosen is None or not seeds:
+            continue
+        recorded = chosen.get("shipped")
+        unit = Unit(budget["keep"], chosen["arm"], int(seeds[0]))
+        if not isinstance(recorded, dict) or recorded.get("key") != settings.key(
+            unit_key(stage_key, unit), plan
+        ):
+            return True
+    return False
+
+
+def untrusted_shipped(run_dir: Path, record: Mapping[str, Any]) -> dict[float, str]:
+    """The keep fractions whose shipped.json cannot back what prune.json (``record``) holds,
+    each with why: missing, damaged, changed after geospec wrote it, or not what prune.json
+    records (edited and sealed again). The stage measures them again."""
+    found = {}
+    for budget in record.get("budgets", []):
+        recorded = (budget.get("recommended") or {}).get("shipped")
+        if not isinstance(recorded, dict):
+            continue
+        keep = budget["keep"]
+        path = shipped_path(run_dir, keep)
+        problem = json_problem(path, *SHIPPED_FIELDS)
+        if problem is None and dict(unsealed(read_json(path))) != recorded:
+            problem = f"{SHIPPED_FILE} does not hold what prune.json records"
+        if problem is not None:
+            found[keep] = f"prune/keep-{keep:g}/{problem}"
+    return found
