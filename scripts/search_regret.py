@@ -17,14 +17,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from geospec.report.prune import budget_rows
+from geospec.report.prune import budget_rows, unchosen_settings
 
 
 def table(prune: dict[str, Any], budget: dict[str, Any], against: str) -> list[str]:
     """The markdown lines of one keep fraction's regret table."""
-    sweeps = budget.get("sweeps", {})
-    dropped = {name for found in sweeps.values() for name in found["calibration_loss"]}
-    dropped -= {found["best"] for found in sweeps.values()}
+    dropped = unchosen_settings(budget)
     arms = [name for name in budget["arms"] if name not in dropped and name != against]
     rows = budget_rows(prune, budget, [(name, against) for name in arms])
     corpora = list(dict.fromkeys(row[3] for row in rows))

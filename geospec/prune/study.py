@@ -16,6 +16,7 @@ record holds its key is reused (:mod:`geospec.prune.units`), so an interrupted p
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -399,11 +400,7 @@ def prune_units(
             unit = Unit(budget["keep"], budget["recommended"]["arm"], prune.calibration.seeds[0])
             unit_dir, unit_key = unit.directory(run_dir), key_of(inputs.key, unit)
             written = has_model(unit_dir, unit_key, inputs.export_dtype)
-
-            def write_into(target: Path, unit: Unit = unit) -> None:
-                write_model(unit, unit.directory(run_dir), key_of(inputs.key, unit),
-                            results[unit], target)  # fmt: skip
-
+            write_into = functools.partial(write_model, unit, unit_dir, unit_key, results[unit])
             budget["recommended"]["shipped"] = shipped(
                 unit, unit_key, run_dir, inputs.ship,
                 unit_dir / UNIT_MODEL_DIR if written else None, write_into, say,

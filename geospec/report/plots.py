@@ -278,14 +278,13 @@ def search_plot(plots: PlotDir, budgets: Sequence[Mapping[str, Any]]) -> None:
     widths per layer on the first seed (right: the searched widths bold, the heuristics thin, a
     sweep such as OWL's grid as the setting its calibration loss chose, so the panel stays
     readable)."""
+    from geospec.report.prune import unchosen_settings
+
     fig, axes = plots.plt.subplots(len(budgets), 2, figsize=(10, 3.4 * len(budgets)), squeeze=False)
     styles = ("-", "--", ":", "-.")
     for row, budget in enumerate(budgets):
         path, widths = axes[row]
-        sweeps = budget.get("sweeps", {})
-        dropped = {  # every setting of a sweep but the chosen one
-            name for sweep in sweeps.values() for name in sweep["calibration_loss"]
-        } - {sweep["best"] for sweep in sweeps.values()}
+        dropped = unchosen_settings(budget)
         searches = [name for name, arm in budget["arms"].items() if "search" in arm]
         heuristics = [
             name for name in budget["arms"] if name not in dropped and name not in searches

@@ -30,6 +30,15 @@ def corpus_labels(corpora: Sequence[str]) -> dict[str, str]:
     }
 
 
+def unchosen_settings(budget: Mapping[str, Any]) -> set[str]:
+    """The arms of a keep fraction that are a sweep's settings (OWL's grid) other than the one
+    its calibration loss chose: what a table or plot of the arms a user could pick leaves out."""
+    sweeps = budget.get("sweeps", {}).values()
+    return {name for found in sweeps for name in found["calibration_loss"]} - {
+        found["best"] for found in sweeps
+    }
+
+
 def total_parameters(prune: Mapping[str, Any], ffn: int) -> int | None:
     """An arm's parameters in all (the unpruned model's less the FFN parameters cut), from
     prune.json's ``parameters`` (None in a record from before it was kept)."""
