@@ -128,6 +128,28 @@ def test_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> None:
     assert test_command in (ROOT / ".ci" / "run").read_text()
 
 
+def test_the_test_extra_carries_the_gguf_extra_the_default_run_needs() -> None:
+    """The default test run reads and writes GGUF checkpoints, which needs the gguf extra whole
+    (validate refuses a GGUF reference without accelerate): a fresh install of the test extra
+    alone must bring it, as the README's test command installs nothing else."""
+    extras = tomlkit.parse((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert set(extras["gguf"]) <= set(extras["test"]), set(extras["gguf"]) - set(extras["test"])
+
+
+def test_ci_runs_the_readmes_commands_in_a_fresh_environment() -> None:
+    """CI installs the README's commands into a virtual environment of its own, so that a
+    dependency missing from pyproject.toml fails CI as it fails a user's fresh install."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    run_command, test_command = [
+        b.split("```", 1)[0].strip() for b in readme.split("```bash\n")[1:3]
+    ]
+    fresh = ci.index("-m venv")
+    assert fresh < ci.index(run_command) and fresh < ci.index(test_command)
+
+
 def test_validate_summary_shows_the_training_settings_and_the_launcher(tmp_path: Path) -> None:
     spec = minimal_spec(launch={"kind": "pool", "workers": 2})
     spec["train"].update(lr=1.5e-3, precision="fp32", device="cpu")
