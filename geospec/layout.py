@@ -40,6 +40,8 @@ UNIT_MODEL_DIR = "model"
 HEAL_DIR = "heal"
 #: A search allocation's (``evolve``) resumable state, in its unit's directory.
 SEARCH_FILE = "search.json"
+#: A unit's least-squares repair (``prune.repair = "lstsq"``): its re-fitted output projections.
+REPAIR_FILE = "repair.safetensors"
 #: What a keep fraction's recommended model ships as (its files' sizes, its llama.cpp speed), in
 #: the keep fraction's directory.
 SHIPPED_FILE = "shipped.json"

@@ -27,6 +27,14 @@ ARMS = [
     {"name": "flap", "schedule": {"kind": "flap"}},
     {"name": "shift", "schedule": {"kind": "geometric", "profile": "shift/spherical"}},
     {"name": "norm", "schedule": {"kind": "geometric", "profile": "residual_norm/mean"}},
+    # the least-squares repair fits the kept weights to text: the calibration text only
+    {"name": "lstsq", "schedule": {"kind": "uniform"}, "repair": "lstsq"},
+    {
+        "name": "sequential",
+        "schedule": {"kind": "geometric", "profile": "shift/spherical"},
+        "repair": "lstsq",
+        "lstsq": {"inputs": "sequential", "windows": 4},
+    },
     # the search reads the calibration windows many times over: still training text only
     {
         "name": "evolve",
@@ -137,6 +145,25 @@ def test_editing_the_eval_windows_changes_only_the_scores(leak_runs: dict[str, P
     for name, arm in losses.items():
         for corpus, values in arm.items():
             assert values != losses_edited[name][corpus], (name, corpus)
+
+
+def test_editing_the_eval_windows_leaves_every_repair_as_it_was(
+    leak_runs: dict[str, Path],
+) -> None:
+    """The repaired weights (one pass over the unpruned model, and the sequential walk over the
+    model cut and repaired so far) are the same tensors whatever the eval text says."""
+    from safetensors.torch import load_file
+
+    for arm in ("lstsq", "sequential"):
+        for seed in (0, 1):
+            found = [
+                load_file(leak_runs[run] / "run" / "prune" / "keep-0.5" / arm / f"seed-{seed}"
+                          / "repair.safetensors")
+                for run in ("train-original", "train-edited")
+            ]  # fmt: skip
+            assert found[0].keys() == found[1].keys() and found[0]
+            for name, tensor in found[0].items():
+                assert torch.equal(tensor, found[1][name]), (arm, seed, name)
 
 
 def test_calibrating_on_the_validation_split_would_see_the_edit(

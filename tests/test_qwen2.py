@@ -515,7 +515,7 @@ def test_a_compensated_qwen2_prune_that_exports_is_one_line_before_anything_load
     for command in ("validate", "prune"):
         result = CliRunner().invoke(cli, [command, str(spec)])
         assert result.exit_code == 2 and "Traceback" not in result.output
-        (line,) = [x for x in result.output.splitlines() if "prune.compensate" in x]
+        (line,) = [x for x in result.output.splitlines() if "prune.repair" in x]
         assert '"mean" on flap, whose models are exported' in line
         assert "qwen2 MLP has no bias" in line and "prune.export = false" in line
     assert not (tmp_path / "run" / "prune").exists()

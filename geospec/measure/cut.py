@@ -168,16 +168,26 @@ def _sliced(
     side: str,
     transposed: bool,
     extra_bias: torch.Tensor | None = None,
+    replacement: torch.Tensor | None = None,
 ) -> nn.Module:
     """A copy of a Linear (or Conv1D) keeping output ``rows`` (side "out") or input ``rows``
     (side "in") of its weight; the bias follows the output side, plus ``extra_bias`` (float64,
-    one value per output; a Linear without a bias gets one)."""
+    one value per output; a Linear without a bias gets one). ``replacement`` (out x kept, as a
+    repair re-fits the kept input columns) takes the place of the kept part of the weight."""
     weight, bias = _weight(module), _bias(module)
     rows = rows.to(weight.device)
     # Linear: weight is out x in; Conv1D: in x out
     out_dim = 1 if transposed else 0
     dim = out_dim if side == "out" else 1 - out_dim
-    new_weight = weight.detach().index_select(dim, rows).clone()
+    if replacement is None:
+        new_weight = weight.detach().index_select(dim, rows).clone()
+    else:
+        placed = replacement.detach().to(weight.device, weight.dtype)
+        expected = (weight.shape[out_dim], len(rows))
+        if tuple(placed.shape) != expected:
+            raise CutError(f"a re-fitted output projection of shape {expected} is needed, got "
+                           f"{tuple(placed.shape)}")  # fmt: skip
+        new_weight = (placed.t() if transposed else placed).contiguous().clone()
     new_bias = None
     if bias is not None:
         new_bias = bias.detach().index_select(0, rows).clone() if side == "out" else bias.detach()
@@ -200,22 +210,33 @@ def _sliced(
 
 
 def cut_modules(
-    ffn: nn.Module, keep: Sequence[int] | torch.Tensor, compensate: torch.Tensor | None = None
+    ffn: nn.Module,
+    keep: Sequence[int] | torch.Tensor,
+    compensate: torch.Tensor | None = None,
+    refit: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> dict[str, nn.Module]:
     """The FFN's projections with only the neurons ``keep`` (indices, any order): attribute
     name -> new module. With ``compensate`` (one value per neuron of the full FFN), the output
     projection's bias gains the removed neurons' ``compensate[j] * W_out[:, j]`` (the module
-    docstring). The FFN itself is not changed."""
+    docstring). With ``refit`` (:class:`geospec.prune.repair.Refit`: the kept columns of the
+    output projection re-fitted, d_model x kept in index order, and the bias it gains), those
+    replace the kept columns and the bias is added; the input projections keep their rows as
+    they are. The FFN itself is not changed."""
     layout = ffn_layout(ffn)
     width = ffn_width(ffn)
     index = _kept_index(keep, width)
+    if compensate is not None and refit is not None:
+        raise CutError("a cut is either mean-compensated or re-fitted, not both")
     replaced: dict[str, nn.Module] = {}
     for name in layout.inputs:
         rows = torch.cat([index, index + width]) if layout.fused else index
         replaced[name] = _sliced(getattr(ffn, name), rows, "out", layout.transposed)
     output = getattr(ffn, layout.output)
     extra = None if compensate is None else compensation_bias(ffn, index, compensate)
-    replaced[layout.output] = _sliced(output, index, "in", layout.transposed, extra)
+    columns = None
+    if refit is not None:
+        columns, extra = refit
+    replaced[layout.output] = _sliced(output, index, "in", layout.transposed, extra, columns)
     return replaced
 
 
@@ -258,13 +279,16 @@ def _install(ffn: nn.Module, modules: dict[str, nn.Module], width: int | None) -
 
 @contextmanager
 def ffn_cut(
-    ffn: nn.Module, keep: Sequence[int] | torch.Tensor, compensate: torch.Tensor | None = None
+    ffn: nn.Module,
+    keep: Sequence[int] | torch.Tensor,
+    compensate: torch.Tensor | None = None,
+    refit: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> Iterator[None]:
-    """Inside the block, ``ffn`` keeps only the neurons ``keep`` (compensated by ``compensate``
-    when given: :func:`cut_modules`); afterwards it is the module it was (the same parameter
-    objects, the bias it had or none)."""
+    """Inside the block, ``ffn`` keeps only the neurons ``keep`` (compensated by ``compensate``,
+    or its output projection re-fitted by ``refit``, when given: :func:`cut_modules`);
+    afterwards it is the module it was (the same parameter objects, the bias it had or none)."""
     with ffn_replaced(
-        ffn, cut_modules(ffn, keep, compensate), len(torch.as_tensor(keep).flatten())
+        ffn, cut_modules(ffn, keep, compensate, refit), len(torch.as_tensor(keep).flatten())
     ):
         yield
 

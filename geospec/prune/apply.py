@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,6 +48,9 @@ from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, mean_loss
 from geospec.prune.true_width import Stored
 from geospec.version import __version__
+
+if TYPE_CHECKING:
+    from geospec.prune.repair import Refit
 
 
 def calibration_windows(tokens: np.ndarray, seq_len: int, windows: int, seed: int) -> np.ndarray:
@@ -98,17 +101,22 @@ def pruned(
     orders: Sequence[Sequence[int]],
     widths: Sequence[int],
     compensation: Sequence[torch.Tensor] | None = None,
+    refits: Sequence[Refit | None] | None = None,
 ) -> Iterator[None]:
     """Inside the block, layer l keeps the ``widths[l]`` best neurons of ``orders[l]``; with
     ``compensation`` (one (width,) tensor per layer, the full layer's signed calibration means
     ``[s.mean for s in calibration_stats(...)]``), each cut layer's output projection gains the
-    bias that puts each removed neuron's mean in place of its activation (module docstring)."""
-    if compensation is not None and len(compensation) != len(sites):
-        raise ValueError(f"compensation for {len(compensation)} layers, {len(sites)} FFNs")
+    bias that puts each removed neuron's mean in place of its activation (module docstring);
+    with ``refits`` (:mod:`geospec.prune.repair`: one per layer, None where a layer is only
+    cut), each layer's output projection is re-fitted instead."""
+    for name, given in (("compensation", compensation), ("refits", refits)):
+        if given is not None and len(given) != len(sites):
+            raise ValueError(f"{name} for {len(given)} layers, {len(sites)} FFNs")
     with ExitStack() as stack:
         for layer, (site, order, width) in enumerate(zip(sites, orders, widths, strict=True)):
             means = None if compensation is None else compensation[layer]
-            stack.enter_context(ffn_cut(site.ffn, kept_neurons(order, width), means))
+            found = None if refits is None else refits[layer]
+            stack.enter_context(ffn_cut(site.ffn, kept_neurons(order, width), means, found))
         yield
 
 
@@ -179,7 +187,7 @@ def compensation_biases(model: nn.Module, sites: Sequence[FFNSite]) -> dict[str,
     if problem is not None:
         raise UsageError(
             f"prune.export: the pruned model's FFN output projections carry a bias "
-            f"(prune.compensate) but {problem}; set prune.export = false or prune.compensate "
+            f"(prune.repair) but {problem}; set prune.export = false or prune.repair "
             '= "none"'
         )
     names = {id(module): name for name, module in model.named_modules()}

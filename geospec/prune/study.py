@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.disk import writing
-from geospec.layout import HEAL_DIR, SEARCH_FILE, UNIT_FILE, UNIT_MODEL_DIR
+from geospec.layout import HEAL_DIR, REPAIR_FILE, SEARCH_FILE, UNIT_FILE, UNIT_MODEL_DIR
 from geospec.locks import claim
 from geospec.prune.units import EXPORTED_FILE, Unit, finished_unit, gather, has_model, units_of
 from geospec.prune.units import unit_key as key_of
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from geospec.kinds import BlockLinears, Importance, Search
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
+    from geospec.prune.repair import Moments, Refit
     from geospec.prune.shipped import ShipSettings
 
 #: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
@@ -105,6 +106,24 @@ def calibrated(
         else None
     )
     return Scored(scores, orders, means, found.blocks, windows)
+
+
+class Cut(NamedTuple):
+    """How a unit's arm cuts and repairs: each layer's neuron order under its importance, with
+    mean compensation (``repair = "mean"``) its calibration sample's mean activations, with the
+    least-squares repair each layer's re-fit (:mod:`geospec.prune.repair`)."""
+
+    orders: list[list[int]]
+    means: list[torch.Tensor] | None = None
+    refits: list[Refit | None] | None = None
+
+
+def cut_to(sites: Sequence[FFNSite], cut: Cut, widths: Sequence[int]) -> Any:
+    """The context in which the model is cut to ``widths`` as ``cut`` says
+    (:func:`geospec.prune.apply.pruned`)."""
+    from geospec.prune.apply import pruned
+
+    return pruned(sites, cut.orders, widths, cut.means, cut.refits)
 
 
 def importance_key(table: Any) -> str:
@@ -179,7 +198,7 @@ def prune_units(
     from geospec.measure.sensitivity import logits_of
     from geospec.plugin import create_plugin
     from geospec.prune.allocate import allocate
-    from geospec.prune.apply import compensated_export_problem, eval_loss, ffn_parameters, pruned
+    from geospec.prune.apply import compensated_export_problem, eval_loss, ffn_parameters
     from geospec.prune.search import SuffixCutLosses
     from geospec.shapes.pruned import pruned_dims
 
@@ -192,16 +211,16 @@ def prune_units(
         raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
     width = ffn_width(sites[0].ffn)
     compensate = any(prune.compensates(arm) for arm in prune.arms)
-    exported = [  # a compensated arm whose units write no model needs no bias in the export
+    exported = [  # a repaired arm whose units write no model needs no bias in the export
         arm
         for arm in prune.arms
-        if prune.compensates(arm) and any(prune.exports(f, arm.name) for f in prune.fractions)
+        if prune.biased(arm) and any(prune.exports(f, arm.name) for f in prune.fractions)
     ]
     problem = compensated_export_problem(model) if exported else None
     if problem is not None:  # said before any unit is computed, not at the first export
         raise UsageError(
-            f'prune.compensate = "mean": {problem}; set prune.export = false or '
-            'prune.compensate = "none"'
+            f"prune.repair = {prune.repair_of(exported[0])!r} ({exported[0].name}): {problem}; "
+            'set prune.export = false or prune.repair = "none"'
         )
     # each distinct importance is scored once per calibration seed; an arm reads its own
     arm_importance = {arm.name: importance_key(prune.importance_of(arm)) for arm in prune.arms}
@@ -265,12 +284,60 @@ def prune_units(
             )  # fmt: skip
         return scored[seed]
 
-    def kept_by(unit: Unit) -> tuple[list[list[int]], list[torch.Tensor] | None]:
-        """How ``unit``'s arm cuts: each layer's neuron order under its importance, and with
-        compensation its calibration sample's mean activations."""
+    # the re-fit's calibration windows and their moments, by seed and window count; the moments
+    # of one sample at a time (n x n float64 per layer)
+    repair_batches: dict[tuple[int, int], list[Batch]] = {}
+    moments: dict[tuple[int, int], list[Moments]] = {}
+
+    def repair_inputs(seed: int, windows: int) -> list[Batch]:
+        from geospec.prune.apply import calibration_windows
+        from geospec.prune.search import calibration_batches
+
+        if (seed, windows) not in repair_batches:
+            starts = calibration_windows(train_tokens, inputs.seq_len, windows, seed)
+            device = next(model.parameters()).device
+            repair_batches[(seed, windows)] = calibration_batches(
+                train_tokens, starts, inputs.seq_len, prune.calibration.batch_size, device,
+                inputs.bos,
+            )  # fmt: skip
+        return repair_batches[(seed, windows)]
+
+    def moments_for(seed: int, windows: int) -> list[Moments]:
+        from geospec.prune.repair import calibration_moments
+
+        if (seed, windows) not in moments:
+            moments.clear()
+            say(f"prune: calibration moments of seed {seed} for the least-squares repair "
+                f"({windows} windows)")  # fmt: skip
+            batches = repair_inputs(seed, windows)
+            moments[(seed, windows)] = calibration_moments(model, sites, batches)
+        return moments[(seed, windows)]
+
+    def kept_by(unit: Unit, unit_widths: Sequence[int]) -> Cut:
+        """How ``unit``'s arm cuts at ``unit_widths`` (:class:`Cut`); a least-squares repair
+        is read from the unit's record or computed and recorded."""
+        from geospec.prune.repair import one_pass_refits, sequential_refits, unit_refits
+
         work = scored_for(unit.seed)
         arm = next(a for a in prune.arms if a.name == unit.arm)
-        return work.orders[arm_importance[unit.arm]], work.means if prune.compensates(arm) else None
+        orders = work.orders[arm_importance[unit.arm]]
+        if prune.compensates(arm):
+            return Cut(orders, means=work.means)
+        if not prune.refits(arm):
+            return Cut(orders)
+        lstsq = prune.lstsq_of(arm)
+        windows = lstsq.windows or prune.calibration.windows
+
+        def compute() -> list[Refit | None]:
+            if lstsq.inputs == "sequential":
+                batches = repair_inputs(unit.seed, windows)
+                return sequential_refits(model, sites, batches, orders, unit_widths, lstsq.damping)
+            found = moments_for(unit.seed, windows)
+            return one_pass_refits(sites, found, orders, unit_widths, lstsq.damping)
+
+        path = unit.directory(run_dir) / REPAIR_FILE
+        refits = unit_refits(path, key_of(inputs.key, unit), len(sites), compute, say)
+        return Cut(orders, refits=refits)
 
     def write_model(
         unit: Unit,
@@ -281,15 +348,15 @@ def prune_units(
     ) -> None:
         """A finished unit's model written without computing it again (its healed model,
         where it was healed), into its ``model/`` or into ``target``."""
-        orders, means = kept_by(unit)
+        cut = kept_by(unit, stored["widths"])
         target = target or unit_dir / UNIT_MODEL_DIR
         if "healed_loss" in stored:  # the model it hands out is the healed one
             export_healed(
-                model, sites, orders, stored["widths"], means, unit_dir / HEAL_DIR,
+                model, sites, cut, stored["widths"], unit_dir / HEAL_DIR,
                 target, unit_key, inputs.export_dtype, unit_dir,
             )  # fmt: skip
         else:
-            with torch.no_grad(), pruned(sites, orders, stored["widths"], compensation=means):
+            with torch.no_grad(), cut_to(sites, cut, stored["widths"]):
                 export_unit(
                     model, sites, stored["widths"], target, unit_key, inputs.export_dtype,
                     unit_dir,
@@ -325,11 +392,10 @@ def prune_units(
                 arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
                 blocks=work.blocks, cut_losses=losses, searches=searched,
             )  # fmt: skip
-        orders, means = kept_by(unit)
+        unit_widths = widths[(unit.seed, unit.keep)][unit.arm]
         result = pruned_unit(
-            model, sites, orders,
-            widths[(unit.seed, unit.keep)][unit.arm], corpora, unit, unit_dir, unit_key,
-            inputs, heal, means,
+            model, sites, kept_by(unit, unit_widths), unit_widths, corpora, unit, unit_dir,
+            unit_key, inputs, heal,
             calibration=work.batches if arm.sweep is not None else None,
             export=prune.exports(unit.keep, unit.arm), selection=selection,
         )  # fmt: skip
@@ -425,15 +491,13 @@ def recommended_continuations(
     record: Mapping[str, Any],
     prompts: Sequence[Sequence[int]],
     stop: int | None,
-    kept_by: Callable[[Unit], tuple[list[list[int]], list[torch.Tensor] | None]],
+    kept_by: Callable[[Unit, Sequence[int]], Cut],
 ) -> dict[str, Any]:
     """Greedy continuations (token ids) of ``prompts`` by the unpruned model and, per keep
     fraction, by its recommended arm as calibration seed ``seeds[0]`` cut it (``kept_by``: a
-    unit's neuron orders and compensation): what the report's "What to ship" prints beside the
+    unit's :class:`Cut` at its widths): what the report's "What to ship" prints beside the
     perplexities."""
     import torch
-
-    from geospec.prune.apply import pruned
 
     prune_seed = int(record["seeds"][0])
     found: dict[str, Any] = {"reference": greedy(model, prompts, stop), "seed": prune_seed}
@@ -442,8 +506,8 @@ def recommended_continuations(
             continue
         name = budget["recommended"]["arm"]
         widths = budget["arms"][name]["widths"][str(prune_seed)]
-        orders, means = kept_by(Unit(budget["keep"], name, prune_seed))
-        with torch.no_grad(), pruned(sites, orders, widths, means):
+        cut = kept_by(Unit(budget["keep"], name, prune_seed), widths)
+        with torch.no_grad(), cut_to(sites, cut, widths):
             found[f"{budget['keep']:g}"] = greedy(model, prompts, stop)
     return found
 
@@ -542,7 +606,7 @@ def searched_path(path: Path) -> dict[str, Any]:
 def pruned_unit(
     model: nn.Module,
     sites: Sequence[FFNSite],
-    orders: Sequence[Sequence[int]],
+    cut: Cut,
     widths: Sequence[int],
     corpora: Mapping[str, Sequence[Any]],
     unit: Unit,
@@ -550,23 +614,21 @@ def pruned_unit(
     key: str,
     inputs: PruneInputs,
     heal: Healer | None,
-    compensation: Sequence[torch.Tensor] | None,
     *,
     calibration: Sequence[Batch] | None = None,
     export: bool = False,
     selection: Sequence[Batch] | None = None,
 ) -> dict[str, Any]:
-    """One pruned model (with ``compensation``, each layer's calibration means in place of its
-    cut neurons): its losses, FFN parameters, (with export) checkpoint (the healed model's,
-    with a healer), (with a healer) its losses after healing and (with ``calibration``, a
-    sweep's arm) its loss on the calibration windows."""
+    """One pruned model (cut and repaired as ``cut`` says): its losses, FFN parameters, (with
+    export) checkpoint (the healed model's, with a healer), (with a healer) its losses after
+    healing and (with ``calibration``, a sweep's arm) its loss on the calibration windows."""
     import torch
 
     from geospec.engine.imported import import_llama
-    from geospec.prune.apply import eval_loss, ffn_parameters, pruned, window_losses
+    from geospec.prune.apply import eval_loss, ffn_parameters, window_losses
 
     imported = None
-    with torch.no_grad(), pruned(sites, orders, widths, compensation=compensation):
+    with torch.no_grad(), cut_to(sites, cut, widths):
         windows = {name: window_losses(model, batches) for name, batches in corpora.items()}
         losses = {name: sum(values) / len(values) for name, values in windows.items()}
         own = None if calibration is None else eval_loss(model, calibration)
@@ -591,8 +653,8 @@ def pruned_unit(
             result["healed_loss"] = heal(unit, unit_dir / HEAL_DIR, key, imported)
         if export:
             export_healed(
-                model, sites, orders, widths, compensation, unit_dir / HEAL_DIR,
-                unit_dir / UNIT_MODEL_DIR, key, inputs.export_dtype,
+                model, sites, cut, widths, unit_dir / HEAL_DIR, unit_dir / UNIT_MODEL_DIR, key,
+                inputs.export_dtype,
             )  # fmt: skip
     return result
 
@@ -600,9 +662,8 @@ def pruned_unit(
 def export_healed(
     model: nn.Module,
     sites: Sequence[FFNSite],
-    orders: Sequence[Sequence[int]],
+    cut: Cut,
     widths: Sequence[int],
-    compensation: Sequence[torch.Tensor] | None,
     heal_dir: Path,
     directory: Path,
     key: str,
@@ -617,10 +678,9 @@ def export_healed(
 
     from geospec.engine.checkpoint import load_model
     from geospec.engine.imported import load_into_llama
-    from geospec.prune.apply import pruned
 
     healed = load_model(heal_dir, torch.device("cpu"))
-    with torch.no_grad(), pruned(sites, orders, widths, compensation=compensation):
+    with torch.no_grad(), cut_to(sites, cut, widths):
         own = {name: value.clone() for name, value in model.state_dict().items()}
         try:
             load_into_llama(model, healed)

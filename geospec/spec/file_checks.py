@@ -114,23 +114,25 @@ NO_MLP_BIAS = ("mistral", "qwen2", "gemma", "gemma2", "gemma3", "gemma3_text")
 
 
 def _compensation_problem(spec: Spec, facts: CheckpointFacts) -> str | None:
-    """A prune whose compensated arms export their models, of a family that cannot hold the
-    compensation: said here rather than after the checkpoint is loaded."""
+    """A prune whose repaired arms (mean compensation or the least-squares re-fit, both a bias
+    on the output projection) export their models, of a family that cannot hold the bias:
+    said here rather than after the checkpoint is loaded."""
     prune = spec.prune
     if prune is None or facts.family not in NO_MLP_BIAS:
         return None
     arms = [
-        arm.name
+        arm
         for arm in prune.arms
-        if prune.compensates(arm) and any(prune.exports(keep, arm.name) for keep in prune.fractions)
+        if prune.biased(arm) and any(prune.exports(keep, arm.name) for keep in prune.fractions)
     ]
     if not arms:
         return None
+    repairs = " and ".join(f'"{r}"' for r in sorted({prune.repair_of(arm) for arm in arms}))
     return (
-        f'prune.compensate: "mean" on {", ".join(arms)}, whose models are exported, but '
-        f"transformers' {facts.family} MLP has no bias to carry the compensation "
-        f"({facts.described}); set prune.export = false, export only uncompensated arms' units, "
-        'or set compensate = "none"'
+        f"prune.repair: {repairs} on "
+        f"{', '.join(arm.name for arm in arms)}, whose models are exported, but transformers' "
+        f"{facts.family} MLP has no bias to carry the repair's ({facts.described}); set "
+        'prune.export = false, export only unrepaired arms\' units, or set repair = "none"'
     )
 
 

@@ -8,6 +8,7 @@ reading a file and turning errors into messages lives in :mod:`geospec.spec.load
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -551,16 +552,59 @@ class PruneSelect(Section):
     of what a unit computes: changing it recomputes no unit (docs/prune.md, "What to ship")."""
 
 
+class PruneLstsq(Section):
+    """The least-squares repair's settings (`repair = "lstsq"`; docs/prune.md, "Repair")."""
+
+    damping: float = Field(0.01, ge=0.0, le=1e6)
+    """lambda / mean(diag H_KK): how far the re-fitted kept columns are pulled back towards the
+    original ones (SparseGPT's relative dampening; 0: plain least squares)."""
+    inputs: Literal["unpruned", "sequential"] = "unpruned"
+    """Whose activations every layer is re-fitted on: "unpruned", the unpruned model's (one
+    calibration pass for every layer and unit of a seed); "sequential", the model's whose
+    earlier layers are already cut and repaired (a walk of about two passes per unit)."""
+    windows: int | None = Field(None, ge=1, le=1_000_000)
+    """Calibration windows of model.seq_len tokens the re-fit reads (drawn from the training
+    split with the calibration seed); omit for prune.calibration.windows (the same windows)."""
+
+
+#: What a cut's kept neurons become (docs/prune.md, "Repair"): "none", cut only; "mean", FLAP's
+#: bias compensation (each removed neuron's calibration mean in place of its activation); "lstsq",
+#: the output projection's kept columns and an intercept re-fitted by least squares on the
+#: calibration text (geospec.prune.repair).
+RepairKind = Literal["none", "mean", "lstsq"]
+
+
+def _deprecated_compensate(where: str, compensate: str | None, repair: str | None) -> None:
+    """``compensate`` is ``repair``'s old name: both set is refused, the old one warns."""
+    if compensate is None:
+        return
+    if repair is not None:
+        raise ValueError(
+            f"{where}compensate and {where}repair are both set: compensate is repair's old "
+            f'name; keep repair alone (compensate = "mean" is repair = "mean")'
+        )
+    warnings.warn(
+        f'{where}compensate is deprecated: write {where}repair = "{compensate}" (the same '
+        'computation; repair also offers "lstsq", docs/prune.md)',
+        DeprecationWarning,
+        stacklevel=2,
+    )
+
+
 class PruneArmSpec(ArmSpec):
-    """One allocation of a prune: a schedule, and optionally its own importance score and bias
-    compensation instead of the prune's (FLAP as its paper runs it: `importance = { kind =
-    "fluctuation" }, compensate = "mean"`)."""
+    """One allocation of a prune: a schedule, and optionally its own importance score and
+    repair instead of the prune's (FLAP as its paper runs it: `importance = { kind =
+    "fluctuation" }, repair = "mean"`)."""
 
     importance: Annotated[ImportanceRef | None, ADDED_LATER] = None
     """Which neurons this arm's layers keep, and the scores its score allocation (flap, owl)
     reads; omit for prune.importance."""
+    repair: Annotated[RepairKind | None, ADDED_LATER] = None
+    """What this arm's kept neurons become ("none", "mean" or "lstsq"); omit for prune.repair."""
+    lstsq: Annotated[PruneLstsq | None, ADDED_LATER] = None
+    """This arm's least-squares repair settings; omit for prune.lstsq."""
     compensate: Annotated[Literal["none", "mean"] | None, ADDED_LATER] = None
-    """This arm's bias compensation ("mean" or "none"); omit for prune.compensate."""
+    """Deprecated: repair's old name (`compensate = "mean"` is `repair = "mean"`)."""
     grid: Annotated[dict[str, list[Any]] | None, ADDED_LATER] = None
     """A sweep: each schedule param's values (`{ lam = [0.02, 0.05], m = [3, 5] }`); the arm
     becomes one arm per setting, named `<name>-lam0.02-m3` and so on (docs/prune.md). Expanded
@@ -568,6 +612,11 @@ class PruneArmSpec(ArmSpec):
     sweep: Annotated[Name | None, ADDED_LATER] = None
     """The grid arm this arm was expanded from (set by `grid`): the sweep's arms are scored on
     the calibration windows too, and the best by calibration loss is reported."""
+
+    @model_validator(mode="after")
+    def _repair_named_once(self) -> PruneArmSpec:
+        _deprecated_compensate(f"arm {self.name!r}: ", self.compensate, self.repair)
+        return self
 
 
 def _expanded_grids(arms: Any) -> Any:
@@ -682,12 +731,18 @@ class PruneSpec(Section):
     token sample (as probe.seed = k would draw it, from probe.calibration_split) and the
     measured profiles on it, so a geometric arm's widths move with the seed (docs/prune.md).
     false: every seed shares the run's profiles and only the neuron scores change."""
+    repair: Annotated[RepairKind | None, ADDED_LATER] = None
+    """What every arm's kept neurons become (an arm may set its own): "none" (the default), cut
+    only; "mean", FLAP's bias compensation: each cut layer's output projection gains the bias
+    sum over its removed neurons j of mean_j x W_out[:, j] (mean_j: neuron j's signed mean
+    activation over the calibration sample), so a removed neuron contributes its calibration
+    mean instead of zero; "lstsq", the output projection's kept columns and an intercept
+    re-fitted by least squares to reproduce the unpruned FFN's output on the calibration text
+    (`lstsq` sets how; docs/prune.md, "Repair")."""
+    lstsq: Annotated[PruneLstsq, ADDED_LATER] = Field(default_factory=PruneLstsq)
+    """The least-squares repair's damping, inputs and calibration windows."""
     compensate: Annotated[Literal["none", "mean"], ADDED_LATER] = "none"
-    """FLAP's bias compensation, for every arm: "mean" gives each cut layer's output projection
-    the bias sum over its removed neurons j of mean_j x W_out[:, j] (mean_j: neuron j's signed
-    mean activation over the calibration sample, collected whatever the importance), so a
-    removed neuron contributes its calibration mean instead of zero; "none" cuts only
-    (docs/prune.md)."""
+    """Deprecated: repair's old name (`compensate = "mean"` is `repair = "mean"`)."""
     select: Annotated[PruneSelect | None, ADDED_LATER] = None
     """Recommend one arm per keep fraction, the one to ship, by its loss on held-out windows of
     the calibration corpus that nothing else reads (`{ windows = 8 }`; docs/prune.md, "What to
@@ -745,9 +800,36 @@ class PruneSpec(Section):
         """The importance table ``arm`` keeps its neurons by: its own, or the prune's."""
         return self.importance if arm.importance is None else arm.importance
 
+    def repair_of(self, arm: PruneArmSpec) -> str:
+        """What ``arm``'s kept neurons become: its own repair (or its deprecated compensate),
+        else the prune's."""
+        for setting in (arm.repair, arm.compensate, self.repair):
+            if setting is not None:
+                return setting
+        return self.compensate
+
+    def lstsq_of(self, arm: PruneArmSpec) -> PruneLstsq:
+        """The least-squares repair settings of ``arm``: its own, or the prune's."""
+        return self.lstsq if arm.lstsq is None else arm.lstsq
+
     def compensates(self, arm: PruneArmSpec) -> bool:
-        """Whether ``arm``'s cut is bias-compensated: its own setting, or the prune's."""
-        return (self.compensate if arm.compensate is None else arm.compensate) == "mean"
+        """Whether ``arm``'s cut is bias-compensated by the calibration means ("mean")."""
+        return self.repair_of(arm) == "mean"
+
+    def refits(self, arm: PruneArmSpec) -> bool:
+        """Whether ``arm``'s output projections are re-fitted by least squares ("lstsq")."""
+        return self.repair_of(arm) == "lstsq"
+
+    def biased(self, arm: PruneArmSpec) -> bool:
+        """Whether ``arm``'s repair gives the output projections a bias (its export needs a
+        family whose MLP carries one)."""
+        return self.repair_of(arm) in ("mean", "lstsq")
+
+    @model_validator(mode="after")
+    def _repair_named_once(self) -> PruneSpec:
+        compensate = None if "compensate" not in self.model_fields_set else self.compensate
+        _deprecated_compensate("prune.", compensate, self.repair)
+        return self
 
     @model_validator(mode="after")
     def _arms(self) -> PruneSpec:
