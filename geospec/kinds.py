@@ -518,6 +518,10 @@ class NeuronWeights:
     stats: ActivationStats | None = None
     """The calibration statistics per neuron (signed mean, mean |a|, mean square; float64), given
     with ``activation`` when the score :attr:`Importance.needs_activations`; None otherwise."""
+    second_moment: torch.Tensor | None = None
+    """E[a a^T] over the calibration tokens, (width x width) float64: the hidden activations'
+    second moments (the Hessian of the output projection's least-squares error), given when the
+    score :attr:`Importance.needs_second_moments`; None otherwise."""
 
     @property
     def width(self) -> int:
@@ -540,6 +544,9 @@ class Importance(Plugin):
     #: Whether scores read ``ffn.activation`` or ``ffn.stats`` (calibration tokens are run
     #: through the model).
     needs_activations: ClassVar[bool] = False
+    #: Whether scores read ``ffn.second_moment`` (each layer's width x width float64 moments:
+    #: structured OBS); such a score also gets ``ffn.stats``.
+    needs_second_moments: ClassVar[bool] = False
 
     def scores(self, ffn: NeuronWeights) -> torch.Tensor:
         raise NotImplementedError

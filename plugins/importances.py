@@ -9,6 +9,9 @@
 - ``fluctuation``: FLAP's WIFV metric, Var_t(a_j) x ||W_out[:, j]||_2^2.
 - ``wanda_sp``: Wanda-sp's structured score, mean_i |W_out[i, j]| x RMS_t(a_j).
 - ``random``: seeded scores, the control (a cut that knows nothing about the neurons).
+- ``obs``: structured Optimal Brain Surgeon (ZipLM's): neurons removed greedily, each time the
+  one whose removal, with the kept output weights re-fitted, costs the least output error; its
+  score is the step at which it would go (the order the least-squares repair wants).
 
 a_j is neuron j's hidden activation (the input of the output projection) on a calibration token
 t, W_out the output (down) projection as d_model x width; the statistics come from
@@ -139,7 +142,71 @@ class Random(Importance):
         return torch.rand(ffn.width, generator=generator, dtype=torch.float64)
 
 
+class StructuredOBS(Importance):
+    """Structured OBS (ZipLM, Kurtic et al. 2023; SlimGPT's grouped removal): with
+    H = E[z z^T] the second moments of z = [a; 1] (the hidden activations and a constant, the
+    bias, which is never removed), damped by ``damping`` x mean(diag E[a a^T]) on the neurons,
+    removing neuron j from the output projection W (d_model x width, kept columns re-fitted by
+    least squares) costs ||W[:, j]||^2 / [H^-1]_jj. The neuron of least cost is removed, W
+    updated (W -= W[:, j] [H^-1]_j: / [H^-1]_jj) and H^-1 downdated, ``group`` neurons at a time,
+    until one is left. A neuron's score is the step it was removed at (the last one left scores
+    highest): the kept set at every width is the greedy OBS one, in one ordering.
+
+    As DarwinLM's ``fast_obc_struct.py`` scores and updates FFN columns, with the bias column
+    of the least-squares repair (:mod:`geospec.prune.repair`) kept alive throughout, so its cost
+    is the cost after that repair at the same damping (up to the damping's reference: here the
+    whole layer's mean diagonal, there the kept neurons')."""
+
+    needs_activations = True
+    needs_second_moments = True
+
+    class Params(PluginParams):
+        kind: Literal["obs"] = "obs"
+        damping: float = Field(0.01, ge=0.0, le=1e6)
+        """lambda / mean(diag E[a a^T]), added to the neurons' diagonal of H."""
+        group: int | None = Field(None, ge=1, le=1_000_000)
+        """Neurons removed per step (their costs from the step's start; 1: exact greedy OBS);
+        omit for width // 128 (at least 1): 128 steps per layer."""
+
+    params: Params
+
+    def scores(self, ffn: NeuronWeights) -> torch.Tensor:
+        import torch
+
+        second, stats = ffn.second_moment, _stats(ffn, "obs")
+        if second is None:
+            raise ValueError("the obs score needs second moments (NeuronWeights.second_moment)")
+        width = ffn.width
+        hessian = torch.empty(width + 1, width + 1, dtype=torch.float64)
+        hessian[:width, :width] = second
+        damp = self.params.damping * float(second.diagonal().mean())
+        hessian[:width, :width].diagonal().add_(damp if damp > 0 else self.params.damping)
+        hessian[:width, width] = hessian[width, :width] = stats.mean
+        hessian[width, width] = 1.0
+        inverse = torch.cholesky_inverse(torch.linalg.cholesky(hessian))
+        weight = torch.zeros(ffn.output.shape[0], width + 1, dtype=torch.float64)
+        weight[:, :width] = ffn.output.double()
+        group = self.params.group or max(1, width // 128)
+        alive = torch.ones(width, dtype=torch.bool)
+        step = torch.zeros(width, dtype=torch.float64)
+        removed = 0
+        while removed < width - 1:
+            index = torch.nonzero(alive).flatten()
+            cost = weight[:, index].square().sum(dim=0) / inverse.diagonal()[index]
+            take = min(group, len(index) - 1)
+            chosen = index[torch.argsort(cost, stable=True)[:take]]
+            block = inverse[chosen][:, chosen]
+            rows = inverse[chosen]  # (take, width + 1)
+            weight -= weight[:, chosen] @ torch.linalg.solve(block, rows)
+            inverse -= rows.T @ torch.linalg.solve(block, rows)
+            step[chosen] = torch.arange(removed, removed + take, dtype=torch.float64)
+            alive[chosen] = False
+            removed += take
+        step[alive] = width - 1
+        return step
+
+
 @hookimpl
 def geospec_register_importances(register: Register) -> None:
-    for cls in (Magnitude, Activation, Fluctuation, WandaSP, Random):
+    for cls in (Magnitude, Activation, Fluctuation, WandaSP, Random, StructuredOBS):
         register(cls)

@@ -492,6 +492,7 @@ def test_an_ordering_keeps_the_best_scores_and_breaks_ties_by_index() -> None:
         ("fluctuation", True),
         ("wanda_sp", True),
         ("random", False),
+        ("obs", True),
     ],
 )
 def test_the_builtin_importances_keep_their_contract(kind: str, per_neuron: bool) -> None:

@@ -158,3 +158,39 @@ def test_compensate_is_repairs_deprecated_name_and_keeps_its_keys() -> None:
     lstsq = PruneSpec.model_validate({"arms": arms, "repair": "lstsq"})
     assert lstsq.refits(lstsq.arms[0]) and lstsq.biased(lstsq.arms[0])
     assert lstsq.lstsq_of(lstsq.arms[0]).damping == 0.01
+
+
+def test_validate_estimates_the_repair_and_refuses_one_that_cannot_fit(tmp_path: Path) -> None:
+    """validate prints the repair's memory and time (its float64 moments are width^2 x 8 bytes
+    per layer: every layer's in one pass, one layer's in the sequential walk) and refuses, in
+    one line naming the fix, a repair larger than the memory left."""
+    from click.testing import CliRunner
+
+    from geospec.cli import cli
+    from geospec.spec.file_checks import repair_memory_problem
+    from geospec.spec.loading import load_spec
+
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}, "repair": "lstsq"},
+        {"name": "walk", "schedule": {"kind": "uniform"}, "repair": "lstsq",
+         "lstsq": {"inputs": "sequential"}},
+    ]  # fmt: skip
+    spec_file = prune_spec(tmp_path, arms=arms, keep=0.5)
+    result = CliRunner().invoke(cli, ["validate", str(spec_file)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    one_layer = 8 * (64 * 64 + 64)  # the word checkpoint: 3 layers of 64 neurons
+    assert f"float64 moments {one_layer * 3 / 1024:.1f} KiB: every layer's, one pass" in said
+    assert f"float64 moments {one_layer / 1024:.1f} KiB: one layer's at a time" in said
+    assert "output projections re-fitted by least squares" in said
+    spec = load_spec(spec_file)
+    assert repair_memory_problem(spec, free=10**9) is None
+    # room for one layer's moments, not for all three: the one-pass repair is refused, with
+    # the sequential walk as its fix; with room for neither, fewer windows are the fix
+    line = repair_memory_problem(spec, free=180 * 1024)
+    assert line is not None and line.startswith("prune.lstsq: the repair needs")
+    assert "every layer's, one pass" in line and "\n" not in line
+    assert line.endswith('set prune.lstsq.inputs = "sequential" (one layer\'s moments at a time)')
+    line = repair_memory_problem(spec, free=1000)
+    assert line is not None and line.endswith("lower prune.lstsq.windows or model.seq_len, or use "
+                                              "a larger machine")  # fmt: skip

@@ -114,10 +114,12 @@ def neuron_weights(
     layer: int,
     activation: torch.Tensor | None = None,
     stats: ActivationStats | None = None,
+    second_moment: torch.Tensor | None = None,
 ) -> NeuronWeights:
     """What an importance score sees of ``ffn`` (float32 copies on the CPU, one row per neuron
     in every input matrix, one column per neuron in the output matrix), with its calibration
-    ``stats`` (float64 copies; ``activation`` defaults to their mean |a|)."""
+    ``stats`` (float64 copies; ``activation`` defaults to their mean |a|) and ``second_moment``
+    (E[a a^T], a float64 copy)."""
     layout = ffn_layout(ffn)
     width = ffn_width(ffn)
     if stats is not None:
@@ -138,12 +140,18 @@ def neuron_weights(
         rows = weight.t() if layout.transposed else weight
         inputs += list(rows.split(width)) if layout.fused else [rows]
     output = _output_matrix(getattr(ffn, layout.output), layout)
+    if second_moment is not None:
+        if tuple(second_moment.shape) != (width, width):
+            raise CutError(f"layer {layer}: second moments of shape "
+                           f"{tuple(second_moment.shape)} for {width} neurons")  # fmt: skip
+        second_moment = second_moment.detach().to("cpu", torch.float64).clone()
     return NeuronWeights(
         layer,
         tuple(matrix(w) for w in inputs),
         matrix(output),
         None if activation is None else matrix(activation),
         stats,
+        second_moment,
     )
 
 

@@ -50,7 +50,7 @@ from geospec.prune.true_width import Stored
 from geospec.version import __version__
 
 if TYPE_CHECKING:
-    from geospec.prune.repair import Refit
+    from geospec.prune.repair import Moments, Refit
 
 
 def calibration_windows(tokens: np.ndarray, seq_len: int, windows: int, seed: int) -> np.ndarray:
@@ -76,20 +76,34 @@ def neuron_scores(
     batch_size: int,
     stats: Sequence[ActivationStats] | None = None,
     bos: int | None = None,
+    moments: Sequence[Moments] | None = None,
 ) -> tuple[list[list[float]], list[list[int]]]:
     """Every layer's neuron scores by ``importance`` and the orderings they give. An importance
     that needs activations gets ``stats`` (from :func:`calibration_stats`), or, when they are
     not given, the statistics of a calibration pass over the windows at ``starts``; ``stats``
-    given to an importance that needs none are not shown to it."""
+    given to an importance that needs none are not shown to it. One that needs second moments
+    gets ``moments`` (:func:`geospec.prune.repair.calibration_moments`), or those of a pass over
+    the same windows."""
     layers: list[ActivationStats | None] = [None] * len(sites)
-    if importance.needs_activations:
+    needs = importance.needs_activations or importance.needs_second_moments
+    if needs:
         if stats is None:
             stats = calibration_stats(model, sites, tokens, starts, seq_len, batch_size, bos)
         if len(stats) != len(sites):
             raise ValueError(f"statistics of {len(stats)} layers for {len(sites)} FFNs")
         layers = list(stats)
+    seconds: list[torch.Tensor | None] = [None] * len(sites)
+    if importance.needs_second_moments:
+        if moments is None:
+            from geospec.prune.repair import calibration_moments, window_batches
+
+            device = next(model.parameters()).device
+            batches = window_batches(tokens, starts, seq_len, batch_size, device, bos)
+            moments = calibration_moments(model, sites, batches)
+        seconds = [m.second for m in moments]
     views = [
-        neuron_weights(site.ffn, layer, stats=layers[layer]) for layer, site in enumerate(sites)
+        neuron_weights(site.ffn, layer, stats=layers[layer], second_moment=seconds[layer])
+        for layer, site in enumerate(sites)
     ]
     checked = [checked_scores(importance, view) for view in views]  # each plugin call once
     return [s.tolist() for s in checked], [order_of(s) for s in checked]

@@ -121,6 +121,23 @@ def moments_of(ffns: Sequence[nn.Module]) -> Iterator[Callable[[], list[Moments]
             handle.remove()
 
 
+def window_batches(
+    tokens: Any,
+    starts: Sequence[int] | Any,
+    seq_len: int,
+    batch_size: int,
+    device: torch.device,
+    bos: int | None = None,
+) -> list[Batch]:
+    """The calibration windows at ``starts`` as the calibration pass reads them
+    (:func:`geospec.engine.batches.input_windows`), in batches on ``device``; each batch's
+    targets are its inputs (a repair reads activations, never a loss)."""
+    from geospec.engine.batches import input_windows
+
+    ids = input_windows(tokens, starts, seq_len, bos).to(device)
+    return [(batch, batch) for batch in ids.split(batch_size)]
+
+
 def calibration_moments(
     model: nn.Module, sites: Sequence[FFNSite], batches: Sequence[Batch]
 ) -> list[Moments]:

@@ -63,6 +63,8 @@ class Scored(NamedTuple):
     means: list[torch.Tensor] | None
     blocks: list[BlockLinears] | None
     batches: list[Batch] | None
+    moments: list[Moments] | None = None
+    """With a score that reads them (``obs``), every layer's second moments on the windows."""
 
 
 def calibrated(
@@ -87,25 +89,32 @@ def calibrated(
 
     calibration = prune.calibration
     starts = calibration_windows(train_tokens, seq_len, calibration.windows, seed)
-    needs = compensate or any(i.needs_activations for i in importances.values())
+    seconds = any(i.needs_second_moments for i in importances.values())
+    needs = compensate or seconds or any(i.needs_activations for i in importances.values())
     found = calibrate(
         model, sites, train_tokens, starts, seq_len, calibration.batch_size, stats=needs,
         blocks=blocks, bos=bos,
     )  # fmt: skip
+    device = next(model.parameters()).device
+    moments = None
+    if seconds:
+        from geospec.prune.repair import calibration_moments, window_batches
+
+        inputs = window_batches(train_tokens, starts, seq_len, calibration.batch_size, device, bos)
+        moments = calibration_moments(model, sites, inputs)
     scores, orders = {}, {}
     for key, importance in importances.items():
         scores[key], orders[key] = neuron_scores(
             model, sites, importance, train_tokens, starts, seq_len, calibration.batch_size,
-            stats=found.stats, bos=bos,
+            stats=found.stats, bos=bos, moments=moments,
         )  # fmt: skip
     means = [s.mean for s in found.stats] if compensate and found.stats is not None else None
-    device = next(model.parameters()).device
     windows = (
         calibration_batches(train_tokens, starts, seq_len, calibration.batch_size, device, bos)
         if batches
         else None
     )
-    return Scored(scores, orders, means, found.blocks, windows)
+    return Scored(scores, orders, means, found.blocks, windows, moments)
 
 
 class Cut(NamedTuple):
@@ -291,12 +300,12 @@ def prune_units(
 
     def repair_inputs(seed: int, windows: int) -> list[Batch]:
         from geospec.prune.apply import calibration_windows
-        from geospec.prune.search import calibration_batches
+        from geospec.prune.repair import window_batches
 
         if (seed, windows) not in repair_batches:
             starts = calibration_windows(train_tokens, inputs.seq_len, windows, seed)
             device = next(model.parameters()).device
-            repair_batches[(seed, windows)] = calibration_batches(
+            repair_batches[(seed, windows)] = window_batches(
                 train_tokens, starts, inputs.seq_len, prune.calibration.batch_size, device,
                 inputs.bos,
             )  # fmt: skip
@@ -305,6 +314,9 @@ def prune_units(
     def moments_for(seed: int, windows: int) -> list[Moments]:
         from geospec.prune.repair import calibration_moments
 
+        same = scored_for(seed).moments  # the scores' pass over the same windows (obs)
+        if same is not None and windows == prune.calibration.windows:
+            return same
         if (seed, windows) not in moments:
             moments.clear()
             say(f"prune: calibration moments of seed {seed} for the least-squares repair "

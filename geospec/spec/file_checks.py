@@ -72,7 +72,35 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
         problems.append(vocabulary)
     if (compensation := _compensation_problem(spec, facts)) is not None:
         problems.append(compensation)
+    from geospec.shapes.memory import host_available
+
+    if (repair := repair_memory_problem(spec, host_available())) is not None:
+        problems.append(repair)
     return problems
+
+
+def repair_memory_problem(spec: Spec, free: int | None) -> str | None:
+    """A least-squares repair that cannot fit in the ``free`` bytes this machine has left
+    (:mod:`geospec.shapes.repair`): said before the checkpoint is loaded."""
+    from geospec.spec.summary import repair_estimates
+
+    if free is None:
+        return None
+    for estimate in repair_estimates(spec):
+        if estimate.total > free:
+            fix = (
+                'set prune.lstsq.inputs = "sequential" (one layer\'s moments at a time)'
+                if estimate.inputs == "unpruned"
+                else "lower prune.lstsq.windows or model.seq_len, or use a larger machine"
+            )
+            return f"prune.lstsq: the repair needs {estimate.describe()}; {_free(free)}; {fix}"
+    return None
+
+
+def _free(free: int) -> str:
+    from geospec.disk import size
+
+    return f"this machine has {size(free)} free"
 
 
 #: What transformers needs to read a GGUF file, beyond geospec's own dependencies: the gguf

@@ -17,10 +17,11 @@ from geospec.spec.resolve import (
     probes,
     prunes_only,
 )
-from geospec.spec.sections import PretrainedTokenizer, Spec
+from geospec.spec.sections import PretrainedTokenizer, PruneSpec, Spec
 
 if TYPE_CHECKING:
     from geospec.shapes.memory import HealingEstimate
+    from geospec.shapes.repair import RepairEstimate
 
 
 def spec_summary(spec: Spec) -> Group:
@@ -122,7 +123,7 @@ def spec_summary(spec: Spec) -> Group:
             Text(
                 f"keep {', '.join(f'{f:g}' for f in p.fractions)} by "
                 f"{plugin_call(p.importance.model_dump(mode='json'))}"
-                f"{'; bias compensated by the calibration means' if p.compensate == 'mean' else ''}"
+                f"{repair_clause(p)}"
                 "; calibration seeds "
                 f"{p.calibration.seeds} x {p.calibration.windows} windows"
                 f"{' (each also re-draws the profiles)' if p.allocation_seeds else ''}; eval "
@@ -150,6 +151,20 @@ def spec_summary(spec: Spec) -> Group:
     for arm in spec.prune.arms:
         pruning.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
     return Group(head, *shown, pruning)
+
+
+def repair_clause(prune: PruneSpec) -> str:
+    """What the arms' kept neurons become, for validate's prune row ('' when every arm is only
+    cut)."""
+    said = {
+        "mean": "bias compensated by the calibration means",
+        "lstsq": "output projections re-fitted by least squares",
+    }
+    repairs = sorted({prune.repair_of(arm) for arm in prune.arms} - {"none"})
+    if not repairs:
+        return ""
+    everyone = all(prune.repair_of(arm) != "none" for arm in prune.arms)
+    return "; " + " or ".join(said[r] for r in repairs) + ("" if everyone else " (some arms)")
 
 
 def uncached_hub_notes(spec: Spec) -> list[str]:
@@ -248,6 +263,7 @@ def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:
             )  # fmt: skip
             lines.append(f"memory of arm {arm.name}: {estimate.describe()}")
     arms = bool(lines)
+    lines += [f"memory of the least-squares repair: {e.describe()}" for e in repair_estimates(spec)]
     heals = spec.prune is not None and spec.prune.heal.steps > 0
     if spec.prune is not None and heals:
         keep = max(spec.prune.fractions)
@@ -263,6 +279,30 @@ def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:
             note += "; WORLD_SIZE=N geospec validate shows it per process of N processes"
         lines.append(note)
     return lines
+
+
+def repair_estimates(spec: Spec) -> list[RepairEstimate]:
+    """The least-squares repair's estimate for each distinct setting the prune's arms repair
+    with (at the largest keep fraction: the largest system to solve)."""
+    from geospec.shapes.pruned import pruned_width
+    from geospec.shapes.repair import repair_estimate
+
+    prune, m = spec.prune, spec.model
+    if prune is None:
+        return []
+    settings = {
+        prune.lstsq_of(arm).model_dump_json(): prune.lstsq_of(arm)
+        for arm in prune.arms
+        if prune.refits(arm)
+    }
+    kept = min(pruned_width(max(prune.fractions), m.ffn_width, m.multiple_of), m.ffn_width)
+    found = []
+    for _, lstsq in sorted(settings.items()):
+        windows = lstsq.windows or prune.calibration.windows
+        batch = prune.calibration.batch_size
+        shape = (m.n_layers, m.ffn_width, m.d_model, kept, windows, m.seq_len, batch)
+        found.append(repair_estimate(*shape, lstsq.inputs))
+    return found
 
 
 def healing_estimate(spec: Spec, vocab: int) -> HealingEstimate:

@@ -12,7 +12,8 @@ def check_importance(
 ) -> None:
     """Check an ``importance`` plugin class against its contract (docs/plugins.md), on a random
     gated FFN of 24 neurons with calibration activations (``activation`` and consistent
-    ``stats``: signed mean, mean |a| and mean square, for a score that ``needs_activations``):
+    ``stats``: signed mean, mean |a| and mean square, for a score that ``needs_activations``;
+    and ``second_moment``, E[a a^T], for one that ``needs_second_moments``):
     one finite score per neuron, a float tensor without gradient, the same scores for the same
     FFN twice (an ordering is stored and reused), no change to the weights or statistics it was
     given, and (``per_neuron``; False for seeded noise such as ``random``) a neuron's score
@@ -32,9 +33,14 @@ def check_importance(
     tokens = tokens + torch.randn(24, generator=generator, dtype=torch.float64)
     stats = ActivationStats(tokens.mean(0), tokens.abs().mean(0), tokens.square().mean(0))
     activation = stats.mean_abs.float()
-    needs = cls.needs_activations
-    ffn = NeuronWeights(3, (gate, up), out, activation if needs else None, stats if needs else None)
-    given = (gate, up, out, activation, stats.mean, stats.mean_abs, stats.mean_square)
+    seconds = bool(getattr(cls, "needs_second_moments", False))
+    needs = cls.needs_activations or seconds
+    second = tokens.T @ tokens / len(tokens)
+    ffn = NeuronWeights(
+        3, (gate, up), out, activation if needs else None, stats if needs else None,
+        second if seconds else None,
+    )  # fmt: skip
+    given = (gate, up, out, activation, stats.mean, stats.mean_abs, stats.mean_square, second)
     before = [t.clone() for t in given]
     name = cls.kind_name()
     scores = plugin.scores(ffn)
@@ -63,6 +69,7 @@ def check_importance(
         out[:, permutation],
         None if ffn.activation is None else activation[permutation],
         None if ffn.stats is None else stats.permuted(permutation),
+        None if ffn.second_moment is None else second[permutation][:, permutation],
     )
     if not torch.allclose(plugin.scores(moved), scores[permutation], rtol=1e-5, atol=1e-6):
         raise ContractError(
