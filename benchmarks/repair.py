@@ -91,6 +91,7 @@ def main() -> None:
     parser.add_argument("--damping", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-sequential", action="store_true")
+    parser.add_argument("--float64", action="store_true", help="also time float64 products")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,15 +120,28 @@ def main() -> None:
     seconds, rise, moments = peak_rise(lambda: calibration_moments(model, sites, batches))
     held = layers * moments_bytes(width) / 1e6
     print(f"moments_s: {seconds:.2f} ({seconds / base:.2f}x)  moments_bytes: {held:.0f} MB  "
-          f"peak_rss_rise: {rise / 1e6:.0f} MB")  # fmt: skip
+          f"peak_rss_rise: {rise / 1e6:.0f} MB  (each batch's product in float32)")  # fmt: skip
     orders = [list(range(width)) for _ in sites]
     widths = [kept] * layers
-    solve, _, _ = peak_rise(
+    solve, _, refits = peak_rise(
         lambda: one_pass_refits(sites, moments, orders, widths, args.damping)  # type: ignore[arg-type]
     )
+    if args.float64:  # the products in float64 too: their time and the re-fit's difference
+        exact_s, _, exact = peak_rise(
+            lambda: calibration_moments(model, sites, batches, torch.float64)
+        )
+        again = one_pass_refits(sites, exact, orders, widths, args.damping)  # type: ignore[arg-type]
+        gap = max(
+            float((one.weight - two.weight).abs().max() / two.weight.abs().max())
+            for one, two in zip(refits, again, strict=True)  # type: ignore[call-overload]
+            if one is not None and two is not None
+        )
+        print(f"moments_float64_s: {exact_s:.2f} ({exact_s / base:.2f}x)  float32 products: "
+              f"largest re-fit weight difference {gap:.1e} of the layer's largest")  # fmt: skip
+        exact = again = None
     print(f"solve_s: {solve:.2f} ({solve / base:.2f}x)  solve_per_layer_s: {solve / layers:.3f}")
     print(f"one_pass_repair_s: {seconds + solve:.2f} ({(seconds + solve) / base:.2f}x)")
-    moments = None
+    moments = refits = None
     if args.no_sequential:
         return
     walked, rise, _ = peak_rise(

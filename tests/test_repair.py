@@ -74,7 +74,7 @@ def test_the_refit_is_the_least_squares_fit_of_the_unpruned_output(family: str) 
     model = FAMILIES[family]()
     batches = batches_of(0, count=6)
     sites = sites_of(model, batches)
-    moments = calibration_moments(model, sites, batches)
+    moments = calibration_moments(model, sites, batches, torch.float64)
     site = sites[1]
     a = hidden_activations(model, site, batches)
     w = output_matrix(site.ffn).detach().double().numpy()
@@ -94,7 +94,7 @@ def test_the_damped_refit_is_ridge_towards_the_original_weights() -> None:
     model = hf_models.llama()
     batches = batches_of(1, count=4)
     sites = sites_of(model, batches)
-    moments = calibration_moments(model, sites, batches)
+    moments = calibration_moments(model, sites, batches, torch.float64)
     a = hidden_activations(model, sites[0], batches)
     w = output_matrix(sites[0].ffn).detach().double().numpy()
     keep = list(range(0, a.shape[1], 3))
@@ -114,7 +114,7 @@ def test_mean_compensation_is_the_refit_with_every_kept_weight_frozen() -> None:
     model = hf_models.llama()
     batches = batches_of(2)
     sites = sites_of(model, batches)
-    moments = calibration_moments(model, sites, batches)
+    moments = calibration_moments(model, sites, batches, torch.float64)
     keep = list(range(0, 80, 2))
     weight, bias = refit(output_matrix(sites[2].ffn), moments[2], keep, damping=1e12)
     expected = compensation_bias(sites[2].ffn, keep, moments[2].mean)
@@ -132,7 +132,7 @@ def test_a_repaired_cut_computes_the_refit_and_keeps_the_input_rows(family: str)
     model = FAMILIES[family]()
     batches = batches_of(3)
     sites = sites_of(model, batches)
-    moments = calibration_moments(model, sites, batches)
+    moments = calibration_moments(model, sites, batches, torch.float64)
     full = len(moments[0].mean)
     orders = [list(torch.randperm(full, generator=torch.Generator().manual_seed(i)).tolist())
               for i in range(len(sites))]  # fmt: skip
@@ -185,7 +185,7 @@ def test_sequential_and_one_pass_agree_at_the_first_cut_layer_and_differ_after(
     model = FAMILIES[family]()
     batches = batches_of(4)
     sites = sites_of(model, batches)
-    moments = calibration_moments(model, sites, batches)
+    moments = calibration_moments(model, sites, batches, torch.float64)
     full = len(moments[0].mean)
     orders = [list(range(full))[::-1] for _ in sites]
     widths = [full // 2] * len(sites)
@@ -199,7 +199,7 @@ def test_sequential_and_one_pass_agree_at_the_first_cut_layer_and_differ_after(
     # the last layer by the sequential scheme: the least-squares fit on the cut model's inputs,
     # measured here by a pass of the model cut and repaired as the walk left it
     with torch.no_grad(), pruned(sites[:-1], orders[:-1], widths[:-1], refits=walked[:-1]):
-        again = calibration_moments(model, sites[-1:], batches)[0]
+        again = calibration_moments(model, sites[-1:], batches, torch.float64)[0]
     last = walked[-1]
     assert last is not None
     expected, bias = refit(output_matrix(sites[-1].ffn), again, kept_neurons(orders[-1],
@@ -215,7 +215,7 @@ def test_the_repair_lowers_the_loss_against_the_plain_and_mean_compensated_cut()
     model = hf_models.llama()
     batches = batches_of(5, count=8)
     sites = sites_of(model, batches)
-    moments = calibration_moments(model, sites, batches)
+    moments = calibration_moments(model, sites, batches, torch.float64)
     site, keep = sites[0], list(range(0, 80, 3))
     a = hidden_activations(model, site, batches)
     w = output_matrix(site.ffn).detach().double().numpy()
@@ -259,7 +259,7 @@ def test_moments_are_float64_means_over_every_token() -> None:
     model = hf_models.gpt2()
     batches = batches_of(6)
     sites = sites_of(model, batches)
-    found: list[Moments] = calibration_moments(model, sites, batches)
+    found: list[Moments] = calibration_moments(model, sites, batches, torch.float64)
     a = hidden_activations(model, sites[2], batches)
     assert found[2].second.dtype == torch.float64
     np.testing.assert_allclose(found[2].mean.numpy(), a.mean(axis=0), rtol=1e-10, atol=1e-12)
@@ -347,3 +347,21 @@ def test_grouped_obs_keeps_sets_nearer_the_exhaustive_best_than_the_activation_s
             kept = tuple(sorted(int(i) for i in torch.argsort(-scores)[: width // 2]))
             gaps[kind].append(error(kept) / best - 1)
     assert np.mean(gaps["obs"]) < np.mean(gaps["activation"]), gaps
+
+
+def test_float32_products_accumulated_in_float64_are_the_float64_moments() -> None:
+    """The default (each batch's a^T a formed in float32, summed over batches in float64) is
+    float64's moments to float32's rounding of a batch's sum, and its re-fit the same."""
+    model = hf_models.llama()
+    batches = batches_of(8, count=4)
+    sites = sites_of(model, batches)
+    exact = calibration_moments(model, sites, batches, torch.float64)
+    fast = calibration_moments(model, sites, batches)
+    for one, other in zip(exact, fast, strict=True):
+        torch.testing.assert_close(other.second, one.second, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(other.mean, one.mean, rtol=1e-5, atol=1e-7)
+    keep = list(range(0, 80, 2))
+    w, b = refit(output_matrix(sites[0].ffn), exact[0], keep, 0.01)
+    w32, b32 = refit(output_matrix(sites[0].ffn), fast[0], keep, 0.01)
+    torch.testing.assert_close(w32, w, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(b32, b, rtol=1e-4, atol=1e-6)

@@ -188,7 +188,7 @@ def test_validate_estimates_the_repair_and_refuses_one_that_cannot_fit(tmp_path:
     # room for one layer's moments, not for all three: the one-pass repair is refused, with
     # the sequential walk as its fix; with room for neither, fewer windows are the fix
     line = repair_memory_problem(spec, free=180 * 1024)
-    assert line is not None and line.startswith("prune.lstsq: the repair needs")
+    assert line is not None and line.startswith("prune.lstsq: the repair of uniform needs")
     assert "every layer's, one pass" in line and "\n" not in line
     assert line.endswith('set prune.lstsq.inputs = "sequential" (one layer\'s moments at a time)')
     line = repair_memory_problem(spec, free=1000)

@@ -84,16 +84,28 @@ def moments_bytes(width: int) -> int:
     return 8 * (width * width + width)
 
 
+#: The dtype each batch's product a^T a is formed in before it joins the float64 sum: float32
+#: (a batch's ~1k tokens summed in float32, ~1e-6 relative, then accumulated in float64) runs
+#: float32 matrix kernels, several times float64's speed on a CPU (benchmarks/repair.py
+#: measures both and the re-fit's difference).
+PRODUCTS = torch.float32
+
+
 @contextmanager
-def moments_of(ffns: Sequence[nn.Module]) -> Iterator[Callable[[], list[Moments]]]:
+def moments_of(
+    ffns: Sequence[nn.Module], products: torch.dtype | None = None
+) -> Iterator[Callable[[], list[Moments]]]:
     """Inside the block, accumulate every FFN's hidden-activation moments (the sums of a a^T
-    and of a over every token run, in float64); the yielded function returns their means."""
+    and of a over every token run: each batch's in ``products``, default :data:`PRODUCTS`,
+    summed over batches in float64); the yielded function returns their means."""
     sums: list[list[Any]] = [[None, None, 0] for _ in ffns]
+    dtype = PRODUCTS if products is None else products
 
     def hook(i: int) -> Callable[..., None]:
         def accumulate(module: nn.Module, args: tuple[Any, ...]) -> None:
-            flat = args[0].detach().reshape(-1, args[0].shape[-1]).to("cpu", torch.float64)
-            second, total = flat.T @ flat, flat.sum(dim=0)
+            flat = args[0].detach().reshape(-1, args[0].shape[-1]).to(dtype)
+            second = (flat.T @ flat).to("cpu", torch.float64)
+            total = flat.to(torch.float64).sum(dim=0).cpu()
             held = sums[i]
             held[0] = second if held[0] is None else held[0].add_(second)
             held[1] = total if held[1] is None else held[1].add_(total)
@@ -139,11 +151,14 @@ def window_batches(
 
 
 def calibration_moments(
-    model: nn.Module, sites: Sequence[FFNSite], batches: Sequence[Batch]
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    batches: Sequence[Batch],
+    products: torch.dtype | None = None,
 ) -> list[Moments]:
     """Every layer's :class:`Moments` on the unpruned ``model``'s activations over ``batches``
     (one pass; its memory is :func:`moments_bytes` per layer)."""
-    with torch.no_grad(), moments_of([site.ffn for site in sites]) as found:
+    with torch.no_grad(), moments_of([site.ffn for site in sites], products) as found:
         for inputs, _ in batches:
             logits_of(model, inputs)
         return found()

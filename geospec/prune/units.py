@@ -193,6 +193,10 @@ def gather(
                 arms[arm.name]["importance"] = arm.importance.model_dump(mode="json")
             if arm.compensate is not None:
                 arms[arm.name]["compensate"] = arm.compensate
+            if arm.repair is not None or arm.lstsq is not None or prune.refits(arm):
+                arms[arm.name]["repair"] = prune.repair_of(arm)  # the arm's, or the prune's
+            if prune.refits(arm):  # how it was re-fitted
+                arms[arm.name]["lstsq"] = prune.lstsq_of(arm).model_dump(mode="json")
             if arm.sweep is not None:  # a grid's arms are also scored on calibration text
                 arms[arm.name]["calibration_loss"] = {
                     str(seed): unit["calibration_loss"] for seed, unit in units.items()

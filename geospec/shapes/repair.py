@@ -44,13 +44,19 @@ class RepairEstimate:
     def seconds(self, rate: float = FLOAT64_RATE) -> float:
         return self.operations / rate
 
+    @property
+    def shared_by(self) -> str:
+        """Whose moments these are: one pass serves every unit of a calibration seed, the walk
+        measures each unit's own."""
+        return "calibration seed" if self.inputs == "unpruned" else "unit"
+
     def describe(self) -> str:
         held = "every layer's, one pass" if self.inputs == "unpruned" else "one layer's at a time"
         states = f", residual stream {size(self.states)}" if self.states else ""
         return (
             f"{size(self.total)} beside the model (float64 moments {size(self.moments)}: "
             f"{held}; batch and solve {size(self.transient)}{states}); about "
-            f"{self.operations / 1e9:.0f} GFLOP of moments per calibration seed, "
+            f"{self.operations / 1e9:.0f} GFLOP of moments per {self.shared_by}, "
             f"{_duration(self.seconds())} at {FLOAT64_RATE / 1e9:.0f} GFLOP/s"
         )
 

@@ -86,14 +86,17 @@ def repair_memory_problem(spec: Spec, free: int | None) -> str | None:
 
     if free is None:
         return None
-    for estimate in repair_estimates(spec):
+    for arms, estimate in repair_estimates(spec).items():
         if estimate.total > free:
             fix = (
                 'set prune.lstsq.inputs = "sequential" (one layer\'s moments at a time)'
                 if estimate.inputs == "unpruned"
                 else "lower prune.lstsq.windows or model.seq_len, or use a larger machine"
             )
-            return f"prune.lstsq: the repair needs {estimate.describe()}; {_free(free)}; {fix}"
+            return (
+                f"prune.lstsq: the repair of {arms} needs {estimate.describe()}; {_free(free)}; "
+                f"{fix}"
+            )
     return None
 
 

@@ -263,7 +263,10 @@ def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:
             )  # fmt: skip
             lines.append(f"memory of arm {arm.name}: {estimate.describe()}")
     arms = bool(lines)
-    lines += [f"memory of the least-squares repair: {e.describe()}" for e in repair_estimates(spec)]
+    lines += [
+        f"memory of the least-squares repair ({arms}): {estimate.describe()}"
+        for arms, estimate in repair_estimates(spec).items()
+    ]
     heals = spec.prune is not None and spec.prune.heal.steps > 0
     if spec.prune is not None and heals:
         keep = max(spec.prune.fractions)
@@ -281,28 +284,31 @@ def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:
     return lines
 
 
-def repair_estimates(spec: Spec) -> list[RepairEstimate]:
-    """The least-squares repair's estimate for each distinct setting the prune's arms repair
-    with (at the largest keep fraction: the largest system to solve)."""
+def repair_estimates(spec: Spec) -> dict[str, RepairEstimate]:
+    """The least-squares repair's estimate for each distinct way the prune's arms repair (their
+    inputs and calibration windows; the damping costs nothing), by the arms that repair so, at
+    the largest keep fraction (the largest system to solve)."""
     from geospec.shapes.pruned import pruned_width
     from geospec.shapes.repair import repair_estimate
 
     prune, m = spec.prune, spec.model
     if prune is None:
-        return []
-    settings = {
-        prune.lstsq_of(arm).model_dump_json(): prune.lstsq_of(arm)
-        for arm in prune.arms
-        if prune.refits(arm)
-    }
+        return {}
+    ways: dict[tuple[str, int], list[str]] = {}
+    for arm in prune.arms:
+        if prune.refits(arm):
+            lstsq = prune.lstsq_of(arm)
+            ways.setdefault((lstsq.inputs, lstsq.windows or prune.calibration.windows), []).append(
+                arm.name
+            )
     kept = min(pruned_width(max(prune.fractions), m.ffn_width, m.multiple_of), m.ffn_width)
-    found = []
-    for _, lstsq in sorted(settings.items()):
-        windows = lstsq.windows or prune.calibration.windows
-        batch = prune.calibration.batch_size
-        shape = (m.n_layers, m.ffn_width, m.d_model, kept, windows, m.seq_len, batch)
-        found.append(repair_estimate(*shape, lstsq.inputs))
-    return found
+    batch = prune.calibration.batch_size
+    return {
+        ", ".join(arms): repair_estimate(
+            m.n_layers, m.ffn_width, m.d_model, kept, windows, m.seq_len, batch, inputs
+        )
+        for (inputs, windows), arms in sorted(ways.items())
+    }
 
 
 def healing_estimate(spec: Spec, vocab: int) -> HealingEstimate:
