@@ -410,3 +410,35 @@ def test_the_real_gguf_files_types_are_read(variable: str, label: str) -> None:
     if not path:
         pytest.skip(f"{variable} is not set: nox -s gguf fetches the file")
     assert source_type(Path(path)).label == label
+
+
+def test_a_repaired_cut_writes_its_refitted_down_projections_and_their_bias(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """A least-squares repair in memory (prune.repair = "lstsq") goes into deci's GGUF as it
+    computes: each layer's ffn_down.weight is the re-fitted kept columns and ffn_down.bias the
+    intercept the repair added (llama.cpp reads the optional down bias)."""
+    from geospec.measure.probe import find_ffn_sites
+    from geospec.measure.sensitivity import logits_of
+    from geospec.prune.apply import pruned
+    from geospec.prune.repair import calibration_moments, one_pass_refits
+
+    model = gguf_models.llama(eos_of(tokenizer_dir), widths=None)
+    ids = torch.randint(0, gguf_models.VOCAB, (8, 24), generator=torch.Generator().manual_seed(0))
+    sites = find_ffn_sites(model, gguf_models.WIDTH, lambda: logits_of(model, ids[:1]))
+    moments = calibration_moments(model, sites, [(ids[:4], ids[:4]), (ids[4:], ids[4:])])
+    orders = [list(range(gguf_models.FULL))[::-1] for _ in sites]
+    widths = [32, 64, 48]
+    refits = one_pass_refits(sites, moments, orders, widths, damping=0.01)
+    with torch.no_grad(), pruned(sites, orders, widths, refits=refits):
+        written = write_gguf(model, tmp_path / "m.gguf", "f32", tokenizer=tokenizer_dir)
+    tensors = {t.name: t for t in gguf.GGUFReader(str(written.path)).tensors}
+    assert gguf_widths(written.path) == widths
+    for layer, found in enumerate(refits):
+        assert found is not None
+        np.testing.assert_array_equal(
+            tensors[f"blk.{layer}.ffn_down.weight"].data, found.weight.numpy()
+        )
+        np.testing.assert_allclose(
+            tensors[f"blk.{layer}.ffn_down.bias"].data, found.bias.float().numpy(), rtol=1e-6
+        )

@@ -194,3 +194,30 @@ def test_validate_estimates_the_repair_and_refuses_one_that_cannot_fit(tmp_path:
     line = repair_memory_problem(spec, free=1000)
     assert line is not None and line.endswith("lower prune.lstsq.windows or model.seq_len, or use "
                                               "a larger machine")  # fmt: skip
+
+
+def test_a_bfloat16_prune_repairs_from_bfloat16_activations_solved_in_float64(
+    tmp_path: Path,
+) -> None:
+    """compute_dtype = "bfloat16": the activations the moments read are bfloat16 (autocast),
+    the moments and the solve float64, the re-fitted weights the model's float32; the repaired
+    model's loss is the float32 one's to bfloat16's rounding."""
+    arms = [{"name": "lstsq", "schedule": {"kind": "uniform"}, "repair": "lstsq"}]
+    found = {}
+    for dtype in ("float32", "bfloat16"):
+        directory = tmp_path / dtype
+        directory.mkdir()
+        spec = prune_spec(
+            directory, arms=arms, baseline="lstsq", keep=0.5, export=False,
+            calibration={"windows": 8, "seeds": [0]}, compute_dtype=dtype,
+        )  # fmt: skip
+        invoke("prune", str(spec))
+        key = json.loads((unit(directory, "lstsq") / "result.json").read_text())["key"]
+        refits, problem = load_refits(unit(directory, "lstsq") / REPAIR_FILE, key)
+        assert problem is None and refits is not None
+        found[dtype] = (refits, losses(directory)["lstsq"])
+    (exact, exact_loss), (rounded, rounded_loss) = found["float32"], found["bfloat16"]
+    for one, other in zip(exact, rounded, strict=True):
+        assert one is not None and other is not None and other.weight.dtype == torch.float32
+        assert not torch.equal(one.weight, other.weight)  # bfloat16 activations: not the same
+    assert rounded_loss == pytest.approx(exact_loss, abs=0.02)
