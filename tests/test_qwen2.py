@@ -774,3 +774,38 @@ def test_qwen2_5_coder_0_5b_loads_as_a_qwen2_that_geospec_cuts_heals_and_writes(
     )
     assert import_problem(model) is None
     _check_family(model)
+
+
+def test_a_qwen2_repair_without_an_intercept_exports_and_scores_what_it_recorded(
+    tmp_path: Path,
+) -> None:
+    """Qwen2's MLP carries no bias: the least-squares repair with an intercept is refused in
+    one line where its models are exported (as mean compensation is), and the re-fit without
+    one (lstsq.intercept = false) exports a plain checkpoint that scores the recorded loss."""
+    from geospec.engine.batches import validation_windows, window_tensors
+    from geospec.engine.token_data import prepare_data
+    from geospec.spec.loading import load_spec
+
+    arms = [{"name": "uniform", "schedule": {"kind": "uniform"}, "repair": "lstsq"}]
+    spec = prune_spec(tmp_path, arms=arms)
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 2 and 'prune.repair: "lstsq" on uniform' in result.output
+    data = tomlkit.parse(spec.read_text())
+    data["prune"]["lstsq"] = {"intercept": False}  # type: ignore[index]
+    spec.write_text(tomlkit.dumps(data))
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / "uniform" / "seed-0"
+    model = geospec.load_pruned(unit / "model")
+    assert all(layer.mlp.down_proj.bias is None for layer in model.model.layers)
+    assert (unit / "repair.safetensors").is_file()
+    arm = record["budgets"][0]["arms"]["uniform"]
+    assert arm["repair"] == "lstsq" and arm["lstsq"]["intercept"] is False
+    data = prepare_data(load_spec(tmp_path / "spec.toml").data, tmp_path / "cache", tmp_path)
+    tokens = data.val[:-1] if int(data.val[-1]) == data.eot_id else data.val
+    x, y = window_tensors(tokens, validation_windows(len(tokens), 16, 4 * 16), 16)
+    with torch.no_grad():
+        logits = model(input_ids=x).logits
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+    assert float(loss) == pytest.approx(arm["loss"]["docs.jsonl"]["0"], rel=1e-5)

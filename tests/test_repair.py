@@ -88,6 +88,26 @@ def test_the_refit_is_the_least_squares_fit_of_the_unpruned_output(family: str) 
     np.testing.assert_allclose(moments[1].second.numpy(), a.T @ a / len(a), rtol=1e-10)
 
 
+def test_without_an_intercept_the_refit_is_the_fit_on_the_kept_activations_alone() -> None:
+    """intercept = false (a family whose MLP carries no bias): numpy's lstsq of W a on a_K, no
+    constant column, and no bias."""
+    model = hf_models.mistral()
+    batches = batches_of(7, count=6)
+    sites = sites_of(model, batches)
+    moments = calibration_moments(model, sites, batches, torch.float64)
+    a = hidden_activations(model, sites[0], batches)
+    w = output_matrix(sites[0].ffn).detach().double().numpy()
+    keep = list(range(1, a.shape[1], 3))
+    solution, *_ = np.linalg.lstsq(a[:, keep], a @ w.T, rcond=None)
+    weight, bias = refit(output_matrix(sites[0].ffn), moments[0], keep, 0.0, intercept=False)
+    assert bias is None
+    np.testing.assert_allclose(weight.numpy(), solution.T, atol=1e-7, rtol=1e-5)
+    orders = [list(range(48)) for _ in sites]
+    refits = one_pass_refits(sites, moments, orders, [24] * 3, 0.01, intercept=False)
+    with torch.no_grad(), pruned(sites, orders, [24] * 3, refits=refits):
+        assert all(site.ffn.down_proj.bias is None for site in sites)  # nothing to export
+
+
 def test_the_damped_refit_is_ridge_towards_the_original_weights() -> None:
     """With damping d, W_K' - W_K is scikit-learn's Ridge (intercept unpenalised, alpha = d x
     mean diag H_KK x tokens) of the cut's residual W a - W_K a_K on a_K."""

@@ -158,6 +158,10 @@ def test_compensate_is_repairs_deprecated_name_and_keeps_its_keys() -> None:
     lstsq = PruneSpec.model_validate({"arms": arms, "repair": "lstsq"})
     assert lstsq.refits(lstsq.arms[0]) and lstsq.biased(lstsq.arms[0])
     assert lstsq.lstsq_of(lstsq.arms[0]).damping == 0.01
+    bare = PruneSpec.model_validate(
+        {"arms": arms, "repair": "lstsq", "lstsq": {"intercept": False}}
+    )
+    assert bare.refits(bare.arms[0]) and not bare.biased(bare.arms[0])  # exports anywhere
 
 
 def test_validate_estimates_the_repair_and_refuses_one_that_cannot_fit(tmp_path: Path) -> None:

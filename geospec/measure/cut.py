@@ -221,14 +221,14 @@ def cut_modules(
     ffn: nn.Module,
     keep: Sequence[int] | torch.Tensor,
     compensate: torch.Tensor | None = None,
-    refit: tuple[torch.Tensor, torch.Tensor] | None = None,
+    refit: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> dict[str, nn.Module]:
     """The FFN's projections with only the neurons ``keep`` (indices, any order): attribute
     name -> new module. With ``compensate`` (one value per neuron of the full FFN), the output
     projection's bias gains the removed neurons' ``compensate[j] * W_out[:, j]`` (the module
     docstring). With ``refit`` (:class:`geospec.prune.repair.Refit`: the kept columns of the
-    output projection re-fitted, d_model x kept in index order, and the bias it gains), those
-    replace the kept columns and the bias is added; the input projections keep their rows as
+    output projection re-fitted, d_model x kept in index order, and the bias it gains or None),
+    those replace the kept columns and the bias is added; the input projections keep their rows as
     they are. The FFN itself is not changed."""
     layout = ffn_layout(ffn)
     width = ffn_width(ffn)
@@ -290,7 +290,7 @@ def ffn_cut(
     ffn: nn.Module,
     keep: Sequence[int] | torch.Tensor,
     compensate: torch.Tensor | None = None,
-    refit: tuple[torch.Tensor, torch.Tensor] | None = None,
+    refit: tuple[torch.Tensor, torch.Tensor | None] | None = None,
 ) -> Iterator[None]:
     """Inside the block, ``ffn`` keeps only the neurons ``keep`` (compensated by ``compensate``,
     or its output projection re-fitted by ``refit``, when given: :func:`cut_modules`);

@@ -66,10 +66,10 @@ class Moments:
 class Refit(NamedTuple):
     """One layer's repair: the kept columns of its output projection (d_model x kept, in the
     weight's dtype, kept neurons in index order) and the bias added to the projection's own
-    (float64, (d_model,))."""
+    (float64, (d_model,); None for a re-fit without an intercept, which adds no bias)."""
 
     weight: torch.Tensor
-    bias: torch.Tensor
+    bias: torch.Tensor | None
 
 
 def output_matrix(ffn: nn.Module) -> torch.Tensor:
@@ -165,15 +165,22 @@ def calibration_moments(
 
 
 def refit(
-    weight: torch.Tensor, moments: Moments, keep: Sequence[int], damping: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The re-fitted kept columns W_K' (d_model x kept) and intercept c (d_model) of the output
+    weight: torch.Tensor,
+    moments: Moments,
+    keep: Sequence[int],
+    damping: float,
+    intercept: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The re-fitted kept columns W_K' (d_model x kept) and intercept c (d_model; None without
+    ``intercept``, for a family whose output projection can carry no bias) of the output
     projection ``weight`` (d_model x n) keeping neurons ``keep`` (the module docstring), in
     float64."""
     index = torch.as_tensor(sorted(keep), dtype=torch.long)
     w = weight.detach().to("cpu", torch.float64)
     h, mu = moments.second, moments.mean
     k = len(index)
+    if not intercept:  # the constant's row and column: z = [a_K; 1] with c held at zero
+        mu = torch.zeros_like(mu)
     gram = torch.empty(k + 1, k + 1, dtype=torch.float64)
     gram[:k, :k] = h[index][:, index]
     gram[:k, k] = gram[k, :k] = mu[index]
@@ -192,13 +199,15 @@ def refit(
         solved = torch.cholesky_solve(rhs.T, factor).T
     else:  # singular without damping: the least-squares solution of least norm
         solved = (torch.linalg.pinv(gram, hermitian=True) @ rhs.T).T
-    return solved[:, :k].contiguous(), solved[:, k].contiguous()
+    return solved[:, :k].contiguous(), solved[:, k].contiguous() if intercept else None
 
 
-def layer_refit(ffn: nn.Module, moments: Moments, keep: Sequence[int], damping: float) -> Refit:
+def layer_refit(
+    ffn: nn.Module, moments: Moments, keep: Sequence[int], damping: float, intercept: bool = True
+) -> Refit:
     """:func:`refit` of ``ffn`` as a :class:`Refit` (the weight in the projection's dtype)."""
     matrix = output_matrix(ffn)
-    weight, bias = refit(matrix, moments, keep, damping)
+    weight, bias = refit(matrix, moments, keep, damping, intercept)
     return Refit(weight.to(matrix.dtype), bias)
 
 
@@ -208,14 +217,17 @@ def one_pass_refits(
     orders: Sequence[Sequence[int]],
     widths: Sequence[int],
     damping: float,
+    intercept: bool = True,
 ) -> list[Refit | None]:
     """Every cut layer's repair from the unpruned model's moments (None: a layer that keeps
     every neuron, which nothing changes)."""
     found: list[Refit | None] = []
     for site, layer_moments, order, width in zip(sites, moments, orders, widths, strict=True):
-        whole = width >= ffn_width(site.ffn)
+        if width >= ffn_width(site.ffn):
+            found.append(None)
+            continue
         keep = kept_neurons(order, width)
-        found.append(None if whole else layer_refit(site.ffn, layer_moments, keep, damping))
+        found.append(layer_refit(site.ffn, layer_moments, keep, damping, intercept))
     return found
 
 
@@ -226,6 +238,7 @@ def sequential_refits(
     orders: Sequence[Sequence[int]],
     widths: Sequence[int],
     damping: float,
+    intercept: bool = True,
 ) -> list[Refit | None]:
     """Every cut layer's repair from the moments of its activations in the model whose earlier
     layers are already cut and repaired, layer by layer. Each layer is run from the residual
@@ -253,7 +266,7 @@ def sequential_refits(
                 with moments_of([site.ffn]) as measured:
                     for i in range(len(batches)):
                         run(layer, i)
-                    repaired = layer_refit(site.ffn, measured()[0], keep, damping)
+                    repaired = layer_refit(site.ffn, measured()[0], keep, damping, intercept)
             cut.enter_context(ffn_cut(site.ffn, keep, refit=repaired))
             found.append(repaired)
             if walk and layer < len(sites) - 1:
@@ -272,7 +285,8 @@ def save_refits(path: Path, key: str, refits: Sequence[Refit | None]) -> None:
     for layer, found in enumerate(refits):
         if found is not None:
             tensors[f"{layer}.weight"] = found.weight.detach().contiguous().cpu()
-            tensors[f"{layer}.bias"] = found.bias.detach().contiguous().cpu()
+            if found.bias is not None:
+                tensors[f"{layer}.bias"] = found.bias.detach().contiguous().cpu()
     metadata = {"key": key, "layers": str(len(refits)), "digest": _tensors_digest(tensors)}
     with atomic_path(path) as work:
         save_file(tensors, str(work), metadata=metadata)
@@ -298,7 +312,7 @@ def load_refits(path: Path, key: str) -> tuple[list[Refit | None] | None, str | 
     refits: list[Refit | None] = []
     for layer in range(int(metadata.get("layers", "0"))):
         weight, bias = tensors.get(f"{layer}.weight"), tensors.get(f"{layer}.bias")
-        refits.append(None if weight is None or bias is None else Refit(weight, bias))
+        refits.append(None if weight is None else Refit(weight, bias))
     return refits, None
 
 

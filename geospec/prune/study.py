@@ -341,11 +341,12 @@ def prune_units(
         windows = lstsq.windows or prune.calibration.windows
 
         def compute() -> list[Refit | None]:
+            settings = (lstsq.damping, lstsq.intercept)
             if lstsq.inputs == "sequential":
                 batches = repair_inputs(unit.seed, windows)
-                return sequential_refits(model, sites, batches, orders, unit_widths, lstsq.damping)
+                return sequential_refits(model, sites, batches, orders, unit_widths, *settings)
             found = moments_for(unit.seed, windows)
-            return one_pass_refits(sites, found, orders, unit_widths, lstsq.damping)
+            return one_pass_refits(sites, found, orders, unit_widths, *settings)
 
         path = unit.directory(run_dir) / REPAIR_FILE
         refits = unit_refits(path, key_of(inputs.key, unit), len(sites), compute, say)

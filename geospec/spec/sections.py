@@ -565,6 +565,10 @@ class PruneLstsq(Section):
     windows: int | None = Field(None, ge=1, le=1_000_000)
     """Calibration windows of model.seq_len tokens the re-fit reads (drawn from the training
     split with the calibration seed); omit for prune.calibration.windows (the same windows)."""
+    intercept: bool = True
+    """Re-fit an intercept too, a bias on the output projection (its export needs a family whose
+    MLP carries one: Llama's mlp_bias, GPT-2, llama.cpp's deci GGUF); false: the kept columns
+    alone, no bias, for families whose transformers MLP has none (Qwen2, Mistral, Gemma)."""
 
 
 #: What a cut's kept neurons become (docs/prune.md, "Repair"): "none", cut only; "mean", FLAP's
@@ -823,7 +827,8 @@ class PruneSpec(Section):
     def biased(self, arm: PruneArmSpec) -> bool:
         """Whether ``arm``'s repair gives the output projections a bias (its export needs a
         family whose MLP carries one)."""
-        return self.repair_of(arm) in ("mean", "lstsq")
+        repair = self.repair_of(arm)
+        return repair == "mean" or (repair == "lstsq" and self.lstsq_of(arm).intercept)
 
     @model_validator(mode="after")
     def _repair_named_once(self) -> PruneSpec:
