@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from search import model_of  # benchmarks/search.py's: a GGUF file, SmolLM2's shape, or tiny
 
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
@@ -41,25 +42,6 @@ from geospec.prune.repair import (
     one_pass_refits,
     sequential_refits,
 )
-
-
-def model_of(gguf: str | None, tiny: bool) -> torch.nn.Module:
-    import transformers as hf
-
-    if gguf:
-        path = Path(gguf)
-        return hf.AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32
-        ).eval()
-    torch.manual_seed(0)
-    layers, width, d_model, vocab = (4, 256, 64, 512) if tiny else (30, 1536, 576, 49152)
-    config = hf.LlamaConfig(
-        vocab_size=vocab, hidden_size=d_model, intermediate_size=width,
-        num_hidden_layers=layers, num_attention_heads=4 if tiny else 9,
-        num_key_value_heads=2 if tiny else 3, max_position_embeddings=2048,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    return hf.LlamaForCausalLM(config).eval()
 
 
 def peak_rise(call: Callable[[], object]) -> tuple[float, int, object]:
