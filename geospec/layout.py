@@ -38,6 +38,10 @@ PROBE_META_FILE = "meta.json"
 UNIT_FILE = "result.json"
 UNIT_MODEL_DIR = "model"
 HEAL_DIR = "heal"
+#: ``geospec heal``'s healing of a unit's exported model, in the unit's directory: its record
+#: (``result.json``), training directory and healed model (``model/``).
+HEALED_DIR = "healed"
+HEALED_TRAIN_DIR = "train"
 #: A search allocation's (``evolve``) resumable state, in its unit's directory.
 SEARCH_FILE = "search.json"
 #: What a keep fraction's recommended model ships as (its files' sizes, its llama.cpp speed), in

@@ -246,7 +246,7 @@ class PruneStage:
             )  # fmt: skip
         if record is None:
             return self.unfinished(run, left_out)
-        record = {**record, "key": key, "compute_dtype": computed_in}
+        record = {**record, "key": key, "compute_dtype": computed_in, "seq_len": self.model.seq_len}
         if "continuations" in record:
             record["continuations"] = continuation_texts(record["continuations"], data.tokenizer())
         atomic_write_json(run.run_dir / PRUNE_FILE, sealed(record))
