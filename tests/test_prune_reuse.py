@@ -21,7 +21,8 @@ def test_adding_an_arm_writes_only_its_units_and_changing_one_redoes_only_it(
 ) -> None:
     """uniform and flap, exported; then shift added: no file of uniform's or flap's units is
     written again (records and models), shift's are new, and prune.json holds all three. Then
-    flap's importance changed: flap's units alone are computed again."""
+    keep 0.75 added: only its units are computed. Then flap's importance changed: flap's units
+    alone are computed again."""
     spec = prune_spec(
         tmp_path, arms=PRUNE_SPEC["arms"][:2], keep=0.5,
         calibration={"windows": 8, "seeds": [0, 1]},
@@ -46,6 +47,12 @@ def test_adding_an_arm_writes_only_its_units_and_changing_one_redoes_only_it(
     record = json.loads((run / "prune.json").read_text())
     assert set(record["budgets"][0]["arms"]) == {"uniform", "flap", "shift"}
     assert "pruned models" in output  # shift's two units were computed
+    data["prune"]["keep"] = [0.75, 0.5]  # type: ignore[index]
+    spec.write_text(tomlkit.dumps(data))
+    again = written(run)
+    invoke("prune", str(spec))
+    assert [p for p, stamp in again.items() if "seed-" in str(p) and written(run)[p] != stamp] == []
+    assert len(list((run / "prune" / "keep-0.75").glob("*/seed-*/result.json"))) == 6
     flap = data["prune"]["arms"][1]  # type: ignore[index]
     flap["importance"] = {"kind": "magnitude"}  # type: ignore[index]
     spec.write_text(tomlkit.dumps(data))

@@ -60,7 +60,8 @@ def arm_keys(
     block_arms: Collection[str],
 ) -> dict[str, str]:
     """Each arm's key: the prune section as the stage's key sees it (``keyed``) with only the
-    arm and the arms it reads (its baseline itself), the stage's other key parts (``common``:
+    arm and the arms it reads (its baseline itself) and no keep fractions or calibration seeds
+    (a unit's key names its own), the stage's other key parts (``common``:
     the reference, data, model and dtype keys), and of ``profiles`` and ``block_arms`` (the
     arms that read every block's linears) only those of these arms."""
     from geospec.digests import digest
@@ -78,7 +79,13 @@ def arm_keys(
                 closure.add(name)
                 unread += reads.get(name, [])
         alone = keyed.model_copy(
-            update={"arms": [a for a in keyed.arms if a.name in closure], "baseline": arm.name}
+            update={
+                "arms": [a for a in keyed.arms if a.name in closure],
+                "baseline": arm.name,
+                # a unit's key names its own keep fraction and seed: adding one adds units
+                "keep": [],
+                "calibration": keyed.calibration.model_copy(update={"seeds": []}),
+            }
         )
         read = {name: list(profiles[name]) for name in prune_profiles(alone) if name in profiles}
         blocks = sorted(name for name in block_arms if name in closure)
