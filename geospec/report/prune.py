@@ -365,7 +365,8 @@ def shipped_line(shipped: Mapping[str, Any]) -> str:
 
 def heal_command(prune: Mapping[str, Any], keep: float, arm: str) -> str:
     """``geospec heal`` for the model recommended at ``keep``, with what it costs at its
-    default steps where prune.json holds the parameters and sequence length (since 0.3)."""
+    default steps where prune.json holds the parameters and sequence length (older ones
+    do not)."""
     from geospec.prune.shipped import gguf_file_name
     from geospec.shapes.heal_time import DEFAULT_STEPS, healing_time
     from geospec.spec.sections import PruneHeal
