@@ -168,3 +168,27 @@ def test_validate_and_what_to_ship_say_how_long_healing_takes(tmp_path: Path) ->
     line = next(line for line in output.splitlines() if line.startswith("time of healing"))
     assert "7 steps of 2 x 16 tokens" in line and "2 pruned models" in line
     assert re.search(r"about \d+ s on 2 CPU cores", line)
+
+
+def test_what_to_ships_advice_names_geospec_heal_with_its_time(tmp_path: Path) -> None:
+    """The advice to heal names ``geospec heal SPEC best@KEEP`` and its time at the default
+    steps, counted from the exported model's own parameters (each tied matrix once) and the
+    unpruned checkpoint's, at the spec's sequence length; What to ship is printed once."""
+    import transformers as hf
+
+    from geospec.report.prune import heal_command, what_to_ship
+    from geospec.shapes.heal_time import DEFAULT_STEPS, healing_time
+
+    spec = heal_spec(tmp_path)
+    output = invoke("prune", str(spec), "--export", "best@0.5", "--to", str(tmp_path / "out"))
+    assert output.count("## What to ship") == 1
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    arm = record["budgets"][0]["recommended"]["arm"]
+    pruned = sum(p.numel() for p in geospec.load_pruned(tmp_path / "out").parameters())
+    unpruned = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "model").num_parameters()
+    took = healing_time(pruned, unpruned, DEFAULT_STEPS, 8, 16, distill=True)
+    advice = heal_command(record, 0.5, arm)
+    assert advice.startswith(f"`geospec heal SPEC best@0.5 --format gguf --to {arm}-0.5-healed")
+    assert took.describe() in advice
+    record["select_reference"] = -10.0  # far below any arm's: the advice to heal is given
+    assert f"**heal it before use**: {advice}" in "\n".join(what_to_ship(record))
