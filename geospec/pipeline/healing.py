@@ -150,11 +150,15 @@ def heal_exported(
     device = next(reference.parameters()).device
     seq_len = spec.model.seq_len
     corpora = eval_batches(prune.eval, spec.data, seq_len, run.token_data, device)
-    cut = load_pruned(unit_dir / UNIT_MODEL_DIR, torch.float32)
     heal = healer(run, settings, seq_len, spec.data, spec.train.threads, corpora, reference)
+    # the transformers model is not held while healing (its memory: validate's estimate); it
+    # is read again to carry the healed weights out in the checkpoint's family
+    imported = import_llama(load_pruned(unit_dir / UNIT_MODEL_DIR, torch.float32), seq_len)
     with torch.autocast(device.type, enabled=False):  # healing trains in its own precision
-        after = heal(unit, healed_dir / HEALED_TRAIN_DIR, key, import_llama(cut, seq_len))
+        after = heal(unit, healed_dir / HEALED_TRAIN_DIR, key, imported)
+    del imported
     run.say(f"heal: writing the healed {unit.label} into {healed_dir / UNIT_MODEL_DIR}")
+    cut = load_pruned(unit_dir / UNIT_MODEL_DIR, torch.float32)
     load_into_llama(cut, load_model(healed_dir / HEALED_TRAIN_DIR, torch.device("cpu")))
     first = torch.zeros((1, 2), dtype=torch.long)
     sites = find_ffn_sites(cut, hidden_width(cut), lambda: logits_of(cut, first))
