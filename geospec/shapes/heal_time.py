@@ -16,14 +16,15 @@ from dataclasses import dataclass
 #: ``geospec heal``'s optimizer steps where neither ``--steps`` nor ``[prune.heal]`` gives any.
 DEFAULT_STEPS = 100
 
-#: Operations per second of healing in float32 on 2 CPU cores (both threads), measured with
-#: ``geospec heal`` on SmolLM2-135M-Instruct's Q4_1 file at keep 1/2 (protect-ends, 94.7 M of
-#: its 134.5 M parameters), distilled at batch 8 x 256 tokens: 0.98 GFLOP a token at 45 tokens a
-#: second (docs/prune.md, "Healing").
-CPU_FLOPS = 44e9
+#: Operations per second of healing in float32, measured with ``geospec heal`` on
+#: SmolLM2-135M-Instruct's Q4_1 file at keep 1/2 (protect-ends, 94.7 M of its 134.5 M
+#: parameters: 837 M operations a token), distilled at batch 8 x 256 tokens on this project's 2
+#: CPU cores shared with two other prunes: steps 2-4 took 54, 45 and 38 s, 44.8 tokens a second
+#: on average (docs/prune.md, "What healing costs").
+CPU_FLOPS = 37.5e9
 
 #: Where the rate was measured, as the estimates say it.
-CPU_MEASURED = "2 CPU cores"
+CPU_MEASURED = "2 shared CPU cores"
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class HealingTime:
         return self.flops / CPU_FLOPS
 
     def describe(self) -> str:
-        """``about 1.3 h on 2 CPU cores (100 steps of 8 x 256 tokens)``."""
+        """``about 76 min on 2 shared CPU cores (100 steps of 8 x 256 tokens; ...)``."""
         return (
             f"about {duration(self.seconds)} on {CPU_MEASURED} ({self.steps} steps of "
             f"{self.batch} x {self.seq_len} tokens; a GPU takes a small fraction of it)"
