@@ -80,7 +80,7 @@ def healer(
         batch = f"{settings.batch_size} x {seq_len} tokens"
         announce = f"[bold]heal[/]: {unit.label}, {settings.steps} steps of {batch}{distilled}"
         trainer = functools.partial(train, announce=announce)
-        losses = healed_losses(imported, settings, out, key, unit.seed, trainer, corpora)
+        losses = healed_losses(imported, settings, out, key, unit.seed, trainer, corpora, run.say)
         if losses is None:
             raise GeospecError(
                 f"prune: {out} is being healed by another process; wait for it to finish "
