@@ -192,3 +192,34 @@ def test_what_to_ships_advice_names_geospec_heal_with_its_time(tmp_path: Path) -
     assert took.describe() in advice
     record["select_reference"] = -10.0  # far below any arm's: the advice to heal is given
     assert f"**heal it before use**: {advice}" in "\n".join(what_to_ship(record))
+
+
+@pytest.mark.gguf
+def test_the_healed_model_ships_as_a_gguf_file_with_the_healed_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a Qwen2 GGUF reference (its attention biases carried through healing), --format
+    gguf --dtype f32: the file gguf-py reads holds the healed model's FFN weights at the true
+    widths, not the unhealed unit's."""
+    pytest.importorskip("gguf")
+    from gguf import GGUFReader
+    from test_select import gguf_prune_spec, no_llama_cpp
+
+    no_llama_cpp(monkeypatch)
+    spec = gguf_prune_spec(tmp_path, export=False)
+    target = tmp_path / "healed.gguf"
+    output = invoke("heal", str(spec), "best@0.5", "--steps", "2", "--format", "gguf",
+                    "--dtype", "f32", "--to", str(target))  # fmt: skip
+    assert "exported GGUF f32 (as asked" in output
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    arm = record["budgets"][0]["recommended"]["arm"]
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / arm / "seed-0"
+    healed = geospec.load_pruned(unit / "healed" / "model").eval()
+    unhealed = geospec.load_pruned(unit / "model").eval()
+    tensors = {t.name: t for t in GGUFReader(target).tensors}
+    for index, layer in enumerate(healed.model.layers):
+        stored = torch.from_numpy(tensors[f"blk.{index}.ffn_down.weight"].data.copy()).float()
+        weight = layer.mlp.down_proj.weight.detach().float()
+        assert stored.shape == weight.shape
+        torch.testing.assert_close(stored, weight)
+        assert not torch.equal(stored, unhealed.model.layers[index].mlp.down_proj.weight.float())
