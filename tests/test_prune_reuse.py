@@ -62,3 +62,19 @@ def test_adding_an_arm_writes_only_its_units_and_changing_one_redoes_only_it(
                if p.name == "result.json" and "seed-" in p.parent.name
                and written(run).get(p) != stamp}  # fmt: skip
     assert changed == {"flap"}
+
+
+def test_the_prune_key_keeps_its_arms_keys_when_pickled_or_copied() -> None:
+    """A process hands the stage's key on (pickled under torchrun and to launchers, copied):
+    the copy gives every unit the key the original gives it, and equals the stage's key."""
+    import copy
+    import pickle
+
+    from geospec.prune.units import PruneKey, Unit, unit_key
+
+    key = PruneKey("stage", {"flap": "flap's own", "uniform": "uniform's own"})
+    for other in (pickle.loads(pickle.dumps(key)), copy.deepcopy(key), copy.copy(key)):
+        assert other == "stage" and isinstance(other, PruneKey)
+        for arm in ("flap", "uniform"):
+            assert unit_key(other, Unit(0.5, arm, 0)) == unit_key(key, Unit(0.5, arm, 0))
+    assert unit_key(key, Unit(0.5, "flap", 0)) != unit_key("stage", Unit(0.5, "flap", 0))

@@ -52,6 +52,9 @@ class PruneKey(str):
         made.arms = dict(arms)
         return made
 
+    def __reduce__(self) -> tuple[type[PruneKey], tuple[str, dict[str, str]]]:
+        return PruneKey, (str(self), self.arms)  # pickled and copied with its arms' keys
+
 
 def arm_keys(
     keyed: PruneSpec,
