@@ -38,6 +38,10 @@ PROBE_META_FILE = "meta.json"
 UNIT_FILE = "result.json"
 UNIT_MODEL_DIR = "model"
 HEAL_DIR = "heal"
+#: ``geospec heal``'s healing of a unit's exported model, in the unit's directory: its record
+#: (``result.json``), training directory and healed model (``model/``).
+HEALED_DIR = "healed"
+HEALED_TRAIN_DIR = "train"
 #: A search allocation's (``evolve``) resumable state, in its unit's directory.
 SEARCH_FILE = "search.json"
 #: A unit's least-squares repair (``prune.repair = "lstsq"``): its re-fitted output projections.

@@ -134,6 +134,24 @@ def test_the_step_example_spec_gives_the_widths_its_readme_says(
     assert widths == [512, 512, 512, 256, 256, 256]
 
 
+def quick_start_beside_a_checkpoint(
+    directory: Path, monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    """``spec`` as specs/prune-quickstart.toml in ``directory`` (the working directory), beside
+    its my-model/: a Llama config of 8 layers and 2048 positions (no weights: validate reads
+    the shape)."""
+    (directory / "specs" / "my-model").mkdir(parents=True)
+    (directory / "specs" / "prune-quickstart.toml").write_text(spec)
+    config = {
+        "model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64,
+        "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 100,
+        "max_position_embeddings": 2048,
+    }  # fmt: skip
+    (directory / "specs" / "my-model" / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(directory)
+    monkeypatch.setenv("GEOSPEC_SKIP_MEMORY_CHECK", "1")
+
+
 def test_the_prune_guide_error_example_is_the_real_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -141,18 +159,9 @@ def test_the_prune_guide_error_example_is_the_real_output(
     eval corpus that is not there and model.seq_len 4096."""
     guide = (ROOT / "docs" / "prune.md").read_text()
     shown = block_after(guide, "skips that check):").strip()
-    (tmp_path / "specs" / "my-model").mkdir(parents=True)
-    (tmp_path / "specs" / "prune-quickstart.toml").write_text(
-        (ROOT / "specs" / "prune-quickstart.toml").read_text()
+    quick_start_beside_a_checkpoint(
+        tmp_path, monkeypatch, (ROOT / "specs" / "prune-quickstart.toml").read_text()
     )
-    config = {
-        "model_type": "llama", "num_hidden_layers": 8, "hidden_size": 64,
-        "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 100,
-        "max_position_embeddings": 2048,
-    }  # fmt: skip
-    (tmp_path / "specs" / "my-model" / "config.json").write_text(json.dumps(config))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("GEOSPEC_SKIP_MEMORY_CHECK", "1")
     result = CliRunner().invoke(
         cli,
         [
@@ -162,3 +171,25 @@ def test_the_prune_guide_error_example_is_the_real_output(
     )  # fmt: skip
     assert result.exit_code == 2
     assert result.output.strip() == shown
+
+
+def test_the_prune_guides_search_example_validates_pasted_into_the_quick_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/prune.md's evolve example, pasted into the quick start spec in place of its arms
+    list as the guide says, is a spec validate accepts with the searched arm added (the
+    example once used [[prune.arms]] tables, which collide with the quick start's inline list:
+    "'arms' is defined twice")."""
+    guide = (ROOT / "docs" / "prune.md").read_text()
+    shown = block_after(guide, "### The evolutionary search", "toml")
+    quick = (ROOT / "specs" / "prune-quickstart.toml").read_text()
+    listed = re.search(r"^arms = \[\n.*?^\]\n", quick, re.S | re.M)
+    assert listed is not None
+    quick_start_beside_a_checkpoint(tmp_path, monkeypatch, quick.replace(listed.group(0), shown))
+    result = CliRunner().invoke(cli, ["validate", "specs/prune-quickstart.toml"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(cli, ["validate", "specs/prune-quickstart.toml", "--json"])
+    arms = {arm["name"]: arm["schedule"] for arm in json.loads(result.output)["prune"]["arms"]}
+    assert list(arms) == ["uniform", "protect-ends", "shift-spherical", "searched"]
+    assert arms["searched"]["kind"] == "evolve"
+    assert arms["searched"]["start_arm"] == "shift-spherical"

@@ -1218,7 +1218,7 @@ def test_a_subset_of_the_units_is_computed_and_a_full_prune_reuses_it(tmp_path: 
     unrecorded, naming what is missing; the prune without the flags keeps its key (each subset
     unit's recorded key is the unit key of the full prune's), reuses those units byte for byte
     and computes the rest; the subset's units are those a prune of every unit computes afresh."""
-    from geospec.prune.units import Unit, unit_key
+    from geospec.prune.units import PruneKey, Unit, unit_key
 
     table = [
         {"name": "uniform", "schedule": {"kind": "uniform"}},
@@ -1245,7 +1245,8 @@ def test_a_subset_of_the_units_is_computed_and_a_full_prune_reuses_it(tmp_path: 
     invoke("prune", str(spec))
     every = unit_records(run)
     assert len(every) == 8 and {name: every[name] for name in subset} == subset
-    key = json.loads((run / "prune.json").read_text())["key"]
+    record = json.loads((run / "prune.json").read_text())
+    key = PruneKey(record["key"], record["arm_keys"])
     assert json.loads((run / "stages.json").read_text())["prune"] == key
     for name, data in subset.items():
         keep, arm, seed = name.split("/")

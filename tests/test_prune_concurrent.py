@@ -103,10 +103,11 @@ def computed(log: Path) -> list[tuple[int, str]]:
 
 
 def prune_record(run: Path) -> dict[str, Any]:
-    """prune.json without its seal and key (which differs in another directory: the reference's
+    """prune.json without its seal and keys (which differ in another directory: the reference's
     key holds the checkpoint's path)."""
     record = dict(unsealed(json.loads((run / "prune.json").read_text())))
     record.pop("key")
+    record.pop("arm_keys")
     return record
 
 

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "diagnose": "geospec.cli.diagnose:diagnose",
     "demand": "geospec.cli.demand:demand",
     "prune": "geospec.cli.prune:prune",
+    "heal": "geospec.cli.heal:heal",
     "report": "geospec.cli.report:report",
     "plan": "geospec.cli.plan:plan",
     "export": "geospec.cli.export:export",

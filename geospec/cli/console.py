@@ -87,3 +87,15 @@ plugin_option = click.option(
     callback=_use_plugin_files,
     help="Load plugins from a Python file (repeatable), like an installed plugin package.",
 )
+
+
+def format_option(help: str) -> Any:
+    """``--format hf|gguf`` (default hf), as the commands that write a model take it."""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["hf", "gguf"]),
+        default="hf",
+        show_default=True,
+        help=help,
+    )

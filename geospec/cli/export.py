@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from geospec.cli.console import format_option
 from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
 
 
@@ -19,14 +20,9 @@ from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
 @click.option(
     "--to", "to", required=True, type=click.Path(path_type=Path), help="New directory or file."
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["hf", "gguf"]),
-    default="hf",
-    show_default=True,
-    help="hf: a transformers checkpoint directory; gguf: one .gguf file that llama.cpp loads "
-    "with the true per-layer FFN widths (Llama-family models; the gguf extra).",
+@format_option(
+    "hf: a transformers checkpoint directory; gguf: one .gguf file that llama.cpp loads "
+    "with the true per-layer FFN widths (Llama-family models; the gguf extra)."
 )
 @click.option(
     "--dtype",

@@ -9,7 +9,7 @@ from typing import NamedTuple, TypeVar
 
 import click
 
-from geospec.cli.console import plugin_option, set_option, spec_argument
+from geospec.cli.console import format_option, plugin_option, set_option, spec_argument
 from geospec.cli.until import from_option, out_option, run_until, threads_option
 from geospec.errors import UsageError
 from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
@@ -54,13 +54,8 @@ from geospec.spec.sections import BEST, PruneSpec, Spec
     default=None,
     help="With --export: a new directory for the model, with the checkpoint's tokenizer.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["hf", "gguf"]),
-    default="hf",
-    show_default=True,
-    help="With --export: hf, a transformers directory; gguf, a llama.cpp file at the true widths.",
+@format_option(
+    "With --export: hf, a transformers directory; gguf, a llama.cpp file at the true widths."
 )
 @click.option(
     "--padded",
@@ -111,7 +106,7 @@ def prune(
     recorded as it finishes, and a later `geospec prune SPEC` reuses them and computes the rest
     (prune.json and the comparison wait for every unit).
     """
-    from geospec.atomic import atomic_write_text, check_new_directory
+    from geospec.atomic import atomic_write_text
     from geospec.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
     from geospec.records import read_prune
     from geospec.report.prune import prune_markdown, what_to_ship, with_unit_scores
@@ -123,26 +118,73 @@ def prune(
             "--export ARM@KEEP and --to DIR go together (and --seed, --format, --dtype and "
             "--padded with them): geospec prune SPEC --export flap@0.5 --to flap-half"
         )
-    if padded and fmt == "gguf":
-        raise UsageError("--padded is for --format hf; a GGUF file holds the true widths")
-    if dtype is not None and fmt != "gguf":
-        raise UsageError("--dtype is for --format gguf; an hf export keeps the model's dtype")
     if to is not None:
-        if fmt == "hf":
-            check_new_directory(to, f"--to {to}")
-        else:
-            _check_new_file(to)
+        check_target(to, fmt, padded, dtype)
     choice = Choice(_listed("--arms", arms, str), _listed("--keep", keep_fractions, float))
+    done = run_prune(spec_path, overrides, from_stage, out, export_unit, seed, choice)
+    if done is None:
+        return  # under torchrun, rank 0 alone reports
+    spec, run_dir, wanted = done
+    record = read_prune(run_dir)
+    if record is not None:
+        scored = with_unit_scores(record, run_dir)
+        text = prune_markdown(scored, compare=spec.report.compare)
+        atomic_write_text(run_dir / PRUNE_DIR / REPORT_FILE, text)
+        # what to ship closes the output (the tables scroll past), once
+        click.echo(prune_markdown(scored, compare=spec.report.compare, ship=False))
+        shipped = what_to_ship(record)
+        if shipped:
+            click.echo("\n".join(["", *shipped]))
+        click.echo(f"\nprune: {run_dir / PRUNE_FILE}, {run_dir / PRUNE_DIR / REPORT_FILE}")
+    elif choice.arms is None and choice.keep is None:
+        raise UsageError(f"{run_dir}: the prune stage wrote no {PRUNE_FILE}")
+    else:  # the stage has said which units --arms/--keep left out
+        click.echo(f"prune: the chosen units are in {run_dir / PRUNE_DIR}; no {PRUNE_FILE} yet")
+    if wanted is not None and to is not None:
+        from geospec.cli.console import stderr
+        from geospec.layout import prune_unit_dir
+        from geospec.prune.exports import export_padded, export_with_tokenizer
+
+        keep, arm, chosen = wanted
+        unit = prune_unit_dir(run_dir, keep, arm, chosen)
+        if fmt == "gguf":
+            from geospec.prune.exports import export_prune_unit, run_checkpoint
+            from geospec.prune.runtime import have_llamacpp, speed_line
+
+            # seconds to a minute of writing and quantizing: said, not silent
+            stderr().print(f"prune: writing {arm}@{keep:g} (seed {chosen}) as GGUF to {to}")
+            click.echo(export_prune_unit(unit, to, "gguf", dtype))
+            source = run_checkpoint(unit)
+            if have_llamacpp() and source is not None and source.suffix == ".gguf":
+                # what the smaller file buys where it runs, measured now against the user's own
+                stderr().print(f"prune: timing {to.name} against {source.name} in llama.cpp")
+                click.echo(speed_line(to, source))
+        else:
+            click.echo(export_padded(unit, to) if padded else export_with_tokenizer(unit, to))
+
+
+def run_prune(
+    spec_path: Path,
+    overrides: tuple[str, ...],
+    from_stage: str | None,
+    out: Path | None,
+    export_unit: str | None,
+    seed: int | None,
+    choice: Choice,
+) -> tuple[Spec, Path, tuple[float, str, int] | None] | None:
+    """Run the prune (only the units ``choice`` names) with ``export_unit``'s model (``ARM@KEEP``
+    or ``best@KEEP``: the prune first, then the arm it recommends) written into its unit: the
+    spec, the run directory and that unit (keep, arm, seed); None on the ranks other than 0
+    under torchrun. ``geospec prune`` and ``geospec heal`` both start so."""
     wanted: list[tuple[float, str, int]] = []
-    best = export_unit is not None and export_unit.partition("@")[0] == BEST
-    if best:  # the recommendation needs every unit: the prune first, then its chosen arm
-        assert export_unit is not None
+    if export_unit is not None and export_unit.partition("@")[0] == BEST:
+        # the recommendation needs every unit: the prune first, then its chosen arm
         keep = _best_keep(spec_path, export_unit, choice)
         done = run_until(
             _last_stage, spec_path, overrides, from_stage, out, adapt=_has_prune(spec_path)
         )
         if done is None:
-            return
+            return None
         export_unit = f"{_recommended(done[1], keep)}@{keep:g}"
         from_stage = None  # the prune just ran: its units are reused, the chosen one exported
     adapt = _has_prune(spec_path, export_unit, seed, wanted, choice)
@@ -151,38 +193,8 @@ def prune(
         prune_arms=choice.arms, prune_keep=choice.keep,
     )  # fmt: skip
     if done is None:
-        return  # under torchrun, rank 0 alone reports
-    spec, run_dir = done
-    record = read_prune(run_dir)
-    if record is not None:
-        text = prune_markdown(with_unit_scores(record, run_dir), compare=spec.report.compare)
-        atomic_write_text(run_dir / PRUNE_DIR / REPORT_FILE, text)
-        click.echo(text)
-        shipped = what_to_ship(record)
-        if shipped:  # the tables scroll past: what to ship closes the output too
-            click.echo("\n".join(["", *shipped]))
-        click.echo(f"\nprune: {run_dir / PRUNE_FILE}, {run_dir / PRUNE_DIR / REPORT_FILE}")
-    elif choice.arms is None and choice.keep is None:
-        raise UsageError(f"{run_dir}: the prune stage wrote no {PRUNE_FILE}")
-    else:  # the stage has said which units --arms/--keep left out
-        click.echo(f"prune: the chosen units are in {run_dir / PRUNE_DIR}; no {PRUNE_FILE} yet")
-    if wanted and to is not None:
-        from geospec.layout import prune_unit_dir
-        from geospec.prune.exports import export_padded, export_with_tokenizer
-
-        keep, arm, chosen = wanted[0]
-        unit = prune_unit_dir(run_dir, keep, arm, chosen)
-        if fmt == "gguf":
-            from geospec.prune.exports import export_prune_unit, run_checkpoint
-            from geospec.prune.runtime import have_llamacpp, speed_line
-
-            click.echo(export_prune_unit(unit, to, "gguf", dtype))
-            source = run_checkpoint(unit)
-            if have_llamacpp() and source is not None and source.suffix == ".gguf":
-                # what the smaller file buys where it runs, measured now against the user's own
-                click.echo(speed_line(to, source))
-        else:
-            click.echo(export_padded(unit, to) if padded else export_with_tokenizer(unit, to))
+        return None
+    return done[0], done[1], wanted[0] if wanted else None
 
 
 def _best_keep(spec_path: Path, export: str, choice: Choice) -> float:
@@ -227,9 +239,20 @@ def _recommended(run_dir: Path, keep: float) -> str:
     return arm
 
 
-def _check_new_file(path: Path) -> None:
-    if path.exists():
-        raise UsageError(f"--to {path}: exists; give a new file (nothing is overwritten)")
+def check_target(to: Path, fmt: str, padded: bool, dtype: str | None) -> None:
+    """--to, --format, --padded and --dtype checked before anything runs (one line, exit 2)."""
+    from geospec.atomic import check_new_directory
+
+    if padded and fmt == "gguf":
+        raise UsageError("--padded is for --format hf; a GGUF file holds the true widths")
+    if dtype is not None and fmt != "gguf":
+        raise UsageError("--dtype is for --format gguf; an hf export keeps the model's dtype")
+    if fmt == "hf":
+        check_new_directory(to, f"--to {to}")
+    elif to.exists():
+        raise UsageError(f"--to {to}: exists; give a new file (nothing is overwritten)")
+    elif to.suffix != ".gguf":
+        raise UsageError(f"--to {to}: a GGUF file's name ends in .gguf (e.g. --to {to}.gguf)")
 
 
 def _last_stage(spec: Spec) -> str:

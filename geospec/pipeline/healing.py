@@ -1,19 +1,24 @@
-"""How the prune stage heals a pruned model (``[prune.heal]``): imported, trained into its unit's
-``heal/`` through :func:`geospec.pipeline.training.train_into` like every training run (claimed,
-resumable, a failure recorded), optionally distilled from the unpruned reference, and scored
-again on the eval corpora (:func:`geospec.prune.heal.healed_losses` does the import and scoring;
-this module hands it the trainer)."""
+"""How a pruned model is healed: by the prune stage (``[prune.heal]``: every unit, into its
+``heal/``) or by ``geospec heal`` (one exported unit, into its ``healed/``: :func:`heal_exported`).
+Imported, trained through :func:`geospec.pipeline.training.train_into` like every training run
+(claimed, resumable, a failure recorded), optionally distilled from the unpruned reference, and
+scored again on the eval corpora (:func:`geospec.prune.heal.healed_losses` does the import and
+scoring; this module hands it the trainer)."""
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from geospec.artifacts import read_json
 from geospec.errors import GeospecError
+from geospec.spec.sections import PruneHeal
 
 if TYPE_CHECKING:
     import torch
+    from rich.console import Console
     from torch import nn
 
     from geospec.engine.distill import Teacher
@@ -21,7 +26,7 @@ if TYPE_CHECKING:
     from geospec.pipeline.context import RunContext
     from geospec.prune.study import Healer
     from geospec.prune.units import Unit
-    from geospec.spec.sections import DataSpec, PruneHeal, TrainSpec
+    from geospec.spec.sections import DataSpec, Spec, TrainSpec
 
 
 def healer(
@@ -75,7 +80,7 @@ def healer(
         batch = f"{settings.batch_size} x {seq_len} tokens"
         announce = f"[bold]heal[/]: {unit.label}, {settings.steps} steps of {batch}{distilled}"
         trainer = functools.partial(train, announce=announce)
-        losses = healed_losses(imported, settings, out, key, unit.seed, trainer, corpora)
+        losses = healed_losses(imported, settings, out, key, unit.seed, trainer, corpora, run.say)
         if losses is None:
             raise GeospecError(
                 f"prune: {out} is being healed by another process; wait for it to finish "
@@ -84,3 +89,96 @@ def healer(
         return losses
 
     return healed
+
+
+@dataclass(frozen=True)
+class Healed:
+    """One exported model healed by ``geospec heal``: where the healed model is, its settings,
+    its losses on the eval corpora before and after, and whether it was healed now (False: a
+    finished healing of the same inputs, reused)."""
+
+    model: Path
+    settings: PruneHeal
+    before: dict[str, float]
+    after: dict[str, float]
+    now: bool
+
+
+def heal_exported(
+    spec: Spec, spec_path: Path, run_dir: Path, unit: Unit, steps: int, console: Console
+) -> Healed:
+    """Heal one finished, exported prune unit's model (``geospec heal``): imported into the
+    engine, distilled from the unpruned model with :func:`shipped_settings` into the unit's
+    ``healed/train/`` (claimed, resumable), scored again on the prune's eval corpora, and
+    written into ``healed/model/`` as the unit's own model is (its family, dtype, tokenizer and
+    compensation bias). A healing of the same unit key and settings is reused."""
+    import torch
+
+    from geospec.atomic import atomic_write_json
+    from geospec.digests import digest, sealed
+    from geospec.engine.checkpoint import load_model
+    from geospec.engine.distributed import context
+    from geospec.engine.imported import import_llama, load_into_llama
+    from geospec.engine.pretrained import hidden_width
+    from geospec.layout import HEALED_DIR, HEALED_TRAIN_DIR, UNIT_FILE, UNIT_MODEL_DIR
+    from geospec.measure.probe import find_ffn_sites
+    from geospec.measure.sensitivity import logits_of
+    from geospec.pipeline.context import RunContext
+    from geospec.pipeline.keys import section
+    from geospec.pipeline.stages.reference import load_reference
+    from geospec.prune.corpora import eval_batches
+    from geospec.prune.exports import export_dtype
+    from geospec.prune.study import export_unit
+    from geospec.prune.true_width import load_pruned, read_widths
+    from geospec.prune.units import finished_unit, has_model
+
+    assert spec.prune is not None
+    prune, unit_dir = spec.prune, unit.directory(run_dir)
+    stored = read_json(unit_dir / UNIT_FILE)
+    settings = shipped_settings(prune.heal, steps)
+    key = digest("heal-exported", stored["key"], section(settings))
+    healed_dir = unit_dir / HEALED_DIR
+    dtype = export_dtype(prune, spec.reference, spec_path.parent)
+    before = {name: float(loss) for name, loss in stored["loss"].items()}
+    record = finished_unit(healed_dir, key)
+    if record is not None and has_model(healed_dir, key, dtype):
+        return Healed(healed_dir / UNIT_MODEL_DIR, settings, before, record["healed_loss"], False)
+    run = RunContext(
+        run_dir, spec_path.parent, console, context(), spec.train.device, spec_path=spec_path
+    )
+    reference, _ = load_reference(run, spec.reference)
+    device = next(reference.parameters()).device
+    seq_len = spec.model.seq_len
+    corpora = eval_batches(prune.eval, spec.data, seq_len, run.token_data, device)
+    heal = healer(run, settings, seq_len, spec.data, spec.train.threads, corpora, reference)
+    # the transformers model is not held while healing (its memory: validate's estimate); it
+    # is read again to carry the healed weights out in the checkpoint's family
+    imported = import_llama(load_pruned(unit_dir / UNIT_MODEL_DIR, torch.float32), seq_len)
+    with torch.autocast(device.type, enabled=False):  # healing trains in its own precision
+        after = heal(unit, healed_dir / HEALED_TRAIN_DIR, key, imported)
+    del imported
+    run.say(f"heal: writing the healed {unit.label} into {healed_dir / UNIT_MODEL_DIR}")
+    cut = load_pruned(unit_dir / UNIT_MODEL_DIR, torch.float32)
+    load_into_llama(cut, load_model(healed_dir / HEALED_TRAIN_DIR, torch.device("cpu")))
+    first = torch.zeros((1, 2), dtype=torch.long)
+    sites = find_ffn_sites(cut, hidden_width(cut), lambda: logits_of(cut, first))
+    widths = read_widths(unit_dir / UNIT_MODEL_DIR)
+    export_unit(cut, sites, widths, healed_dir / UNIT_MODEL_DIR, key, dtype, unit_dir)
+    result = {"key": key, "widths": widths, "loss": before, "healed_loss": after,
+              "heal": settings.model_dump(mode="json")}  # fmt: skip
+    atomic_write_json(healed_dir / UNIT_FILE, sealed(result))
+    return Healed(healed_dir / UNIT_MODEL_DIR, settings, before, after, True)
+
+
+def shipped_settings(heal: PruneHeal, steps: int) -> PruneHeal:
+    """How ``geospec heal`` heals one model: ``[prune.heal]``'s settings with ``steps`` steps,
+    distilled from the unpruned model alone (``distill = 1``, as Minitron heals) and warmed up
+    for a tenth of the steps, unless ``[prune.heal]`` sets those itself."""
+    chosen = heal.model_fields_set
+    return heal.model_copy(
+        update={
+            "steps": steps,
+            "distill": heal.distill if "distill" in chosen else 1.0,
+            "warmup": heal.warmup if "warmup" in chosen else steps // 10,
+        }
+    )

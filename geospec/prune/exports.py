@@ -122,18 +122,20 @@ def export_prune_unit(
     dtype: str | None = None,
     tokenizer: Path | None = None,
     padded: bool = False,
+    model: Path | None = None,
 ) -> str:
     """Write a prune unit's model to ``to``: ``hf``, the unit's checkpoint as the prune stored it
     (a directory, copied atomically, with the run's tokenizer), or with ``padded`` every FFN
     zero-padded to the widest layer (:func:`export_padded`); ``gguf``, a GGUF file at its true
     widths, in ``dtype`` (None: the reference GGUF file's own type, f16 for any other
     reference: :func:`geospec.prune.gguf_quant.default_dtype`). The one line the command
-    prints, with the file's size against the reference checkpoint's."""
+    prints, with the file's size against the reference checkpoint's. ``model``: another model
+    directory of the unit's to write (its healed one: ``geospec heal``; None: its ``model/``)."""
     if fmt == "hf":
-        return export_padded(unit, to) if padded else export_with_tokenizer(unit, to)
+        return export_padded(unit, to, model) if padded else export_with_tokenizer(unit, to, model)
     if padded:
         raise UsageError("--padded: a GGUF file stores the true widths; leave --padded out")
-    model = unit_model(unit)
+    model = model or unit_model(unit)
     checkpoint = run_checkpoint(unit)
     reference = run_tokenizer_source(unit)
     # a GGUF reference's tokenizer fields are copied as they are: exactly what llama.cpp read
@@ -168,7 +170,7 @@ def unit_gguf(
     return write_gguf(model, to, dtype, tokenizer=tokenizer), why
 
 
-def export_padded(unit: Path, to: Path) -> str:
+def export_padded(unit: Path, to: Path, model_dir: Path | None = None) -> str:
     """A prune unit's model as a checkpoint that plain ``AutoModelForCausalLM.from_pretrained``
     (and every tool that needs one ``intermediate_size``) reads: each layer's FFN zero-padded to
     the widest (its padded units compute exactly zero, so the logits are the true-width
@@ -184,7 +186,7 @@ def export_padded(unit: Path, to: Path) -> str:
     from geospec.prune.true_width import load_pruned, read_widths
     from geospec.prune.units import EXPORTED_FILE
 
-    source = unit_model(unit)
+    source = model_dir or unit_model(unit)
     check_new_directory(to, f"--to {to}")
     widths = read_widths(source)
     model = load_pruned(source)
@@ -206,7 +208,7 @@ def export_padded(unit: Path, to: Path) -> str:
     )
 
 
-def export_with_tokenizer(unit: Path, to: Path) -> str:
+def export_with_tokenizer(unit: Path, to: Path, model_dir: Path | None = None) -> str:
     """A prune unit's exported model as a new directory ``to`` with the run's tokenizer saved
     beside it (``AutoTokenizer`` reads it; a GGUF source's chat template comes with it), as
     ``geospec prune --export`` writes it. The one line the command prints."""
@@ -214,7 +216,7 @@ def export_with_tokenizer(unit: Path, to: Path) -> str:
     from geospec.prune.true_width import read_widths
     from geospec.prune.units import EXPORTED_FILE
 
-    model = unit_model(unit)
+    model = model_dir or unit_model(unit)
     check_new_directory(to, f"--to {to}")
     with atomic_directory(to) as work:
         shutil.copytree(

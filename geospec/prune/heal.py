@@ -79,9 +79,11 @@ def healed_losses(
     seed: int,
     train: Trainer,
     corpora: Mapping[str, Sequence[Any]],
+    say: Callable[[str], None] = lambda _: None,
 ) -> dict[str, float] | None:
     """Heal the imported pruned model into ``directory`` and return its loss on every corpus
-    (None: another process holds the directory)."""
+    (None: another process holds the directory); ``say`` tells what runs after the training's
+    own bar (scoring takes seconds to minutes on a CPU)."""
     import torch
 
     from geospec.engine.checkpoint import load_model
@@ -94,5 +96,7 @@ def healed_losses(
     if not train(imported.config, state, settings, directory, key, seed):
         return None
     healed = load_model(directory, next(iter(corpora.values()))[0][0].device)
+    batches = sum(len(found) for found in corpora.values())
+    say(f"heal: the healed model's loss on {batches} batches of eval windows")
     with torch.no_grad():
         return {name: eval_loss(healed, batches) for name, batches in corpora.items()}

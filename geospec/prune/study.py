@@ -264,6 +264,10 @@ def prune_units(
         f"{len(prune.calibration.seeds)} calibration seeds; {kinds} scores; "
         f"loss on {prune.eval.windows} windows of {', '.join(corpora)}"
     )
+    # each of these passes takes seconds to minutes on a CPU: a line says which runs
+    selected = "" if selection is None else f" and {len(selection)} batches of selection windows"
+    windows = sum(len(batches) for batches in corpora.values())
+    say(f"prune: the unpruned model's loss on {windows} batches of eval windows{selected}")
     with torch.no_grad():
         reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
         reference_select = None if selection is None else eval_loss(model, selection)
@@ -286,6 +290,8 @@ def prune_units(
     def scored_for(seed: int) -> Scored:
         """Calibration sample ``seed``'s scores, computed once and only when needed."""
         if seed not in scored:
+            say(f"prune: calibration sample {seed}: {kinds} scores on "
+                f"{prune.calibration.windows} windows of {inputs.seq_len} tokens")  # fmt: skip
             scored[seed] = calibrated(
                 model, sites, importances, train_tokens, inputs.seq_len, prune, seed,
                 compensate=compensate, blocks=blocks_needed,
@@ -383,6 +389,7 @@ def prune_units(
             write_model(unit, unit_dir, unit_key, stored)
             return stored
         work = scored_for(unit.seed)
+        say(f"prune: {unit.label}: allocating, cutting and scoring")
         arm = next(a for a in prune.arms if a.name == unit.arm)
         if (unit.seed, unit.keep) not in widths:
             if unit.seed not in profiles:
@@ -598,6 +605,8 @@ def evolve_search(
     name = f"{unit.arm} at keep {unit.keep:g}, seed {unit.seed}"
     path = unit.directory(run_dir) / SEARCH_FILE
     state = SealedSearchState(path, key_of(stage_key, unit), say, name, generations)
+    say(f"prune: searching {name}: {generations} generations, the unpruned model's "
+        f"log-probabilities on {len(batches)} calibration batches first")  # fmt: skip
 
     def fitness(kind: str) -> CalibrationFitness:
         size = prune.calibration.batch_size

@@ -10,7 +10,7 @@ expected key is finished and reused, so an interrupted prune resumes unit by uni
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,11 +40,69 @@ class Unit:
         return f"{self.arm}@{self.keep:g} (seed {self.seed})"
 
 
+class PruneKey(str):
+    """The prune stage's key, which also knows each arm's own key (:func:`arm_keys`): what the
+    arm's units are computed from, without the other arms. A unit's key is its arm's, so adding
+    an arm (or changing one) leaves the other arms' units, records and models as they are."""
+
+    arms: dict[str, str]
+
+    def __new__(cls, key: str, arms: Mapping[str, str]) -> PruneKey:
+        made = super().__new__(cls, key)
+        made.arms = dict(arms)
+        return made
+
+    def __reduce__(self) -> tuple[type[PruneKey], tuple[str, dict[str, str]]]:
+        return PruneKey, (str(self), self.arms)  # pickled and copied with its arms' keys
+
+
+def arm_keys(
+    keyed: PruneSpec,
+    common: Sequence[object],
+    profiles: Mapping[str, Sequence[float]],
+    block_arms: Collection[str],
+) -> dict[str, str]:
+    """Each arm's key: the prune section as the stage's key sees it (``keyed``) with only the
+    arm and the arms it reads (its baseline itself) and no keep fractions or calibration seeds
+    (a unit's key names its own), the stage's other key parts (``common``:
+    the reference, data, model and dtype keys), and of ``profiles`` and ``block_arms`` (the
+    arms that read every block's linears) only those of these arms."""
+    from geospec.digests import digest
+    from geospec.plugin import create_plugin
+    from geospec.spec.resolve import prune_profiles
+
+    reads = {a.name: create_plugin("schedule", a.schedule).required_arms() for a in keyed.arms}
+    keys = {}
+    for arm in keyed.arms:
+        closure: set[str] = set()
+        unread = [arm.name]
+        while unread:
+            name = unread.pop()
+            if name not in closure:
+                closure.add(name)
+                unread += reads.get(name, [])
+        alone = keyed.model_copy(
+            update={
+                "arms": [a for a in keyed.arms if a.name in closure],
+                "baseline": arm.name,
+                # a unit's key names its own keep fraction and seed: adding one adds units
+                "keep": [],
+                "calibration": keyed.calibration.model_copy(update={"seeds": []}),
+            }
+        )
+        read = {name: list(profiles[name]) for name in prune_profiles(alone) if name in profiles}
+        blocks = sorted(name for name in block_arms if name in closure)
+        keys[arm.name] = digest("prune-arm", alone.key_form(), *common, read, blocks)
+    return keys
+
+
 def unit_key(stage_key: str, unit: Unit) -> str:
-    """A unit's key: the prune stage's, the unit's budget, arm and calibration seed."""
+    """A unit's key: its arm's (:class:`PruneKey`; a plain stage key stands for every arm's),
+    the unit's budget, arm and calibration seed."""
     from geospec.digests import digest
 
-    return digest("prune-unit", stage_key, unit.keep, unit.arm, unit.seed)
+    arms = getattr(stage_key, "arms", {})
+    return digest("prune-unit", arms.get(unit.arm, stage_key), unit.keep, unit.arm, unit.seed)
 
 
 def missing_exports(

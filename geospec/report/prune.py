@@ -314,7 +314,7 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"- keep {budget['keep']:g}: **{chosen['arm']}**, {chosen['margin']:.4f} nats "
             f"[{low:+.4f}, {high:+.4f}] below {chosen['next']} on the selection windows; "
-            f"perplexity {perplexity}; {sized}{_healing(prune, chosen)}; "
+            f"perplexity {perplexity}; {sized}{_healing(prune, budget['keep'], chosen)}; "
             f"`geospec prune SPEC --export best@{budget['keep']:g} --format gguf --to "
             f"{gguf_file_name(chosen['arm'], budget['keep'])}`"
         )
@@ -363,7 +363,28 @@ def shipped_line(shipped: Mapping[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _healing(prune: Mapping[str, Any], chosen: Mapping[str, Any]) -> str:
+def heal_command(prune: Mapping[str, Any], keep: float, arm: str) -> str:
+    """``geospec heal`` for the model recommended at ``keep``, with what it costs at its
+    default steps where prune.json holds the parameters and sequence length (older ones
+    do not)."""
+    from geospec.prune.shipped import gguf_file_name
+    from geospec.shapes.heal_time import DEFAULT_STEPS, healing_time
+    from geospec.spec.sections import PruneHeal
+
+    healed = gguf_file_name(arm, keep).removesuffix(".gguf") + "-healed.gguf"
+    command = f"`geospec heal SPEC best@{keep:g} --format gguf --to {healed}`"
+    budget = next(b for b in prune["budgets"] if b["keep"] == keep)
+    ffn = sorted(set(budget["arms"][arm]["ffn_params"].values()))[0]
+    pruned = total_parameters(prune, ffn)
+    if pruned is None or "seq_len" not in prune:
+        return f'{command} (docs/prune.md, "Healing")'
+    unpruned = int(prune["parameters"]["total"])
+    batch = PruneHeal().batch_size
+    took = healing_time(pruned, unpruned, DEFAULT_STEPS, batch, int(prune["seq_len"]), distill=True)
+    return f'{command}, {took.describe()} (docs/prune.md, "Healing")'
+
+
+def _healing(prune: Mapping[str, Any], keep: float, chosen: Mapping[str, Any]) -> str:
     """Whether the recommended model needs healing before use, by its perplexity on the
     selection windows against the unpruned model's (:data:`NEEDS_HEALING`)."""
     reference = prune.get("select_reference")
@@ -372,7 +393,7 @@ def _healing(prune: Mapping[str, Any], chosen: Mapping[str, Any]) -> str:
     ratio = math.exp(float(chosen["loss"][chosen["arm"]]) - float(reference))
     said = f"; on the selection windows {ratio:.2f}x the unpruned model's perplexity"
     if ratio >= NEEDS_HEALING:
-        return said + ': **heal it before use** (docs/prune.md, "Healing")'
+        return said + f": **heal it before use**: {heal_command(prune, keep, chosen['arm'])}"
     # below it the ratio alone does not say: Qwen2.5-Coder-0.5B at 1.35x no longer names Paris
     return said + "; read its continuations below before shipping it unhealed"
 
@@ -440,16 +461,19 @@ def prune_markdown(
     prune: Mapping[str, Any],
     images: Sequence[str] = (),
     compare: Sequence[tuple[str, str]] = (),
+    *,
+    ship: bool = True,
 ) -> str:
-    """The report.md section for prune.json (tables, then the plots given); ``compare``: further
-    ``[arm, against]`` pairs of its arms (report.compare), a table of their own per budget."""
+    """The report.md section for prune.json (What to ship, tables, then the plots given);
+    ``compare``: further ``[arm, against]`` pairs of its arms (report.compare), a table of their
+    own per budget; ``ship``: with What to ship (``geospec prune`` prints it last instead)."""
     from geospec.report.markdown import markdown_table
 
     importance = prune["importance"]["kind"]
     seeds = len(prune["seeds"])
     calibration = ", ".join(map(str, prune["seeds"]))
     lines = [
-        *what_to_ship(prune),
+        *(what_to_ship(prune) if ship else []),
         "## Pruning the reference",
         "",
         f"The reference ({prune['layers']} layers of {prune['width']} FFN neurons) keeps a share "

@@ -268,10 +268,12 @@ def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:
         for arms, estimate in repair_estimates(spec).items()
     ]
     heals = spec.prune is not None and spec.prune.heal.steps > 0
-    if spec.prune is not None and heals:
+    if spec.prune is not None and (heals or spec.prune.select is not None):
+        # with select and no [prune.heal], what `geospec heal` costs the recommended model
         keep = max(spec.prune.fractions)
-        described = healing_estimate(spec, vocab).describe()
+        described = healing_estimate(spec, vocab, distill=None if heals else True).describe()
         lines.append(f"memory of healing (keep {keep:g}): {described}")
+        lines.append(healing_time_line(spec, vocab))
     # healing's precision is always auto; an arm's is train.precision
     if train.device == "auto" and (heals or (arms and train.precision == "auto")):
         note = (
@@ -311,10 +313,43 @@ def repair_estimates(spec: Spec) -> dict[str, RepairEstimate]:
     }
 
 
-def healing_estimate(spec: Spec, vocab: int) -> HealingEstimate:
+def healing_time_line(spec: Spec, vocab: int) -> str:
+    """How long healing takes (:mod:`geospec.shapes.heal_time`), at the largest keep fraction:
+    with ``[prune.heal]``, every pruned model's in the prune; without, the recommended model's
+    by ``geospec heal`` at its default steps, distilled."""
+    from geospec.shapes.heal_time import DEFAULT_STEPS, duration, healing_time
+    from geospec.shapes.model_size import count_params
+    from geospec.shapes.pruned import pruned_dims
+
+    assert spec.prune is not None
+    prune, m = spec.prune, spec.model
+    shape = model_shape(spec, vocab)
+    keep = max(prune.fractions)
+    dims = pruned_dims(m.n_layers, m.d_model, m.ffn_width, m.multiple_of, keep, m.activation)
+    unpruned = count_params(shape, [m.ffn_width] * m.n_layers)
+    pruned = count_params(shape, [dims.ffn_width] * m.n_layers)
+    heal = prune.heal
+    if heal.steps > 0:
+        models = len(prune.arms) * len(prune.fractions) * len(prune.calibration.seeds)
+        took = healing_time(
+            pruned, unpruned, heal.steps, heal.batch_size, m.seq_len, distill=heal.distill > 0
+        )
+        return (
+            f"time of healing (keep {keep:g}): {took.describe()} per model; at most "
+            f"{duration(models * took.seconds)} for the {models} pruned models"
+        )
+    took = healing_time(pruned, unpruned, DEFAULT_STEPS, heal.batch_size, m.seq_len, distill=True)
+    return (
+        f"time of healing the recommended model (keep {keep:g}) with geospec heal SPEC "
+        f"best@{keep:g}: {took.describe()}"
+    )
+
+
+def healing_estimate(spec: Spec, vocab: int, distill: bool | None = None) -> HealingEstimate:
     """The prune's process while it heals its largest pruned model (at the largest keep
     fraction; every arm of a budget has its parameters), healing's precision resolved as
-    training's (auto: bf16 autocast on CUDA)."""
+    training's (auto: bf16 autocast on CUDA); ``distill``: whether it distils (None: as
+    ``heal.distill`` says)."""
     from geospec.shapes.memory import DTYPE_BYTES, healing_memory
     from geospec.shapes.pruned import pruned_dims
 
@@ -325,6 +360,7 @@ def healing_estimate(spec: Spec, vocab: int) -> HealingEstimate:
     dims = pruned_dims(m.n_layers, m.d_model, m.ffn_width, m.multiple_of, keep, m.activation)
     return healing_memory(
         shape, [m.ffn_width] * m.n_layers, [dims.ffn_width] * m.n_layers, heal.batch_size,
-        checkpoint_bytes=DTYPE_BYTES[spec.reference.dtype], distill=heal.distill > 0,
+        checkpoint_bytes=DTYPE_BYTES[spec.reference.dtype],
+        distill=heal.distill > 0 if distill is None else distill,
         bf16=spec.train.device.startswith("cuda"),
     )  # fmt: skip

@@ -42,6 +42,8 @@ from geospec.prune.shipped import (
     untrusted_shipped,
 )
 from geospec.prune.units import (
+    PruneKey,
+    arm_keys,
     chosen_units,
     is_finished,
     left_out_note,
@@ -100,32 +102,31 @@ class PruneStage:
             if self.prune.allocation_seeds
             else []
         )
-        key = digest(
-            "prune",
-            # which units write their model, and in which dtype, is not what they compute: a
-            # finished unit is exported without being recomputed (the key holds export = false
-            # and the default dtype, what it held before, so those prunes keep their keys)
-            # (nor is whether the recommended models are timed: select.runtime)
-            section(
-                self.prune.model_copy(
-                    update={
-                        "export": False,
-                        "export_dtype": "checkpoint",
-                        "compute_dtype": "float32",
-                        "select": self.prune.select
-                        and self.prune.select.model_copy(update={"runtime": True}),
-                    }
-                )
-            ),
-            upstream.key("reference"),
-            data_key(self.data),
-            self.model.seq_len,
-            self.model.multiple_of,
-            {name: list(values) for name, values in sorted(profiles.items())},
-            *redrawn,
-            *self.block_arms(),
-            *dtype_key(self.dtype(run), self.reference),
+        # which units write their model, and in which dtype, is not what they compute: a
+        # finished unit is exported without being recomputed (the key holds export = false
+        # and the default dtype, what it held before, so those prunes keep their keys)
+        # (nor is whether the recommended models are timed: select.runtime)
+        keyed = self.prune.model_copy(
+            update={
+                "export": False,
+                "export_dtype": "checkpoint",
+                "compute_dtype": "float32",
+                "select": self.prune.select
+                and self.prune.select.model_copy(update={"runtime": True}),
+            }
         )
+        common = [upstream.key("reference"), data_key(self.data), self.model.seq_len,
+                  self.model.multiple_of]  # fmt: skip
+        computed_in = dtype_key(self.dtype(run), self.reference)
+        blocks = self.block_arms()
+        key = digest(
+            "prune", section(keyed), *common,
+            {name: list(values) for name, values in sorted(profiles.items())},
+            *redrawn, *blocks, *computed_in,
+        )  # fmt: skip
+        # a unit is keyed by its own arm's key: adding an arm computes only its units
+        own = [*common, *redrawn, *computed_in]
+        key = PruneKey(key, arm_keys(keyed, own, profiles, blocks[0] if blocks else []))
         path = run.run_dir / PRUNE_FILE
         # models asked for since the units finished: the stage runs, reusing every unit
         dtype = export_dtype(self.prune, self.reference, run.spec_dir)
@@ -246,7 +247,8 @@ class PruneStage:
             )  # fmt: skip
         if record is None:
             return self.unfinished(run, left_out)
-        record = {**record, "key": key, "compute_dtype": computed_in}
+        record = {**record, "key": key, "compute_dtype": computed_in, "seq_len": self.model.seq_len}
+        record["arm_keys"] = getattr(key, "arms", {})  # each unit's key is its arm's
         if "continuations" in record:
             record["continuations"] = continuation_texts(record["continuations"], data.tokenizer())
         atomic_write_json(run.run_dir / PRUNE_FILE, sealed(record))

@@ -152,6 +152,8 @@ def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module
 
     if wanted not in _loaded:
         _loaded.clear()  # one at a time: a run has one reference
+        # seconds to minutes (a GGUF file is de-quantized): said, not silent
+        run.say(f"reference: loading {wanted[0]} on {device}")
         _loaded[wanted] = load()
     return _loaded[wanted]
 

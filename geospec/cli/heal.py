@@ -1,0 +1,119 @@
+"""``geospec heal SPEC ARM@KEEP --to OUT``: one pruned model healed by distillation from the
+unpruned one, and exported like any other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from geospec.cli.console import format_option, plugin_option, set_option, spec_argument
+from geospec.cli.until import out_option, threads_option
+from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
+from geospec.shapes.heal_time import DEFAULT_STEPS
+
+
+@click.command()
+@spec_argument
+@click.argument("unit", metavar="ARM@KEEP")
+@out_option
+@threads_option
+@set_option
+@plugin_option
+@click.option(
+    "--steps",
+    type=click.IntRange(min=1),
+    default=DEFAULT_STEPS,
+    show_default=True,
+    help="Optimizer steps of [prune.heal].batch_size sequences (8 by default) of model.seq_len "
+    "tokens; geospec validate and What to ship say how long they take.",
+)
+@click.option(
+    "--to",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="A new directory (hf) or .gguf file (gguf) for the healed model.",
+)
+@format_option("hf, a transformers directory; gguf, a llama.cpp file at the true widths.")
+@click.option(
+    "--dtype",
+    type=click.Choice(GGUF_DTYPES, case_sensitive=False),
+    default=None,
+    help="With --format gguf: the weights' type (default: a GGUF checkpoint's own type), as "
+    "geospec export --dtype.",
+)
+@click.option("--padded", is_flag=True, help="With --format hf: as geospec prune --padded.")
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="The calibration seed's unit (default: the first of prune.calibration).",
+)
+def heal(
+    spec_path: Path,
+    unit: str,
+    out: Path | None,
+    overrides: tuple[str, ...],
+    steps: int,
+    to: Path,
+    fmt: str,
+    dtype: str | None,
+    padded: bool,
+    seed: int | None,
+) -> None:
+    """Heal the model SPEC's prune ships, and write it to --to: `geospec heal SPEC best@0.5
+    --format gguf --to model-half-healed.gguf`.
+
+    Runs the prune as `geospec prune SPEC --export ARM@KEEP` does (its finished units reused;
+    best@KEEP: the arm [prune] select recommends), then heals that one model: imported into
+    geospec's engine and distilled from the unpruned model for --steps steps of the spec's
+    training text, with [prune.heal]'s settings (distill = 1 and a tenth of the steps' warmup
+    unless it sets them; its steps must stay 0, or the prune heals every arm itself). The
+    healing resumes where it was interrupted and is reused by a later heal of the same model and
+    settings (the unit's healed/). Prints the perplexities before and after, then the export's
+    line (docs/prune.md, "Healing")."""
+    import math
+
+    from geospec.cli.console import stderr
+    from geospec.cli.prune import Choice, check_target, run_prune
+    from geospec.errors import UsageError
+    from geospec.pipeline.healing import heal_exported
+    from geospec.prune.exports import export_prune_unit
+    from geospec.prune.units import Unit
+    from geospec.records import read_prune
+    from geospec.report.prune import corpus_labels
+    from geospec.spec.loading import load_spec
+
+    check_target(to, fmt, padded, dtype)
+    spec = load_spec(spec_path, overrides)
+    if spec.prune is None:
+        raise UsageError(f"{spec_path}: no [prune] section; add one (docs/prune.md)")
+    if spec.prune.heal.steps > 0:
+        raise UsageError(
+            f"{spec_path}: [prune.heal] steps = {spec.prune.heal.steps} heals every pruned model "
+            "in the prune already; geospec prune SPEC --export ARM@KEEP hands out the healed "
+            "one (or set steps = 0 to heal only the model you ship with geospec heal)"
+        )
+    done = run_prune(spec_path, overrides, None, out, unit, seed, Choice())
+    if done is None:
+        return  # under torchrun, rank 0 alone reports
+    spec, run_dir, wanted = done
+    assert wanted is not None
+    chosen = Unit(*wanted)
+    healed = heal_exported(spec, spec_path, run_dir, chosen, steps, stderr())
+    record = read_prune(run_dir) or {}
+    labels = corpus_labels(list(healed.before))
+    unpruned = record.get("reference", {})
+    perplexity = ", ".join(
+        f"{labels.get(corpus, corpus)} {math.exp(loss):.2f} -> {math.exp(healed.after[corpus]):.2f}"
+        + (f" (unpruned {math.exp(unpruned[corpus]):.2f})" if corpus in unpruned else "")
+        for corpus, loss in healed.before.items()
+    )
+    settings = healed.settings
+    how = f"{settings.steps} steps of {settings.batch_size} x {spec.model.seq_len} tokens"
+    if settings.distill:
+        how += f", distilled from the unpruned model (distill {settings.distill:g})"
+    reused = "" if healed.now else " (reused)"
+    click.echo(f"healed {chosen.label}{reused}: {how}; perplexity {perplexity}")
+    unit_dir = chosen.directory(run_dir)
+    click.echo(export_prune_unit(unit_dir, to, fmt, dtype, padded=padded, model=healed.model))

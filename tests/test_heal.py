@@ -1,0 +1,225 @@
+"""``geospec heal``: only the model a prune ships is healed, by distillation from the unpruned
+model, and exported like any other; its time is estimated from its parameters."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import tomlkit
+import torch
+from click.testing import CliRunner
+from test_prune import PRUNE_SPEC, invoke, prune_spec
+
+import geospec
+from geospec.cli import cli
+
+
+def heal_spec(directory: Path, **changes: object) -> Path:
+    return prune_spec(
+        directory, arms=PRUNE_SPEC["arms"][:2], keep=0.5, export=False,
+        calibration={"windows": 8, "seeds": [0]}, select={"windows": 4},
+        **changes,
+    )  # fmt: skip
+
+
+def files_of(directory: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in directory.rglob("*") if p.is_file()}
+
+
+def test_heal_distils_only_the_recommended_model_and_exports_the_healed_one(
+    tmp_path: Path,
+) -> None:
+    """best@0.5: the prune runs, the arm it recommends alone is healed (distilled from the
+    unpruned model: its training's fingerprint names the teacher at weight 1), and the export
+    is the healed model: plain transformers reads it and computes the engine's healed logits.
+    Its perplexities before and after are the recorded unhealed loss and the healed model's
+    loss on the eval windows. A second heal reuses the healing and trains nothing."""
+    from geospec.engine.checkpoint import load_model
+
+    spec = heal_spec(tmp_path)
+    output = invoke("heal", str(spec), "best@0.5", "--steps", "3", "--to", str(tmp_path / "out"))
+    run = tmp_path / "run"
+    record = json.loads((run / "prune.json").read_text())
+    chosen = record["budgets"][0]["recommended"]["arm"]
+    units = {p.parent.name: p for p in (run / "prune" / "keep-0.5").glob("*/seed-0")}
+    assert set(units) == {"uniform", "flap"}
+    for arm, unit in units.items():
+        assert (unit / "healed").exists() == (arm == chosen)
+        assert not (unit / "heal").exists()  # no [prune.heal]: the prune healed nothing
+    healed_dir = units[chosen] / "healed"
+    trained = json.loads((healed_dir / "train" / "result.json").read_text())
+    assert trained["fingerprint"]["teacher"]["weight"] == 1.0
+    assert f"heal: {chosen}@0.5 (seed 0), 3 steps of 8 x 16 tokens, distilled" in output
+    engine = load_model(healed_dir / "train")
+    exported = geospec.load_pruned(tmp_path / "out").eval()
+    ids = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, _ = engine(ids)
+        got = exported(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    before = record["budgets"][0]["arms"][chosen]["loss"]["docs.jsonl"]["0"]
+    after = json.loads((healed_dir / "result.json").read_text())["healed_loss"]["docs.jsonl"]
+    assert after != pytest.approx(before, abs=1e-4)  # lr 1e-4 over 3 steps moves it
+    line = next(line for line in output.splitlines() if line.startswith("healed "))
+    assert f"docs.jsonl {math.exp(before):.2f} -> {math.exp(after):.2f}" in line
+    assert f"(unpruned {math.exp(record['reference']['docs.jsonl']):.2f})" in line
+    kept = files_of(healed_dir)
+    again = invoke("heal", str(spec), "best@0.5", "--steps", "3", "--to", str(tmp_path / "b"))
+    assert f"healed {chosen}@0.5 (seed 0) (reused)" in again and files_of(healed_dir) == kept
+    assert (tmp_path / "b" / "config.json").read_text() == (
+        tmp_path / "out" / "config.json"
+    ).read_text()
+
+
+def test_a_vanishing_learning_rate_heals_to_the_pruned_model_and_a_damaged_record_is_redone(
+    tmp_path: Path,
+) -> None:
+    """At lr 1e-12 the healed model is the pruned one (the import and the way back are exact),
+    its loss the unit's own; a healing record changed after it was written is not trusted: the
+    model is written again from the finished training, which is not redone."""
+    spec = heal_spec(tmp_path, heal={"lr": 1e-12})
+    invoke("heal", str(spec), "flap@0.5", "--steps", "2", "--to", str(tmp_path / "out"))
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / "flap" / "seed-0"
+    stored = json.loads((unit / "result.json").read_text())["loss"]
+    record_path = unit / "healed" / "result.json"
+    healed = json.loads(record_path.read_text())["healed_loss"]
+    for corpus, loss in stored.items():
+        assert healed[corpus] == pytest.approx(loss, abs=1e-5)
+    training = files_of(unit / "healed" / "train")
+    damaged = json.loads(record_path.read_text())
+    damaged["healed_loss"]["docs.jsonl"] -= 1.0
+    record_path.write_text(json.dumps(damaged))
+    output = invoke("heal", str(spec), "flap@0.5", "--steps", "2", "--to", str(tmp_path / "b"))
+    assert "(reused)" not in output
+    assert json.loads(record_path.read_text())["healed_loss"] == pytest.approx(healed)
+    assert files_of(unit / "healed" / "train") == training  # the finished training reused
+
+
+@pytest.mark.parametrize(
+    ("change", "args", "said"),
+    [
+        ({"heal": {"steps": 2}}, [], "heals every pruned model in the prune already"),
+        ({}, ["--to", "TO", "--padded", "--format", "gguf"], "--padded is for --format hf"),
+        ({}, ["--format", "gguf", "--to", "TO/m"], "a GGUF file's name ends in .gguf"),
+        ({}, ["--steps", "0"], "0 is not in the range x>=1"),
+    ],
+)
+def test_heal_refuses_what_it_cannot_do_in_one_line(
+    tmp_path: Path, change: dict[str, object], args: list[str], said: str
+) -> None:
+    spec = heal_spec(tmp_path, **change)
+    given = [a.replace("TO", str(tmp_path / "out")) for a in args]
+    if "--to" not in given:
+        given += ["--to", str(tmp_path / "out")]
+    result = CliRunner().invoke(cli, ["heal", str(spec), "best@0.5", *given])
+    assert result.exit_code == 2, result.output
+    assert said in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()  # refused before anything ran
+
+
+def test_the_time_estimate_counts_a_real_training_steps_operations() -> None:
+    """healing_time's operations per token, 6 per pruned parameter (a training step) and 2 per
+    unpruned parameter (the teacher's forward pass), against torch's own count of a distilling
+    step of a Llama model imported into the engine (attention's share aside: a few percent)."""
+    from hf_models import llama
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from geospec.engine.imported import import_llama
+    from geospec.shapes.heal_time import healing_time
+
+    seq_len, batch = 16, 2
+    teacher = import_llama(llama(intermediate_size=256), seq_len)
+    student = import_llama(llama(intermediate_size=128), seq_len)
+    ids = torch.randint(0, 40, (batch, seq_len))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        with torch.no_grad():
+            teacher(ids)
+        logits, _ = student(ids)
+        logits.float().pow(2).mean().backward()
+    counted = counter.get_total_flops()
+    # the engine's parameters, each tied matrix once: the head's matmul is counted, the
+    # embedding's lookup is not an operation
+    pruned = sum(p.numel() for p in student.parameters())
+    unpruned = sum(p.numel() for p in teacher.parameters())
+    estimate = healing_time(pruned, unpruned, 1, batch, seq_len, distill=True)
+    assert estimate.flops == pytest.approx(counted, rel=0.15)
+    assert estimate.tokens == batch * seq_len
+
+
+def test_validate_and_what_to_ship_say_how_long_healing_takes(tmp_path: Path) -> None:
+    """validate, for a spec that recommends a model, says what geospec heal costs it at the
+    default steps (and, with [prune.heal], what the prune's healing costs); What to ship's
+    advice to heal names the command and the same kind of estimate."""
+    from geospec.shapes.heal_time import CPU_MEASURED, DEFAULT_STEPS
+
+    spec = heal_spec(tmp_path)
+    output = invoke("validate", str(spec))
+    line = next(line for line in output.splitlines() if line.startswith("time of healing"))
+    assert f"{DEFAULT_STEPS} steps of 8 x 16 tokens" in line and "geospec heal" in line
+    data = tomlkit.parse(spec.read_text())
+    data["prune"]["heal"] = {"steps": 7, "batch_size": 2}  # type: ignore[index]
+    spec.write_text(tomlkit.dumps(data))
+    output = invoke("validate", str(spec))
+    line = next(line for line in output.splitlines() if line.startswith("time of healing"))
+    assert "7 steps of 2 x 16 tokens" in line and "2 pruned models" in line
+    assert re.search(rf"about \d+ s on {CPU_MEASURED}", line)
+
+
+def test_what_to_ships_advice_names_geospec_heal_with_its_time(tmp_path: Path) -> None:
+    """The advice to heal names ``geospec heal SPEC best@KEEP`` and its time at the default
+    steps, counted from the exported model's own parameters (each tied matrix once) and the
+    unpruned checkpoint's, at the spec's sequence length; What to ship is printed once."""
+    import transformers as hf
+
+    from geospec.report.prune import heal_command, what_to_ship
+    from geospec.shapes.heal_time import DEFAULT_STEPS, healing_time
+
+    spec = heal_spec(tmp_path)
+    output = invoke("prune", str(spec), "--export", "best@0.5", "--to", str(tmp_path / "out"))
+    assert output.count("## What to ship") == 1
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    arm = record["budgets"][0]["recommended"]["arm"]
+    pruned = sum(p.numel() for p in geospec.load_pruned(tmp_path / "out").parameters())
+    unpruned = hf.AutoModelForCausalLM.from_pretrained(tmp_path / "model").num_parameters()
+    took = healing_time(pruned, unpruned, DEFAULT_STEPS, 8, 16, distill=True)
+    advice = heal_command(record, 0.5, arm)
+    assert advice.startswith(f"`geospec heal SPEC best@0.5 --format gguf --to {arm}-0.5-healed")
+    assert took.describe() in advice
+    record["select_reference"] = -10.0  # far below any arm's: the advice to heal is given
+    assert f"**heal it before use**: {advice}" in "\n".join(what_to_ship(record))
+
+
+@pytest.mark.gguf
+def test_the_healed_model_ships_as_a_gguf_file_with_the_healed_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a Qwen2 GGUF reference (its attention biases carried through healing), --format
+    gguf --dtype f32: the file gguf-py reads holds the healed model's FFN weights at the true
+    widths, not the unhealed unit's."""
+    pytest.importorskip("gguf")
+    from gguf import GGUFReader
+    from test_select import gguf_prune_spec, no_llama_cpp
+
+    no_llama_cpp(monkeypatch)
+    spec = gguf_prune_spec(tmp_path, export=False)
+    target = tmp_path / "healed.gguf"
+    output = invoke("heal", str(spec), "best@0.5", "--steps", "2", "--format", "gguf",
+                    "--dtype", "f32", "--to", str(target))  # fmt: skip
+    assert "exported GGUF f32 (as asked" in output
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    arm = record["budgets"][0]["recommended"]["arm"]
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / arm / "seed-0"
+    healed = geospec.load_pruned(unit / "healed" / "model").eval()
+    unhealed = geospec.load_pruned(unit / "model").eval()
+    tensors = {t.name: t for t in GGUFReader(target).tensors}
+    for index, layer in enumerate(healed.model.layers):
+        stored = torch.from_numpy(tensors[f"blk.{index}.ffn_down.weight"].data.copy()).float()
+        weight = layer.mlp.down_proj.weight.detach().float()
+        assert stored.shape == weight.shape
+        torch.testing.assert_close(stored, weight)
+        assert not torch.equal(stored, unhealed.model.layers[index].mlp.down_proj.weight.float())
