@@ -441,7 +441,7 @@ def prune_units(
         for unit in units:
             unit_dir = unit.directory(run_dir)
             # owl's units from before it read the block linears are not reused: the stage's key
-            # (inputs.key) names the arms that read them (PruneStage.block_arms)
+            # (inputs.key) names the arms that read them (prune.units.block_arms)
             unit_key = key_of(inputs.key, unit)
             result = reusable(unit, unit_dir, unit_key)
             if result is None:

@@ -96,6 +96,59 @@ def arm_keys(
     return keys
 
 
+def keyed_prune(prune: PruneSpec) -> PruneSpec:
+    """The prune section as its keys see it: which units write their model, in which dtype, the
+    dtype it computes in (its keys hold the resolved one) and whether the recommended models are
+    timed (select.runtime) are not what a unit computes; the key holds export = false and the
+    defaults, what it held before each option existed, so those prunes keep their keys."""
+    return prune.model_copy(
+        update={
+            "export": False,
+            "export_dtype": "checkpoint",
+            "compute_dtype": "float32",
+            "select": prune.select and prune.select.model_copy(update={"runtime": True}),
+        }
+    )
+
+
+def block_arms(prune: PruneSpec) -> list[str]:
+    """The arms that allocate from every block linear's calibration inputs (``owl``, since it
+    follows OWL's code): the key changes with what they compute, and a prune without them
+    keeps its key."""
+    from geospec.plugin import create_plugin
+
+    return [
+        arm.name
+        for arm in prune.arms
+        if getattr(create_plugin("schedule", arm.schedule), "reads_block_linears", False)
+    ]
+
+
+def prune_key(
+    prune: PruneSpec,
+    common: Sequence[object],
+    profiles: Mapping[str, Sequence[float]],
+    redrawn: Sequence[object],
+    computed_in: Sequence[object],
+) -> PruneKey:
+    """The prune stage's key (:class:`PruneKey`, with each arm's own): the section as keys see
+    it (:func:`keyed_prune`), the stage's ``common`` parts (the reference, data, model), the
+    ``profiles`` the arms read, with ``prune.allocation_seeds`` the measure, diagnose and demand
+    keys (``redrawn``), the arms that read block linears, and the dtype keys
+    (``computed_in``)."""
+    from geospec.digests import digest
+
+    keyed = keyed_prune(prune)
+    blocks = block_arms(prune)
+    key = digest(
+        "prune", keyed.key_form(), *common,
+        {name: list(values) for name, values in sorted(profiles.items())},
+        *redrawn, *([blocks] if blocks else []), *computed_in,
+    )  # fmt: skip
+    # a unit is keyed by its own arm's key: adding an arm computes only its units
+    return PruneKey(key, arm_keys(keyed, [*common, *redrawn, *computed_in], profiles, blocks))
+
+
 def unit_key(stage_key: str, unit: Unit) -> str:
     """A unit's key: its arm's (:class:`PruneKey`; a plain stage key stands for every arm's),
     the unit's budget, arm and calibration seed."""

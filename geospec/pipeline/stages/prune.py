@@ -27,7 +27,7 @@ from geospec.digests import sealed
 from geospec.layout import PRUNE_FILE
 from geospec.pipeline.context import INCOMPLETE, Plan, RunContext, Upstream
 from geospec.pipeline.healing import healer
-from geospec.pipeline.keys import data_key, digest, section
+from geospec.pipeline.keys import data_key
 from geospec.pipeline.redraw import RedrawSettings, redrawn_profiles
 from geospec.pipeline.stages.demand import DemandStage
 from geospec.pipeline.stages.diagnose import Diagnose
@@ -42,12 +42,11 @@ from geospec.prune.shipped import (
     untrusted_shipped,
 )
 from geospec.prune.units import (
-    PruneKey,
-    arm_keys,
     chosen_units,
     is_finished,
     left_out_note,
     missing_exports,
+    prune_key,
     recommended_arms,
     units_of,
 )
@@ -102,31 +101,10 @@ class PruneStage:
             if self.prune.allocation_seeds
             else []
         )
-        # which units write their model, and in which dtype, is not what they compute: a
-        # finished unit is exported without being recomputed (the key holds export = false
-        # and the default dtype, what it held before, so those prunes keep their keys)
-        # (nor is whether the recommended models are timed: select.runtime)
-        keyed = self.prune.model_copy(
-            update={
-                "export": False,
-                "export_dtype": "checkpoint",
-                "compute_dtype": "float32",
-                "select": self.prune.select
-                and self.prune.select.model_copy(update={"runtime": True}),
-            }
-        )
         common = [upstream.key("reference"), data_key(self.data), self.model.seq_len,
                   self.model.multiple_of]  # fmt: skip
         computed_in = dtype_key(self.dtype(run), self.reference)
-        blocks = self.block_arms()
-        key = digest(
-            "prune", section(keyed), *common,
-            {name: list(values) for name, values in sorted(profiles.items())},
-            *redrawn, *blocks, *computed_in,
-        )  # fmt: skip
-        # a unit is keyed by its own arm's key: adding an arm computes only its units
-        own = [*common, *redrawn, *computed_in]
-        key = PruneKey(key, arm_keys(keyed, own, profiles, blocks[0] if blocks else []))
+        key = prune_key(self.prune, common, profiles, redrawn, computed_in)
         path = run.run_dir / PRUNE_FILE
         # models asked for since the units finished: the stage runs, reusing every unit
         dtype = export_dtype(self.prune, self.reference, run.spec_dir)
@@ -171,20 +149,6 @@ class PruneStage:
         assert self.prune is not None
         requested = self.prune.compute_dtype
         return compute_dtype(run, requested, self.reference, "prune.compute_dtype")
-
-    def block_arms(self) -> list[list[str]]:
-        """The arms that allocate from every block linear's calibration inputs (``owl`` since it
-        follows OWL's code), as one key part: the stage's key changes with what they compute,
-        and a prune without them keeps its key."""
-        from geospec.plugin import create_plugin
-
-        assert self.prune is not None
-        names = [
-            arm.name
-            for arm in self.prune.arms
-            if getattr(create_plugin("schedule", arm.schedule), "reads_block_linears", False)
-        ]
-        return [names] if names else []
 
     def write(self, run: RunContext, key: str, profiles: dict[str, list[float]]) -> Any:
         """Every unit (reused where its key matches), then prune.json; with ``geospec prune
