@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -360,6 +361,13 @@ def test_what_to_ship_gives_the_sizes_of_the_files_the_export_writes(
     invoke("prune", spec, *args)
     directory = tmp_path / "hf"
     invoke("prune", spec, "--export", "best@0.5", "--to", str(directory))
+    import gguf
+
+    matrices = [t for t in gguf.GGUFReader(str(target)).tensors if len(t.shape) == 2]
+    ffn = Counter(t.tensor_type.name for t in matrices if ".ffn_" in t.name)
+    fell = Counter(
+        t.tensor_type.name for t in matrices if ".ffn_" in t.name and int(t.shape[0]) % 32
+    )
     assert shipped["gguf"] == {
         "file": target.name,
         "type": "Q8_0",
@@ -368,18 +376,37 @@ def test_what_to_ship_gives_the_sizes_of_the_files_the_export_writes(
         "source_bytes": os.path.getsize(from_gguf / "q.gguf"),
         "source_type": "Q8_0",
         "f16_bytes": os.path.getsize(f16),
+        "block": 32,
+        "matrices": dict(Counter(t.tensor_type.name for t in matrices)),
+        "ffn_matrices": dict(ffn),
+        "ffn_fallbacks": dict(fell),  # rows not whole blocks of 32: the spec's grid is 8
     }
+    # scored as shipped: the float32 model on the selection windows is the unit's own
+    # select_loss (the prune's forward passes, float32), the file's weights beside it
+    score, seed = shipped["score"], str(record["seeds"][0])
+    own = record["budgets"][0]["arms"][arm]["select_loss"][seed]
+    assert score["windows"] == len(own) == 2
+    assert score["float32"] == pytest.approx(sum(own) / len(own), abs=1e-5)
+    assert score["difference"] == pytest.approx(score["shipped"] - score["float32"])
+    assert abs(score["difference"]) < 0.05  # Q8_0: within the width of 8-bit rounding
     assert shipped["safetensors_bytes"] == files_bytes(directory) > 0
     assert shipped["speed"] == {"skipped": "llama-cpp-python is not installed"}
     from geospec.disk import size
 
     ratio = os.path.getsize(target) / os.path.getsize(from_gguf / "q.gguf")
     report = (run / "prune" / "report.md").read_text()
+    difference = score["difference"]
     assert (
         f"GGUF (Q8_0) {size(os.path.getsize(target))}, {ratio:.2f}x the source's "
-        f"{size(os.path.getsize(from_gguf / 'q.gguf'))} (Q8_0); no llama.cpp speed "
-        "(llama-cpp-python is not installed)"
+        f"{size(os.path.getsize(from_gguf / 'q.gguf'))} (Q8_0); FFN matrices "
+        f"{', '.join(f'{n} {kind}' for kind, n in sorted(ffn.items()))}"
     ) in report
+    assert (
+        f"scored as shipped (the GGUF file's weights) {abs(difference):.4f} nats "
+        f"{'above' if difference >= 0 else 'below'} the float32 model on the 2 selection "
+        "windows"
+    ) in report
+    assert "; no llama.cpp speed (llama-cpp-python is not installed)" in report
     assert ratio < 1
 
 

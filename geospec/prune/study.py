@@ -392,7 +392,11 @@ def prune_units(
                     write_model(unit, unit_dir, unit_key, results[unit])
                 say(f"prune: exported the recommended {unit.arm}@{keep:g} (seed {unit.seed})")
     if inputs.ship is not None:  # what each recommended model ships as, before any export
+        from geospec.prune.gguf_weights import shipped_losses
         from geospec.prune.shipped import shipped
+
+        # its GGUF file scored as shipped, on the windows the recommendation read
+        score = None if selection is None else functools.partial(shipped_losses, batches=selection)
 
         for budget in record["budgets"]:
             if "recommended" not in budget:
@@ -403,7 +407,7 @@ def prune_units(
             write_into = functools.partial(write_model, unit, unit_dir, unit_key, results[unit])
             budget["recommended"]["shipped"] = shipped(
                 unit, unit_key, run_dir, inputs.ship,
-                unit_dir / UNIT_MODEL_DIR if written else None, write_into, say,
+                unit_dir / UNIT_MODEL_DIR if written else None, write_into, say, score,
             )  # fmt: skip
     for budget in record["budgets"]:
         for sweep, found in budget.get("sweeps", {}).items():
