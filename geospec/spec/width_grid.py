@@ -161,9 +161,10 @@ def grid_line(spec: Spec, spec_dir: Path) -> str | None:
         )
     if multiple % grid.block == 0:
         return f"{said} (model.multiple_of): whole blocks of the export's {label} ({grid.block})"
-    fallback = K_FALLBACK.get(str(grid.dtype)[:2], "f16").upper()
-    if grid.block == LEGACY_BLOCK:
-        fallback = "F16"
+    # llama.cpp's fallback for a K-quant is of blocks of 32; rows off those go to F16
+    fallback = "F16"
+    if grid.block == K_BLOCK and multiple % LEGACY_BLOCK == 0:
+        fallback = K_FALLBACK[str(grid.dtype)[:2]].upper()
     return (
         f"{said} (model.multiple_of), not whole blocks of the export's {label} ({grid.block}): a "
         f"down projection whose width is off that grid is stored as {fallback} instead (larger, "
