@@ -49,6 +49,16 @@ def load_gguf_weights(model: Any, path: Path) -> None:
             parameter.copy_(torch.from_numpy(np.ascontiguousarray(values)))
 
 
+def shipped_model(model_dir: Path, path: Path, device: str = "cpu") -> Any:
+    """The model in ``model_dir`` (float32, on ``device``) holding the GGUF file ``path``'s
+    de-quantized weights: the model the file ships."""
+    from geospec.prune.true_width import load_pruned
+
+    model = load_pruned(model_dir, dtype=torch.float32, device=device)
+    load_gguf_weights(model, path)
+    return model
+
+
 def shipped_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> dict[str, float]:
     """The mean loss on ``batches`` of the model in ``model_dir`` (its exported weights, in
     float32) and of the same model holding the GGUF file ``path``'s de-quantized weights:
@@ -56,9 +66,20 @@ def shipped_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> dict[
     from geospec.prune.apply import eval_loss
     from geospec.prune.true_width import load_pruned
 
-    device = str(batches[0][0].device) if batches else "cpu"
-    model = load_pruned(model_dir, dtype=torch.float32, device=device)
+    model = load_pruned(model_dir, dtype=torch.float32, device=_device(batches))
     float32 = eval_loss(model, batches)
-    load_gguf_weights(model, path)
+    load_gguf_weights(model, path)  # the same model, the file's weights in place
+    shipped = eval_loss(model, batches)
     windows = sum(int(inputs.shape[0]) for inputs, _ in batches)
-    return {"windows": windows, "float32": float32, "shipped": eval_loss(model, batches)}
+    return {"windows": windows, "float32": float32, "shipped": shipped}
+
+
+def shipped_window_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> list[float]:
+    """Each window's loss of the model the GGUF file ``path`` ships (prune.select.shipped)."""
+    from geospec.prune.apply import window_losses
+
+    return window_losses(shipped_model(model_dir, path, _device(batches)), batches)
+
+
+def _device(batches: Sequence[Any]) -> str:
+    return str(batches[0][0].device) if batches else "cpu"

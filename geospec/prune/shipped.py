@@ -158,6 +158,19 @@ class ShipSettings:
             _version("llama_cpp_python") if llama else None,
         )  # fmt: skip
 
+    def file_key(self, unit_key: str, plan: Plan | None = None) -> str:
+        """The key of the unit of key ``unit_key``'s GGUF file: what makes the file (the export
+        dtype the model is written in, the GGUF type and who writes it, their versions), for
+        what is computed from the file alone (:mod:`geospec.prune.shipped_score`)."""
+        from geospec.prune.gguf_quant import LLAMA_CPP
+
+        plan = plan or self.plan()
+        llama = _version("llama_cpp_python") if plan.quantizer == LLAMA_CPP else None
+        return digest(
+            "shipped-file", unit_key, self.export_dtype, plan.dtype, plan.quantizer,
+            _version("gguf"), llama,
+        )  # fmt: skip
+
 
 def _version(distribution: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version

@@ -289,7 +289,7 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
         "from the next arm on the selection windows, with its 95% bootstrap interval over "
         "seeds x windows. Below each, what the model ships as, measured before anything is "
         "exported: its true-width safetensors and, from a GGUF reference, the GGUF file the "
-        "command writes and its llama.cpp speed, against the source file's.",
+        "command writes and its llama.cpp speed, against the source file's." + _chosen_on(first),
         "",
     ]
     for budget in budgets:
@@ -321,6 +321,22 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
         if "shipped" in chosen:
             lines.append(f"  - {shipped_line(chosen['shipped'])}")
     return [*lines, "", *_continuations(prune)]
+
+
+def _chosen_on(recommended: Mapping[str, Any]) -> str:
+    """What the recommendation read, where prune.select.shipped asked for the GGUF files."""
+    on = recommended.get("on")
+    if on is None:
+        return ""
+    if on == "shipped":
+        return (
+            " The losses that chose are each arm's GGUF file's, its de-quantized weights "
+            "(prune.select.shipped), not its float32 model's."
+        )
+    return (
+        f" prune.select.shipped asked for the GGUF files' losses, but the float32 models' "
+        f"chose ({on})."
+    )
 
 
 def shipped_line(shipped: Mapping[str, Any]) -> str:

@@ -34,6 +34,7 @@ from geospec.pipeline.stages.diagnose import Diagnose
 from geospec.pipeline.stages.probe import Probe
 from geospec.pipeline.stages.reference import compute_dtype, dtype_key
 from geospec.prune.exports import export_dtype
+from geospec.prune.select import key_select
 from geospec.prune.shipped import (
     ShipSettings,
     local_checkpoint,
@@ -41,6 +42,7 @@ from geospec.prune.shipped import (
     stale_shipped,
     untrusted_shipped,
 )
+from geospec.prune.shipped_score import chosen_on_stale
 from geospec.prune.units import (
     chosen_units,
     is_finished,
@@ -105,15 +107,14 @@ class PruneStage:
             # which units write their model, and in which dtype, is not what they compute: a
             # finished unit is exported without being recomputed (the key holds export = false
             # and the default dtype, what it held before, so those prunes keep their keys)
-            # (nor is whether the recommended models are timed: select.runtime)
+            # (nor are select.runtime and select.shipped: prune.select.key_select)
             section(
                 self.prune.model_copy(
                     update={
                         "export": False,
                         "export_dtype": "checkpoint",
                         "compute_dtype": "float32",
-                        "select": self.prune.select
-                        and self.prune.select.model_copy(update={"runtime": True}),
+                        "select": key_select(self.prune.select),
                     }
                 )
             ),
@@ -142,7 +143,7 @@ class PruneStage:
         ship = self.ship(run)
         stale = False
         if ship is not None and stored is not None:
-            stale = stale_shipped(stored, key, ship)
+            stale = stale_shipped(stored, key, ship) or chosen_on_stale(stored, self.prune)
             untrusted = untrusted_shipped(run.run_dir, stored)
             problem = next(iter(untrusted.values()), None)
         return Plan(
