@@ -61,7 +61,6 @@ def unit_window_losses(
     """Each selection window's loss of the unit's GGUF file: reused from its sealed
     ``shipped_loss.json`` when that holds its key, else written, scored and sealed there."""
     from geospec.prune.exports import unit_gguf
-    from geospec.prune.shipped import gguf_file_name
 
     path = files.directory / SHIPPED_LOSS_FILE
     key = settings.file_key(files.key, plan)
@@ -80,7 +79,7 @@ def unit_window_losses(
         if model is None:
             model = scratch / "model"
             files.write_model(model)
-        target = scratch / gguf_file_name("unit", 1.0)
+        target = scratch / "unit.gguf"  # its name is the file's general.name: no score reads it
         unit_gguf(model, target, source, source, plan.dtype)
         losses = score(model, target)
     finally:
