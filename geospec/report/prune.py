@@ -289,7 +289,9 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
         "from the next arm on the selection windows, with its 95% bootstrap interval over "
         "seeds x windows. Below each, what the model ships as, measured before anything is "
         "exported: its true-width safetensors and, from a GGUF reference, the GGUF file the "
-        "command writes and its llama.cpp speed, against the source file's." + _chosen_on(first),
+        "command writes (what its FFN matrices are stored as, its own weights scored on the "
+        "selection windows beside the float32 model's) and its llama.cpp speed (best and "
+        "median, with the machine's load), against the source file's." + _chosen_on(first),
         "",
     ]
     for budget in budgets:
