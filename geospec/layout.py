@@ -49,6 +49,9 @@ REPAIR_FILE = "repair.safetensors"
 #: What a keep fraction's recommended model ships as (its files' sizes, its llama.cpp speed), in
 #: the keep fraction's directory.
 SHIPPED_FILE = "shipped.json"
+#: A prune unit's GGUF file scored on the selection windows (prune.select.shipped), in its
+#: directory.
+SHIPPED_LOSS_FILE = "shipped_loss.json"
 
 
 def arm_seed_dir(run_dir: Path, arm: str, seed: int) -> Path:

@@ -659,6 +659,17 @@ def _change_bytes_and_seal(data: Any) -> None:
     data.update(sealed(data))
 
 
+def _change_score(data: Any) -> None:
+    data["score"] = {"windows": 4, "float32": 3.0, "shipped": 3.0, "difference": 0.0}
+
+
+def _drop_score_and_seal(data: Any) -> None:
+    from geospec.digests import sealed
+
+    del data["score"]
+    data.update(sealed(data))
+
+
 @pytest.mark.parametrize(
     ("damage", "said"),
     [
@@ -672,6 +683,14 @@ def _change_bytes_and_seal(data: Any) -> None:
         pytest.param(
             edit_json(_change_bytes_and_seal), "shipped.json does not hold what prune.json "
             "records", id="edited and sealed again",
+        ),
+        pytest.param(
+            edit_json(_change_score), "shipped.json was changed after geospec wrote it",
+            id="score edited, seal intact",
+        ),
+        pytest.param(
+            edit_json(_drop_score_and_seal), "shipped.json does not hold what prune.json "
+            "records", id="score dropped and sealed again",
         ),
     ],
 )  # fmt: skip

@@ -442,3 +442,111 @@ def test_a_repaired_cut_writes_its_refitted_down_projections_and_their_bias(
         np.testing.assert_allclose(
             tensors[f"blk.{layer}.ffn_down.bias"].data, found.bias.float().numpy(), rtol=1e-6
         )
+
+
+def _file_types(path: Path) -> dict[str, Any]:
+    """Each tensor's type as the file declares it (gguf-py's reader)."""
+    return {t.name: t.tensor_type for t in gguf.GGUFReader(str(path)).tensors}
+
+
+def _as_stored(weights: np.ndarray, kind: Any) -> np.ndarray:
+    """``weights`` as a tensor of ggml type ``kind`` holds them, by gguf-py's own quantizer and
+    de-quantizer (a row permutation commutes with it: blocks run along the rows)."""
+    types = gguf.GGMLQuantizationType
+    if kind == types.F32:
+        return weights
+    if kind == types.F16:
+        return weights.astype(np.float16).astype(np.float32)
+    return gguf.quants.dequantize(gguf.quants.quantize(weights, kind), kind).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_1"])
+def test_a_file_read_back_holds_gguf_pys_own_quantization_of_the_weights(
+    tokenizer_dir: Path, tmp_path: Path, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """load_gguf_weights: every parameter of the model read back from its GGUF file is exactly
+    gguf-py's quantization and de-quantization of the original (in the type the file declares
+    for it: the tied or output matrix in Q8_0, a down projection whose rows are not whole blocks
+    in F16), the query and key rows back in transformers' order; shipped_losses gives the loss
+    of the model on its own weights and on those, each equal to a cross-entropy computed here."""
+    import copy
+    import sys
+
+    import torch.nn.functional as F
+
+    from geospec.measure.probe import find_ffn_sites
+    from geospec.measure.sensitivity import logits_of
+    from geospec.prune.apply import pruned
+    from geospec.prune.gguf_weights import load_gguf_weights, shipped_losses
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # gguf-py writes the file
+    model = gguf_models.llama(eos_of(tokenizer_dir), widths=None)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    sites = find_ffn_sites(model, 64, lambda: logits_of(model, ids))
+    widths = [32, 96, 40]  # 40: rows that are no whole blocks of 32
+    with torch.no_grad(), pruned(sites, [list(range(96))] * 3, widths):
+        export_pruned(model, sites, widths, tmp_path / "true")
+    directory = tmp_path / "true"
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        (directory / file).write_bytes((tokenizer_dir / file).read_bytes())
+    path = write_gguf(directory, tmp_path / f"{dtype}.gguf", dtype).path
+    from geospec.prune.true_width import load_pruned
+
+    original = load_pruned(directory, dtype=torch.float32)
+    loaded = copy.deepcopy(original)
+    load_gguf_weights(loaded, path)
+    declared = _file_types(path)
+    by_name = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "lm_head.weight": "output.weight",
+    }
+    kinds = set()
+    for name, parameter in original.named_parameters():
+        if parameter.ndim == 1:  # norms are stored in f32
+            truth = parameter.detach().numpy()
+        else:
+            layer = name.split(".")[2] if name.startswith("model.layers.") else None
+            short = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v",
+                     "o_proj": "attn_output", "gate_proj": "ffn_gate", "up_proj": "ffn_up",
+                     "down_proj": "ffn_down"}  # fmt: skip
+            stored = by_name.get(name) or f"blk.{layer}.{short[name.split('.')[-2]]}.weight"
+            kinds.add(declared[stored].name)
+            truth = _as_stored(parameter.detach().numpy(), declared[stored])
+        got = dict(loaded.named_parameters())[name].detach().numpy()
+        np.testing.assert_array_equal(got, truth, err_msg=name)
+    assert {"Q8_0", "F16", dtype.upper()} <= kinds  # the rules the file followed were exercised
+    tokens = torch.tensor([[5, 9, 14, 3, 27, 8, 2, 11, 30]])
+    batches = [(tokens[:, :-1], tokens[:, 1:])]
+    losses = shipped_losses(directory, path, batches)
+
+    def cross_entropy(m: Any) -> float:
+        with torch.no_grad():
+            logits = m(tokens[:, :-1]).logits
+        return float(F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()))
+
+    assert losses["float32"] == pytest.approx(cross_entropy(original), abs=1e-6)
+    assert losses["shipped"] == pytest.approx(cross_entropy(loaded), abs=1e-6)
+    assert losses["windows"] == 1
+    assert losses["shipped"] != losses["float32"]
+
+
+def test_stored_types_count_the_ffn_matrices_that_fell_back(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """stored_types: every matrix by the type gguf-py's reader says it has, the FFN ones apart,
+    and those whose rows are not whole blocks (the down projection 40 wide, in F16)."""
+    import sys
+    from collections import Counter
+
+    from geospec.prune.gguf_quant import stored_types
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    model = gguf_models.llama(eos_of(tokenizer_dir), widths=[32, 96, 40])
+    path = write_gguf(model, tmp_path / "m.gguf", "q4_1", tokenizer=tokenizer_dir).path
+    tensors = [t for t in gguf.GGUFReader(str(path)).tensors if len(t.shape) == 2]
+    found = stored_types(path, "q4_1")
+    assert found.matrices == Counter(t.tensor_type.name for t in tensors)
+    ffn = [t for t in tensors if ".ffn_" in t.name]
+    assert found.ffn == Counter(t.tensor_type.name for t in ffn) and sum(found.ffn.values()) == 9
+    assert found.ffn_fallbacks == Counter({"F16": 1})  # blk.2.ffn_down: 40 rows
+    assert found.fallbacks == found.ffn_fallbacks  # 64 wide elsewhere: whole blocks of 32

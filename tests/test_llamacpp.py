@@ -532,7 +532,8 @@ def test_the_speed_of_an_export_is_measured_against_its_source(
     tokenizer_dir: Path, tmp_path: Path
 ) -> None:
     """geospec prune --export ... --format gguf's speed line: both files run in llama.cpp, every
-    figure positive, the ratios those of the figures printed."""
+    figure positive, the best of the rounds no slower than their median, and the line gives
+    best and median ratios and the machine's load."""
     import re
 
     from geospec.prune.runtime import compare_speeds, speed_line
@@ -540,19 +541,23 @@ def test_the_speed_of_an_export_is_measured_against_its_source(
     model = gguf_models.llama(eos_of(tokenizer_dir))
     source = write_gguf(model, tmp_path / "source.gguf", "f32", tokenizer=tokenizer_dir).path
     smaller = write_gguf(model, tmp_path / "smaller.gguf", "q8_0", tokenizer=tokenizer_dir).path
-    speeds = compare_speeds([smaller, source], prompt=16, generate=4, repeats=1)
-    assert all(s.prompt > 0 and s.generation > 0 for s in speeds)
+    timings = compare_speeds([smaller, source], prompt=16, generate=4, repeats=3)
+    for timing in timings:
+        assert timing.rounds == 3 and timing.median.prompt > 0 and timing.median.generation > 0
+        assert timing.best.prompt >= timing.median.prompt
+        assert timing.best.generation >= timing.median.generation
     line = speed_line(smaller, source)
-    numbers = [float(n.replace(",", "")) for n in re.findall(r"[\d,]+\.?\d*(?= tok/s)", line)]
-    ratios = [float(r) for r in re.findall(r"\(([\d.]+)x", line)]
-    assert len(numbers) == 2 and len(ratios) == 2 and all(r > 0 for r in ratios)
+    ratios = [float(r) for r in re.findall(r"([\d.]+)x (?:best|median)", line)]
+    assert len(ratios) == 4 and all(r > 0 for r in ratios)
+    assert re.search(r"; load [\d.]+/[\d.]+/[\d.]+ on \d+ cores", line)
 
 
 def test_what_to_ship_times_the_recommended_model_against_its_source(tmp_path: Path) -> None:
     """prune.select from a GGUF reference (the tiny Qwen2 in Q8_0): the recommended model's GGUF
     file is written by llama.cpp's quantizer in the source's type, is the size of the file
     `--export best@0.5 --format gguf` writes, and is run in llama.cpp against the source file
-    (best of 3 round-robin rounds on 2 threads); the report prints the ratios of the speeds it
+    (best and median of 5 round-robin rounds on 2 threads, the load beside them); the report
+    prints the ratios of the speeds it
     recorded. With select.runtime = false the record is measured again untimed and no unit is
     computed again."""
     from test_prune import invoke
@@ -564,13 +569,20 @@ def test_what_to_ship_times_the_recommended_model_against_its_source(tmp_path: P
     shipped, speed = chosen["shipped"], chosen["shipped"]["speed"]
     assert shipped["gguf"]["quantizer"] == "llama.cpp's quantizer"
     assert shipped["gguf"]["type"] == shipped["gguf"]["source_type"] == "Q8_0"
-    assert (speed["threads"], speed["rounds"]) == (2, 3)
+    assert shipped["score"]["windows"] == 2  # the llama.cpp-quantized file scored as shipped
+    assert (speed["threads"], speed["rounds"]) == (2, 5)
     assert (speed["prompt_tokens"], speed["generated_tokens"]) == (128, 32)
     rates = [speed[k] for k in ("prompt", "generation", "source_prompt", "source_generation")]
-    assert all(rate > 0 for rate in rates)
+    medians = [speed[f"{k}_median"] for k in
+               ("prompt", "generation", "source_prompt", "source_generation")]  # fmt: skip
+    assert all(rate >= median > 0 for rate, median in zip(rates, medians, strict=True))
+    assert len(speed["load"]) == 3 and speed["cores"] >= 1
     prompt, generation = rates[0] / rates[2], rates[1] / rates[3]
-    said = f"llama.cpp prompt {prompt:.2f}x, generation {generation:.2f}x the source's ("
-    assert said in output and "2 threads, best of 3)" in output
+    said = (
+        f"llama.cpp prompt {prompt:.2f}x best, {medians[0] / medians[2]:.2f}x median, "
+        f"generation {generation:.2f}x best, {medians[1] / medians[3]:.2f}x median the source's ("
+    )
+    assert said in output and "2 threads, 5 rounds; load " in output
     print(f"tiny Qwen2, keep 0.5, {chosen['arm']}: {said}{rates[0]:,.0f} and {rates[1]:,.1f} tok/s")
     target = tmp_path / "exported" / f"{chosen['arm']}-0.5.gguf"
     target.parent.mkdir()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -360,6 +361,13 @@ def test_what_to_ship_gives_the_sizes_of_the_files_the_export_writes(
     invoke("prune", spec, *args)
     directory = tmp_path / "hf"
     invoke("prune", spec, "--export", "best@0.5", "--to", str(directory))
+    import gguf
+
+    matrices = [t for t in gguf.GGUFReader(str(target)).tensors if len(t.shape) == 2]
+    ffn = Counter(t.tensor_type.name for t in matrices if ".ffn_" in t.name)
+    fell = Counter(
+        t.tensor_type.name for t in matrices if ".ffn_" in t.name and int(t.shape[0]) % 32
+    )
     assert shipped["gguf"] == {
         "file": target.name,
         "type": "Q8_0",
@@ -368,18 +376,37 @@ def test_what_to_ship_gives_the_sizes_of_the_files_the_export_writes(
         "source_bytes": os.path.getsize(from_gguf / "q.gguf"),
         "source_type": "Q8_0",
         "f16_bytes": os.path.getsize(f16),
+        "block": 32,
+        "matrices": dict(Counter(t.tensor_type.name for t in matrices)),
+        "ffn_matrices": dict(ffn),
+        "ffn_fallbacks": dict(fell),  # rows not whole blocks of 32: the spec's grid is 8
     }
+    # scored as shipped: the float32 model on the selection windows is the unit's own
+    # select_loss (the prune's forward passes, float32), the file's weights beside it
+    score, seed = shipped["score"], str(record["seeds"][0])
+    own = record["budgets"][0]["arms"][arm]["select_loss"][seed]
+    assert score["windows"] == len(own) == 2
+    assert score["float32"] == pytest.approx(sum(own) / len(own), abs=1e-5)
+    assert score["difference"] == pytest.approx(score["shipped"] - score["float32"])
+    assert abs(score["difference"]) < 0.05  # Q8_0: within the width of 8-bit rounding
     assert shipped["safetensors_bytes"] == files_bytes(directory) > 0
     assert shipped["speed"] == {"skipped": "llama-cpp-python is not installed"}
     from geospec.disk import size
 
     ratio = os.path.getsize(target) / os.path.getsize(from_gguf / "q.gguf")
     report = (run / "prune" / "report.md").read_text()
+    difference = score["difference"]
     assert (
         f"GGUF (Q8_0) {size(os.path.getsize(target))}, {ratio:.2f}x the source's "
-        f"{size(os.path.getsize(from_gguf / 'q.gguf'))} (Q8_0); no llama.cpp speed "
-        "(llama-cpp-python is not installed)"
+        f"{size(os.path.getsize(from_gguf / 'q.gguf'))} (Q8_0); FFN matrices "
+        f"{', '.join(f'{n} {kind}' for kind, n in sorted(ffn.items()))}"
     ) in report
+    assert (
+        f"scored as shipped (the GGUF file's weights) {abs(difference):.4f} nats "
+        f"{'above' if difference >= 0 else 'below'} the float32 model on the 2 selection "
+        "windows"
+    ) in report
+    assert "; no llama.cpp speed (llama-cpp-python is not installed)" in report
     assert ratio < 1
 
 
@@ -420,3 +447,74 @@ def test_the_record_is_reused_and_measured_again_when_what_it_measures_changes(
     other = json.loads((run / "prune.json").read_text())["budgets"][0]["recommended"]
     assert other["arm"] != first["arm"] and f"recommended {other['arm']}@0.5 ships" in output
     assert json.loads(path.read_text())["arm"] == other["arm"] == other["shipped"]["arm"]
+
+
+@pytest.mark.gguf
+def test_select_shipped_recommends_on_the_gguf_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prune.select.shipped: every unit's GGUF file (Q8_0, by gguf-py) is scored on the selection
+    windows, the recommendation is the arm whose files have the lowest mean loss there, and
+    the recommended model's own score as shipped (shipped.json, computed apart) is its seed's
+    mean; each unit's losses are sealed in its directory and reused, and a damaged one is named
+    and scored again to the same losses."""
+    pytest.importorskip("gguf")
+    no_llama_cpp(monkeypatch)
+    invoke("prune", str(gguf_prune_spec(tmp_path, export=False)))
+    run = tmp_path / "run"
+    units = {p: p.stat().st_mtime_ns for p in (run / "prune").glob("keep-*/*/seed-*/result.json")}
+    spec = gguf_prune_spec(tmp_path, export=False, select={"windows": 2, "shipped": True})
+    output = invoke("prune", str(spec))
+    assert "prune: scoring the 3 GGUF files at keep 0.5 (select.shipped)" in output
+    assert {p: p.stat().st_mtime_ns for p in units} == units  # turned on: no unit recomputed
+    record = json.loads((run / "prune.json").read_text())
+    budget = record["budgets"][0]
+    chosen, arms = budget["recommended"], budget["arms"]
+    assert chosen["on"] == "shipped"
+    means = {
+        name: sum(arm["shipped_select_loss"]["0"]) / 2 for name, arm in arms.items()
+    }  # one seed, two windows
+    assert chosen["arm"] == min(means, key=lambda name: (means[name], name))
+    for arm in arms.values():  # Q8_0: each file within 8-bit rounding of its float32 model
+        for ours, theirs in zip(arm["shipped_select_loss"]["0"], arm["select_loss"]["0"],
+                                strict=True):  # fmt: skip
+            assert abs(ours - theirs) < 0.05
+    score = chosen["shipped"]["score"]
+    assert score["shipped"] == pytest.approx(means[chosen["arm"]], abs=1e-5)
+    assert (
+        "(prune.select.shipped), not its float32 model's"
+        in (run / "prune" / "report.md").read_text()
+    )
+    sealed = sorted((run / "prune").glob("keep-0.5/*/seed-0/shipped_loss.json"))
+    assert len(sealed) == 3 and not list((run / "prune").rglob(".shipping-*"))
+    stamps = {path: path.stat().st_mtime_ns for path in sealed}
+    (run / "prune.json").unlink()
+    sealed[0].write_text(sealed[0].read_text()[:20])  # cut short
+    output = invoke("prune", str(spec))
+    unit = sealed[0].parent.relative_to(run / "prune")
+    said = f"! prune: prune/{unit}/shipped_loss.json is unreadable; scoring its GGUF file again"
+    assert said in output
+    assert all(path.stat().st_mtime_ns == stamps[path] for path in sealed[1:])  # reused
+    assert json.loads((run / "prune.json").read_text())["budgets"] == record["budgets"]
+    output = invoke("prune", str(gguf_prune_spec(tmp_path, export=False)))  # turned off again
+    assert "on" not in json.loads((run / "prune.json").read_text())["budgets"][0]["recommended"]
+    assert {p: p.stat().st_mtime_ns for p in units} == units
+
+
+def test_select_shipped_without_a_gguf_file_says_the_float32_models_chose(
+    tmp_path: Path,
+) -> None:
+    """A reference that is no GGUF file has no file to score: the float32 models recommend, and
+    prune.json and the report say why."""
+    from test_prune import prune_spec
+
+    arms = [{"name": "uniform", "schedule": {"kind": "uniform"}},
+            {"name": "protect", "schedule": {"kind": "protect", "first": 1}}]  # fmt: skip
+    spec = prune_spec(tmp_path, keep=0.5, arms=arms, export=False,
+                      select={"windows": 2, "shipped": True},
+                      calibration={"windows": 4, "seeds": [0]})  # fmt: skip
+    output = invoke("prune", str(spec))
+    assert "prune: select.shipped: float32: no GGUF file to score" in output
+    chosen = json.loads((tmp_path / "run" / "prune.json").read_text())["budgets"][0]["recommended"]
+    assert chosen["on"].startswith("float32: no GGUF file to score (the reference is not a GGUF")
+    assert "but the float32 models' chose" in (tmp_path / "run" / "prune" / "report.md").read_text()

@@ -28,6 +28,7 @@ def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None
     from geospec.solve.widths import compute_widths
     from geospec.spec.loading import load_spec
     from geospec.spec.summary import memory_lines, spec_summary, uncached_hub_notes
+    from geospec.spec.width_grid import grid_line
 
     warn_broken_plugins()
     spec = load_spec(spec_path, overrides)
@@ -47,6 +48,8 @@ def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None
         stdout().print(f"[cyan]note:[/] arm {escape(arm)} {escape(note)}", highlight=False)
     for note in uncached_hub_notes(spec):
         stdout().print(f"[cyan]note:[/] {escape(note)}", highlight=False)
+    if (grid := grid_line(spec, spec_path.parent)) is not None:
+        stdout().print(f"[cyan]note:[/] {escape(grid)}", highlight=False)
     for line in memory_lines(spec, computable.widths):  # per process, before anything is built
         stdout().print(escape(line), highlight=False)
     stdout().print(f"[green]✓[/] {escape(str(spec_path))} is valid", highlight=False)

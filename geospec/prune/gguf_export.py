@@ -235,41 +235,35 @@ def _hyperparameters(
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)  # as llama.cpp's converter does
 
 
-def _tensors(model: Any) -> tuple[list[tuple[str, np.ndarray]], list[int]]:
-    """Every tensor under its GGUF name (float32 numpy, transformers' out x in layout, which GGUF
-    stores as ne = (in, out)), and each layer's FFN width read from its tensors."""
-    from geospec.measure.cut import ffn_width
-    from geospec.prune.true_width import mlps
-
+def gguf_parameters(model: Any) -> list[tuple[str, torch.Tensor, int | None]]:
+    """Every tensor of a Llama-family ``model`` under its GGUF name, in the file's order, with the
+    heads its rows are permuted over into llama.cpp's rope pairs (the query and key projections
+    and their biases; None for the rest): what the file holds, and what reads it back
+    (:mod:`geospec.prune.gguf_weights`)."""
     config = model.config
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     inner = model.model
-
-    def array(tensor: torch.Tensor) -> np.ndarray:
-        return tensor.detach().to("cpu", torch.float32).contiguous().numpy()
-
-    out: list[tuple[str, np.ndarray]] = [
-        ("token_embd.weight", array(inner.embed_tokens.weight)),
-        ("output_norm.weight", array(inner.norm.weight)),
+    found: list[tuple[str, torch.Tensor, int | None]] = [
+        ("token_embd.weight", inner.embed_tokens.weight, None),
+        ("output_norm.weight", inner.norm.weight, None),
     ]
     embedding = inner.embed_tokens.weight
     head = model.get_output_embeddings().weight
     if head.data_ptr() != embedding.data_ptr():  # untied: llama.cpp reuses token_embd otherwise
-        out.append(("output.weight", array(head)))
-    widths = [ffn_width(mlp) for mlp in mlps(model)]
+        found.append(("output.weight", head, None))
     for i, layer in enumerate(inner.layers):
         attn, mlp = layer.self_attn, layer.mlp
-        out += [
-            (f"blk.{i}.attn_norm.weight", array(layer.input_layernorm.weight)),
-            (f"blk.{i}.attn_q.weight", _permute(array(attn.q_proj.weight), heads)),
-            (f"blk.{i}.attn_k.weight", _permute(array(attn.k_proj.weight), kv_heads)),
-            (f"blk.{i}.attn_v.weight", array(attn.v_proj.weight)),
-            (f"blk.{i}.attn_output.weight", array(attn.o_proj.weight)),
-            (f"blk.{i}.ffn_norm.weight", array(layer.post_attention_layernorm.weight)),
-            (f"blk.{i}.ffn_gate.weight", array(mlp.gate_proj.weight)),
-            (f"blk.{i}.ffn_up.weight", array(mlp.up_proj.weight)),
-            (f"blk.{i}.ffn_down.weight", array(mlp.down_proj.weight)),
+        found += [
+            (f"blk.{i}.attn_norm.weight", layer.input_layernorm.weight, None),
+            (f"blk.{i}.attn_q.weight", attn.q_proj.weight, heads),
+            (f"blk.{i}.attn_k.weight", attn.k_proj.weight, kv_heads),
+            (f"blk.{i}.attn_v.weight", attn.v_proj.weight, None),
+            (f"blk.{i}.attn_output.weight", attn.o_proj.weight, None),
+            (f"blk.{i}.ffn_norm.weight", layer.post_attention_layernorm.weight, None),
+            (f"blk.{i}.ffn_gate.weight", mlp.gate_proj.weight, None),
+            (f"blk.{i}.ffn_up.weight", mlp.up_proj.weight, None),
+            (f"blk.{i}.ffn_down.weight", mlp.down_proj.weight, None),
         ]
         # the optional biases deci reads (Qwen2's q/k/v, a compensated cut's down projection);
         # the query and key biases follow their rows into llama.cpp's rope pairs
@@ -285,11 +279,24 @@ def _tensors(model: Any) -> tuple[list[tuple[str, np.ndarray]], list[int]]:
         for name, (module, permuted) in biases.items():
             bias = getattr(module, "bias", None)
             if bias is not None:
-                values = array(bias)
-                out.append(
-                    (f"blk.{i}.{name}.bias", _permute(values, permuted) if permuted else values)
-                )
-    return out, widths
+                found.append((f"blk.{i}.{name}.bias", bias, permuted))
+    return found
+
+
+def _tensors(model: Any) -> tuple[list[tuple[str, np.ndarray]], list[int]]:
+    """Every tensor under its GGUF name (float32 numpy, transformers' out x in layout, which GGUF
+    stores as ne = (in, out)), and each layer's FFN width read from its tensors."""
+    from geospec.measure.cut import ffn_width
+    from geospec.prune.true_width import mlps
+
+    def array(tensor: torch.Tensor) -> np.ndarray:
+        return tensor.detach().to("cpu", torch.float32).contiguous().numpy()
+
+    out = [
+        (name, _permute(array(tensor), heads) if heads else array(tensor))
+        for name, tensor, heads in gguf_parameters(model)
+    ]
+    return out, [ffn_width(mlp) for mlp in mlps(model)]
 
 
 def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -298,6 +305,17 @@ def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
     rows = weights.shape[0]
     return (
         weights.reshape(heads, 2, rows // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def unpermute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's interleaved pairs back to transformers' rotate-half rows (the inverse of
+    the writer's permutation)."""
+    rows = weights.shape[0]
+    return (
+        weights.reshape(heads, rows // heads // 2, 2, *weights.shape[1:])
         .swapaxes(1, 2)
         .reshape(weights.shape)
     )

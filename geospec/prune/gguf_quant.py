@@ -33,20 +33,15 @@ from typing import Any
 
 from geospec.errors import UsageError
 
+# the types, their blocks and llama.cpp's K-quant fallbacks are the width grid's too
+from geospec.spec.width_grid import K_FALLBACK as K_FALLBACK
+from geospec.spec.width_grid import K_QUANTS as K_QUANTS
+from geospec.spec.width_grid import LEGACY as LEGACY
+
 FLOATS = ("f32", "f16")
-#: Types of blocks of 32 that gguf-py's numpy quantizer also writes.
-LEGACY = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")
-#: llama.cpp's K-quant file types (blocks of 256), written by its quantizer only.
-K_QUANTS = (
-    "q2_k", "q2_k_s", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_s", "q4_k_m", "q5_k_s", "q5_k_m", "q6_k",
-)  # fmt: skip
 DTYPES = FLOATS + LEGACY + K_QUANTS
 LLAMA_CPP = "llama.cpp's quantizer"
 GGUF_PY = "gguf-py"
-#: llama.cpp's fallback for a K-quant's main type whose blocks of 256 do not fit
-#: (``tensor_type_fallback``): what an export defaults to where a K-quant source cannot be
-#: followed for want of llama-cpp-python.
-K_FALLBACK = {"q2": "q4_0", "q3": "q4_0", "q4": "q5_0", "q5": "q5_1", "q6": "q8_0"}
 #: The llama-cpp-python install line the messages give.
 INSTALL = "pip install llama-cpp-python"
 
@@ -210,15 +205,47 @@ def block_size(dtype: str) -> int:
     return int(gguf.GGML_QUANT_SIZES[main_type(dtype, gguf)][0])
 
 
+#: The FFN matrices of a GGUF file, by their tensor names' ending (``blk.N.ffn_down.weight``).
+FFN_MATRICES = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+
+
+@dataclass(frozen=True)
+class StoredTypes:
+    """What a GGUF file's matrices are stored as, by ggml type name (Q4_1, Q5_0, F16)."""
+
+    matrices: Counter[str]
+    """Every matrix."""
+    fallbacks: Counter[str]
+    """The matrices whose rows do not split into the file type's blocks, by the type each was
+    stored in instead."""
+    ffn: Counter[str]
+    """The FFN matrices (gate, up and down projections)."""
+    ffn_fallbacks: Counter[str]
+    """The FFN matrices among :attr:`fallbacks`."""
+
+
+def stored_types(path: Path, dtype: str) -> StoredTypes:
+    """What each matrix of the GGUF file ``path`` (of type ``dtype``) is stored as, and which
+    fell back for rows that do not split into ``dtype``'s blocks (none for f32 and f16)."""
+    block = block_size(dtype)
+    found = StoredTypes(Counter(), Counter(), Counter(), Counter())
+    for tensor in _gguf().GGUFReader(str(path)).tensors:
+        if len(tensor.shape) != 2:
+            continue
+        kind = tensor.tensor_type.name
+        ffn = tensor.name.endswith(FFN_MATRICES)
+        fell = block > 1 and int(tensor.shape[0]) % block != 0
+        found.matrices[kind] += 1
+        if ffn:
+            found.ffn[kind] += 1
+        if fell:
+            found.fallbacks[kind] += 1
+        if fell and ffn:
+            found.ffn_fallbacks[kind] += 1
+    return found
+
+
 def fallbacks(path: Path, dtype: str) -> Counter[str]:
     """How many of the GGUF file's matrices have rows that do not split into ``dtype``'s blocks,
     by the type each was stored in instead (empty for f32 and f16)."""
-    block = block_size(dtype)
-    if block == 1:
-        return Counter()
-    reader = _gguf().GGUFReader(str(path))
-    return Counter(
-        t.tensor_type.name
-        for t in reader.tensors
-        if len(t.shape) == 2 and int(t.shape[0]) % block != 0
-    )
+    return stored_types(path, dtype).fallbacks

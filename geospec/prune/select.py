@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from geospec.errors import UsageError
-from geospec.spec.sections import DataSpec, PruneSpec
+from geospec.spec.sections import DataSpec, PruneSelect, PruneSpec
 
 if TYPE_CHECKING:
     from geospec.engine.token_data import TokenData
@@ -69,20 +69,32 @@ def _same_text(
     return len(tokens) == len(found.val) and bool(np.array_equal(tokens, found.val))
 
 
-def recommend(arms: Mapping[str, Mapping[str, Any]], windows: int) -> dict[str, Any]:
-    """The recommended arm of one budget from its arms' ``select_loss`` (per calibration seed,
-    each selection window's loss): the lowest mean over seeds and windows (equal means, as of two
-    arms with the same widths: the first name), with its margin over the next arm (the paired
-    difference over seeds x windows, its 95% bootstrap interval) and every arm's mean."""
+def key_select(select: PruneSelect | None) -> PruneSelect | None:
+    """``prune.select`` as the prune stage's key holds it: whether the recommended models are
+    timed (``runtime``) and whether they are chosen on their GGUF files (``shipped``) change
+    prune.json, not what a unit computes, so neither is in it (at the values that kept older
+    prunes' keys)."""
+    return select and select.model_copy(update={"runtime": True, "shipped": False})
+
+
+def recommend(
+    arms: Mapping[str, Mapping[str, Any]], windows: int, losses: str = "select_loss"
+) -> dict[str, Any]:
+    """The recommended arm of one budget from its arms' ``losses`` (``select_loss``: per
+    calibration seed, each selection window's loss; ``shipped_select_loss``: the same of each
+    unit's GGUF file, prune.select.shipped): the lowest mean over seeds and windows (equal
+    means, as of two arms with the same widths: the first name), with its margin over the next
+    arm (the paired difference over seeds x windows, its 95% bootstrap interval) and every arm's
+    mean."""
     from geospec.stats import crossed_bootstrap
 
     means = {
-        name: _mean([v for values in arm["select_loss"].values() for v in values])
+        name: _mean([v for values in arm[losses].values() for v in values])
         for name, arm in arms.items()
     }
     ranked = sorted(means, key=lambda name: (means[name], name))
     best, runner_up = ranked[0], ranked[1]
-    ours, theirs = arms[best]["select_loss"], arms[runner_up]["select_loss"]
+    ours, theirs = arms[best][losses], arms[runner_up][losses]
     table = [
         [b - a for a, b in zip(ours[seed], theirs[seed], strict=True)] for seed in sorted(ours)
     ]

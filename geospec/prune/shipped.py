@@ -9,9 +9,16 @@ to ship"): per keep fraction, the arm ``prune.select`` recommends, as calibratio
   unit_gguf`, in the source's own type) against the source file's
   (:mod:`geospec.prune.gguf_size`); a K-quant source without llama-cpp-python gets no size and
   a reason (the export would be llama.cpp's fallback type, not the source's);
+- that GGUF file scored as shipped: its de-quantized weights in the model
+  (:func:`geospec.prune.gguf_weights.shipped_losses`) on the selection windows, beside the
+  float32 model's loss there, and the difference in nats (the scorer is handed in by the prune,
+  which holds the windows); what each of its matrices is stored as, and how many FFN matrices
+  fell back to another type for rows that are not whole blocks
+  (:func:`geospec.prune.gguf_quant.stored_types`);
 - with llama-cpp-python, that file's llama.cpp prompt and generation speed against the source
-  file's (:func:`geospec.prune.runtime.compare_speeds`: best of 3 round-robin rounds on 2
-  threads), unless ``prune.select.runtime = false``.
+  file's (:func:`geospec.prune.runtime.compare_speeds`: best and median of 5 round-robin rounds
+  on 2 threads, the machine's load average read before), unless ``prune.select.runtime =
+  false``.
 
 The temporary files are written in the keep fraction's directory (the run's disk) and removed.
 The record is sealed in ``prune/keep-<f>/shipped.json`` under a key of the recommended unit's key
@@ -45,13 +52,18 @@ if TYPE_CHECKING:
 #: What every shipped.json holds (prune.json's ``budgets[i].recommended.shipped`` is the same
 #: without its seal).
 SHIPPED_FIELDS = ("key", "arm", "seed", "safetensors_bytes", "gguf", "speed")
+#: What scores a GGUF file as shipped: (the float32 model's directory, the GGUF file) -> the
+#: losses on the selection windows (:func:`geospec.prune.gguf_weights.shipped_losses`).
+Scorer = Callable[[Path, Path], Mapping[str, float]]
 #: The runtime benchmark's settings (benchmarks/pruned_runtime.py): threads, prompt tokens in
-#: one batch, tokens generated one at a time, timed rounds.
-THREADS, PROMPT, GENERATE, ROUNDS = 2, 128, 32, 3
-#: Bumped when what a record measures changes, so older records are measured again.
-RECORD = 1
-#: Why a model without a GGUF file has no llama.cpp speed.
+#: one batch, tokens generated one at a time, timed rounds (best and median).
+THREADS, PROMPT, GENERATE, ROUNDS = 2, 128, 32, 5
+#: Bumped when what a record measures changes, so older records are measured again (2: the
+#: GGUF file scored, its matrices' types, speeds as best and median with the load).
+RECORD = 2
+#: Why a model without a GGUF file has no llama.cpp speed, and no score as shipped.
 NO_GGUF = "no GGUF file to time"
+NO_GGUF_SCORE = "no GGUF file to score"
 
 
 def gguf_file_name(arm: str, keep: float) -> str:
@@ -146,6 +158,19 @@ class ShipSettings:
             _version("llama_cpp_python") if llama else None,
         )  # fmt: skip
 
+    def file_key(self, unit_key: str, plan: Plan | None = None) -> str:
+        """The key of the unit of key ``unit_key``'s GGUF file: what makes the file (the export
+        dtype the model is written in, the GGUF type and who writes it, their versions), for
+        what is computed from the file alone (:mod:`geospec.prune.shipped_score`)."""
+        from geospec.prune.gguf_quant import LLAMA_CPP
+
+        plan = plan or self.plan()
+        llama = _version("llama_cpp_python") if plan.quantizer == LLAMA_CPP else None
+        return digest(
+            "shipped-file", unit_key, self.export_dtype, plan.dtype, plan.quantizer,
+            _version("gguf"), llama,
+        )  # fmt: skip
+
 
 def _version(distribution: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
@@ -176,11 +201,13 @@ def shipped(
     model_dir: Path | None,
     write_model: Callable[[Path], None],
     say: Callable[[str], None],
+    score: Scorer | None = None,
 ) -> dict[str, Any]:
     """The record of what ``unit`` (a recommended one) ships as: reused from its keep
     fraction's shipped.json when that holds its key, measured and sealed there otherwise.
     ``model_dir``: the unit's exported model when the prune wrote it (for ``unit_key`` in the
-    export dtype); else ``write_model`` writes it into the directory it is given."""
+    export dtype); else ``write_model`` writes it into the directory it is given. ``score``
+    scores the GGUF file as shipped (None: not scored)."""
     plan = settings.plan()
     key = settings.key(unit_key, plan)
     path = shipped_path(run_dir, unit.keep)
@@ -190,11 +217,12 @@ def shipped(
     # (a damaged record was named by the stage's plan, which ran the stage for it)
     say(
         f"prune: measuring what the recommended {unit.arm}@{unit.keep:g} ships as (files"
-        + ("; llama.cpp speed, best of 3" if plan.timed else "")
+        + ("; the GGUF file scored" if plan.dtype is not None and score is not None else "")
+        + (f"; llama.cpp speed, {ROUNDS} rounds" if plan.timed else "")
         + ")"
     )
     scratch = prune_keep_dir(run_dir, unit.keep)
-    record = measure(unit, settings, plan, model_dir, write_model, scratch)
+    record = measure(unit, settings, plan, model_dir, write_model, scratch, score)
     record = {"key": key, "unit_key": unit_key, **record}
     atomic_write_json(path, sealed(record))
     return record
@@ -207,6 +235,7 @@ def measure(
     model_dir: Path | None,
     write_model: Callable[[Path], None],
     scratch_in: Path,
+    score: Scorer | None = None,
 ) -> dict[str, Any]:
     """The measurement itself (:func:`shipped` without the record): the files written into a
     temporary directory in ``scratch_in``, measured, removed."""
@@ -226,6 +255,7 @@ def measure(
         }
         target = scratch / gguf_file_name(unit.arm, unit.keep)
         record["gguf"] = _gguf(model, target, settings, plan)
+        record["score"] = _score(score, model, target, record["gguf"])
         if plan.timed and "skipped" not in record["gguf"]:
             record["speed"] = _speed(target, settings)
         else:  # the writer may have refused the model: nothing to time then either
@@ -241,6 +271,7 @@ def _gguf(model: Path, target: Path, settings: ShipSettings, plan: Plan) -> dict
     if plan.dtype is None:
         return {"skipped": plan.no_gguf}
     from geospec.prune.exports import unit_gguf
+    from geospec.prune.gguf_quant import block_size, stored_types
     from geospec.prune.gguf_size import gguf_size
 
     source = settings.gguf_source
@@ -251,6 +282,7 @@ def _gguf(model: Path, target: Path, settings: ShipSettings, plan: Plan) -> dict
         return {"skipped": str(error)}
     size = gguf_size(target, source)
     kind = written.dtype if written.dtype in ("f32", "f16") else written.dtype.upper()
+    stored = stored_types(target, written.dtype)
     return {
         "file": target.name,
         "type": kind,
@@ -259,16 +291,34 @@ def _gguf(model: Path, target: Path, settings: ShipSettings, plan: Plan) -> dict
         "source_bytes": size.source_bytes,
         "source_type": size.source_type,
         "f16_bytes": size.f16_bytes,
+        "block": block_size(written.dtype),
+        "matrices": dict(sorted(stored.matrices.items())),
+        "ffn_matrices": dict(sorted(stored.ffn.items())),
+        "ffn_fallbacks": dict(sorted(stored.ffn_fallbacks.items())),
     }
+
+
+def _score(
+    score: Scorer | None, model: Path, target: Path, gguf: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The GGUF file scored as shipped beside the float32 model (nats on the selection windows),
+    or why it is not."""
+    if "skipped" in gguf:
+        return {"skipped": NO_GGUF_SCORE}
+    if score is None:
+        return {"skipped": "no selection windows to score it on"}
+    losses = score(model, target)
+    return {**losses, "difference": float(losses["shipped"]) - float(losses["float32"])}
 
 
 def _speed(target: Path, settings: ShipSettings) -> dict[str, Any]:
     """llama.cpp's prompt and generation speed on the GGUF file and on its source, round-robin
     (or why there is none: llama.cpp could not run one of them)."""
-    from geospec.prune.runtime import compare_speeds
+    from geospec.prune.runtime import compare_speeds, machine_load
 
     source = settings.gguf_source
     assert source is not None
+    load = machine_load()  # before the timing: its own threads are not the machine's load
     try:
         ours, theirs = compare_speeds([target, source], THREADS, PROMPT, GENERATE, ROUNDS)
     except (ValueError, RuntimeError, OSError) as error:  # llama-cpp-python's load failures
@@ -278,10 +328,16 @@ def _speed(target: Path, settings: ShipSettings) -> dict[str, Any]:
         "rounds": ROUNDS,
         "prompt_tokens": PROMPT,
         "generated_tokens": GENERATE,
-        "prompt": ours.prompt,
-        "generation": ours.generation,
-        "source_prompt": theirs.prompt,
-        "source_generation": theirs.generation,
+        # the best of the rounds, then their median
+        "prompt": ours.best.prompt,
+        "generation": ours.best.generation,
+        "source_prompt": theirs.best.prompt,
+        "source_generation": theirs.best.generation,
+        "prompt_median": ours.median.prompt,
+        "generation_median": ours.median.generation,
+        "source_prompt_median": theirs.median.prompt,
+        "source_generation_median": theirs.median.generation,
+        **(load.record() if load is not None else {}),
         "llama_cpp": _version("llama_cpp_python"),
     }
 

@@ -209,6 +209,7 @@ def prune_units(
     from geospec.prune.allocate import allocate
     from geospec.prune.apply import compensated_export_problem, eval_loss, ffn_parameters
     from geospec.prune.search import SuffixCutLosses
+    from geospec.prune.shipped_score import UnitFiles
     from geospec.shapes.pruned import pruned_dims
 
     prune = inputs.prune
@@ -381,6 +382,15 @@ def prune_units(
                     unit_dir,
                 )  # fmt: skip
 
+    def files_of(unit: Unit) -> UnitFiles:
+        """A finished unit's model, for its GGUF file: its ``model/`` where the prune wrote it
+        (in the export dtype), else what writes it into another directory."""
+        unit_dir, unit_key = unit.directory(run_dir), key_of(inputs.key, unit)
+        written = has_model(unit_dir, unit_key, inputs.export_dtype)
+        write_into = functools.partial(write_model, unit, unit_dir, unit_key, results[unit])
+        return UnitFiles(unit_dir, unit_key, unit_dir / UNIT_MODEL_DIR if written else None,
+                         write_into)  # fmt: skip
+
     def computed(unit: Unit, unit_dir: Path, unit_key: str, heal: Healer | None) -> dict[str, Any]:
         """The unit's record, computed (healed by ``heal``) or, finished before its model was
         asked for, its model written: this process holds the unit's claim."""
@@ -465,6 +475,13 @@ def prune_units(
     }
     if reference_select is not None:
         record["select_reference"] = reference_select
+    if prune.select is not None and prune.select.shipped and inputs.ship is not None:
+        from geospec.prune.gguf_weights import shipped_window_losses
+        from geospec.prune.shipped_score import recommend_shipped
+
+        assert selection is not None  # the recommendation is made on the files' losses
+        by_window = functools.partial(shipped_window_losses, batches=selection)
+        recommend_shipped(record, prune, inputs.ship, files_of, by_window, say)
     if inputs.prompts and any("recommended" in budget for budget in record["budgets"]):
         record["continuations"] = recommended_continuations(
             model, sites, record, inputs.prompts, inputs.stop, kept_by
@@ -478,18 +495,20 @@ def prune_units(
                     write_model(unit, unit_dir, unit_key, results[unit])
                 say(f"prune: exported the recommended {unit.arm}@{keep:g} (seed {unit.seed})")
     if inputs.ship is not None:  # what each recommended model ships as, before any export
+        from geospec.prune.gguf_weights import shipped_losses
         from geospec.prune.shipped import shipped
+
+        # its GGUF file scored as shipped, on the windows the recommendation read
+        score = None if selection is None else functools.partial(shipped_losses, batches=selection)
 
         for budget in record["budgets"]:
             if "recommended" not in budget:
                 continue
             unit = Unit(budget["keep"], budget["recommended"]["arm"], prune.calibration.seeds[0])
-            unit_dir, unit_key = unit.directory(run_dir), key_of(inputs.key, unit)
-            written = has_model(unit_dir, unit_key, inputs.export_dtype)
-            write_into = functools.partial(write_model, unit, unit_dir, unit_key, results[unit])
+            files = files_of(unit)
             budget["recommended"]["shipped"] = shipped(
-                unit, unit_key, run_dir, inputs.ship,
-                unit_dir / UNIT_MODEL_DIR if written else None, write_into, say,
+                unit, files.key, run_dir, inputs.ship, files.model_dir, files.write_model, say,
+                score,
             )  # fmt: skip
     for budget in record["budgets"]:
         for sweep, found in budget.get("sweeps", {}).items():

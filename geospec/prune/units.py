@@ -99,14 +99,18 @@ def arm_keys(
 def keyed_prune(prune: PruneSpec) -> PruneSpec:
     """The prune section as its keys see it: which units write their model, in which dtype, the
     dtype it computes in (its keys hold the resolved one) and whether the recommended models are
-    timed (select.runtime) are not what a unit computes; the key holds export = false and the
-    defaults, what it held before each option existed, so those prunes keep their keys."""
+    timed or scored as shipped (select.runtime, select.shipped:
+    :func:`geospec.prune.select.key_select`) are not what a unit computes; the key holds export
+    = false and the defaults, what it held before each option existed, so those prunes keep
+    their keys."""
+    from geospec.prune.select import key_select
+
     return prune.model_copy(
         update={
             "export": False,
             "export_dtype": "checkpoint",
             "compute_dtype": "float32",
-            "select": prune.select and prune.select.model_copy(update={"runtime": True}),
+            "select": key_select(prune.select),
         }
     )
 

@@ -289,7 +289,9 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
         "from the next arm on the selection windows, with its 95% bootstrap interval over "
         "seeds x windows. Below each, what the model ships as, measured before anything is "
         "exported: its true-width safetensors and, from a GGUF reference, the GGUF file the "
-        "command writes and its llama.cpp speed, against the source file's.",
+        "command writes (what its FFN matrices are stored as, its own weights scored on the "
+        "selection windows beside the float32 model's) and its llama.cpp speed (best and "
+        "median, with the machine's load), against the source file's." + _chosen_on(first),
         "",
     ]
     for budget in budgets:
@@ -323,12 +325,30 @@ def what_to_ship(prune: Mapping[str, Any]) -> list[str]:
     return [*lines, "", *_continuations(prune)]
 
 
+def _chosen_on(recommended: Mapping[str, Any]) -> str:
+    """What the recommendation read, where prune.select.shipped asked for the GGUF files."""
+    on = recommended.get("on")
+    if on is None:
+        return ""
+    if on == "shipped":
+        return (
+            " The losses that chose are each arm's GGUF file's, its de-quantized weights "
+            "(prune.select.shipped), not its float32 model's."
+        )
+    return (
+        f" prune.select.shipped asked for the GGUF files' losses, but the float32 models' "
+        f"chose ({on})."
+    )
+
+
 def shipped_line(shipped: Mapping[str, Any]) -> str:
     """What a recommended model ships as (prune.json's ``recommended.shipped``), in one line:
-    its safetensors, its GGUF file against the source's, its llama.cpp speed against the
-    source's, or why a piece is missing."""
+    its safetensors, its GGUF file against the source's and what its matrices are stored as,
+    the file's score beside the float32 model's, its llama.cpp speed against the source's (best
+    and median, with the machine's load), or why a piece is missing. Records from before a piece
+    was measured leave it out."""
     from geospec.disk import size
-    from geospec.prune.shipped import NO_GGUF
+    from geospec.prune.shipped import NO_GGUF, NO_GGUF_SCORE
 
     dtype = shipped.get("export_dtype")
     parts = [
@@ -349,18 +369,65 @@ def shipped_line(shipped: Mapping[str, Any]) -> str:
             kind = f" ({gguf['source_type']})" if gguf.get("source_type") else ""
             against = f", {ratio:.2f}x the source's {size(int(gguf['source_bytes']))}{kind}"
         parts.append(f"GGUF ({gguf['type']}) {size(int(gguf['bytes']))}{against}")
+        if "ffn_matrices" in gguf:
+            parts.append(_stored_words(gguf))
+    score = shipped.get("score")
+    if isinstance(score, Mapping) and "skipped" not in score:
+        difference = float(score["difference"])
+        parts.append(
+            f"scored as shipped (the GGUF file's weights) {abs(difference):.4f} nats "
+            f"{'above' if difference >= 0 else 'below'} the float32 model on the "
+            f"{score['windows']} selection windows (perplexity {math.exp(difference):.3f}x)"
+        )
+    elif isinstance(score, Mapping) and score["skipped"] != NO_GGUF_SCORE:
+        parts.append(f"not scored as shipped ({score['skipped']})")
     if "skipped" in speed:
         if speed["skipped"] != NO_GGUF:
             parts.append(f"no llama.cpp speed ({speed['skipped']})")
     else:
-        prompt = float(speed["prompt"]) / float(speed["source_prompt"])
-        generation = float(speed["generation"]) / float(speed["source_generation"])
-        parts.append(
+        parts.append(_speed_words(speed))
+    return "; ".join(parts)
+
+
+def _stored_words(gguf: Mapping[str, Any]) -> str:
+    """What the file's FFN matrices are stored as, and how many fell back for rows that are not
+    whole blocks of the file's type."""
+    stored = ", ".join(f"{count} {kind}" for kind, count in gguf["ffn_matrices"].items())
+    fell = gguf.get("ffn_fallbacks") or {}
+    if not fell:
+        return f"FFN matrices {stored}, every row in whole blocks"
+    fallen = ", ".join(f"{count} to {kind}" for kind, count in fell.items())
+    return (
+        f"FFN matrices {stored}: {sum(fell.values())} fell back ({fallen}), their rows not whole "
+        f"blocks of {gguf['block']}"
+    )
+
+
+def _speed_words(speed: Mapping[str, Any]) -> str:
+    """llama.cpp's speed against the source's: best (and median, with the load, where
+    recorded)."""
+    prompt = float(speed["prompt"]) / float(speed["source_prompt"])
+    generation = float(speed["generation"]) / float(speed["source_generation"])
+    if "prompt_median" not in speed:  # a record from before the median
+        return (
             f"llama.cpp prompt {prompt:.2f}x, generation {generation:.2f}x the source's "
             f"({float(speed['prompt']):,.0f} and {float(speed['generation']):,.1f} tok/s; "
             f"{speed['threads']} threads, best of {speed['rounds']})"
         )
-    return "; ".join(parts)
+    from geospec.prune.runtime import Load, load_words
+
+    prompt_median = float(speed["prompt_median"]) / float(speed["source_prompt_median"])
+    generation_median = float(speed["generation_median"]) / float(speed["source_generation_median"])
+    load = None
+    if "load" in speed:
+        one, five, fifteen = (float(value) for value in speed["load"])
+        load = Load(one, five, fifteen, int(speed["cores"]))
+    return (
+        f"llama.cpp prompt {prompt:.2f}x best, {prompt_median:.2f}x median, generation "
+        f"{generation:.2f}x best, {generation_median:.2f}x median the source's "
+        f"({float(speed['prompt']):,.0f} and {float(speed['generation']):,.1f} tok/s at best; "
+        f"{speed['threads']} threads, {speed['rounds']} rounds; {load_words(load)})"
+    )
 
 
 def heal_command(prune: Mapping[str, Any], keep: float, arm: str) -> str:

@@ -180,6 +180,12 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], set[str]]:
     return metadata, set(tensors)
 
 
+def gguf_tensor_types(path: Path) -> list[tuple[tuple[int, ...], int]]:
+    """Each tensor's dimensions and ggml type id, from a GGUF file's header."""
+    _, tensors, _ = _read_header(path)
+    return [(info.dims, info.kind) for info in tensors.values()]
+
+
 @dataclass(frozen=True)
 class TensorInfo:
     """Where a GGUF tensor's data lies: its dimensions, GGML type and offset in the data."""

@@ -213,6 +213,10 @@ def fill_model_from_checkpoint(data: dict[str, Any], spec_dir: Path) -> tuple[li
         found,
         lambda name, message: problems.append(f"model.{name}: {message}") if strict else None,
     )
+    # a prune of a GGUF file rounds its widths to the blocks its export is stored in
+    from geospec.spec.width_grid import fill_grid
+
+    fill_grid(data, spec_dir)
     return problems, False
 
 

@@ -547,9 +547,16 @@ class PruneSelect(Section):
     on them, over every calibration seed, is recommended."""
     runtime: Annotated[bool, ADDED_LATER] = True
     """Time the recommended model in llama.cpp against the source GGUF file (prompt and
-    generation speed, best of 3 rounds on 2 threads: seconds per keep fraction), where the
-    reference is a GGUF file and llama-cpp-python is installed; false: its sizes only. Not part
-    of what a unit computes: changing it recomputes no unit (docs/prune.md, "What to ship")."""
+    generation speed, best and median of 5 rounds on 2 threads: seconds per keep fraction),
+    where the reference is a GGUF file and llama-cpp-python is installed; false: its sizes and
+    score only. Not part of what a unit computes: changing it recomputes no unit (docs/prune.md,
+    "What to ship")."""
+    shipped: Annotated[bool, ADDED_LATER] = False
+    """Recommend by the loss of each arm's GGUF file (the file `--export best@KEEP --format
+    gguf` writes, its de-quantized weights) on the selection windows instead of the float32
+    model's: what is shipped is what is chosen. Each unit's file is written and scored once
+    (seconds per unit); where the reference is no GGUF file there is none, and the float32
+    models decide (said in the output and in prune.json)."""
 
 
 class PruneLstsq(Section):

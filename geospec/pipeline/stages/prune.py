@@ -41,6 +41,7 @@ from geospec.prune.shipped import (
     stale_shipped,
     untrusted_shipped,
 )
+from geospec.prune.shipped_score import chosen_on_stale
 from geospec.prune.units import (
     chosen_units,
     is_finished,
@@ -121,7 +122,7 @@ class PruneStage:
         ship = self.ship(run)
         stale = False
         if ship is not None and stored is not None:
-            stale = stale_shipped(stored, key, ship)
+            stale = stale_shipped(stored, key, ship) or chosen_on_stale(stored, self.prune)
             untrusted = untrusted_shipped(run.run_dir, stored)
             problem = next(iter(untrusted.values()), None)
         return Plan(
