@@ -47,7 +47,7 @@ from geospec.layout import SHIPPED_FILE, prune_keep_dir
 
 if TYPE_CHECKING:
     from geospec.prune.units import Unit
-    from geospec.spec.sections import ReferenceSpec
+    from geospec.spec.sections import PruneSpec, ReferenceSpec
 
 #: What every shipped.json holds (prune.json's ``budgets[i].recommended.shipped`` is the same
 #: without its seal).
@@ -170,6 +170,19 @@ class ShipSettings:
             "shipped-file", unit_key, self.export_dtype, plan.dtype, plan.quantizer,
             _version("gguf"), llama,
         )  # fmt: skip
+
+
+def ship_settings(
+    prune: PruneSpec, reference: ReferenceSpec, spec_dir: Path
+) -> ShipSettings | None:
+    """How the recommended models' files and speed are measured (with ``prune.select``; None
+    without it)."""
+    from geospec.prune.exports import export_dtype
+
+    if prune.select is None:
+        return None
+    dtype = export_dtype(prune, reference, spec_dir)
+    return ShipSettings(dtype, local_checkpoint(reference, spec_dir), prune.select.runtime)
 
 
 def _version(distribution: str) -> str | None:

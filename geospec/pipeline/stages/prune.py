@@ -35,8 +35,7 @@ from geospec.pipeline.stages.probe import Probe
 from geospec.pipeline.stages.reference import compute_dtype, dtype_key
 from geospec.prune.exports import export_dtype
 from geospec.prune.shipped import (
-    ShipSettings,
-    local_checkpoint,
+    ship_settings,
     shipped_path,
     stale_shipped,
     untrusted_shipped,
@@ -119,7 +118,7 @@ class PruneStage:
         )
         # what the recommended models ship as, measured again where it is stale (their
         # settings changed) or its record damaged; the units are reused
-        ship = self.ship(run)
+        ship = ship_settings(self.prune, self.reference, run.spec_dir)
         stale = False
         if ship is not None and stored is not None:
             stale = stale_shipped(stored, key, ship) or chosen_on_stale(stored, self.prune)
@@ -132,17 +131,6 @@ class PruneStage:
             artifacts=(path,),
             problem=problem,
             current=False if unwritten or stale else None,
-        )
-
-    def ship(self, run: RunContext) -> ShipSettings | None:
-        """How the recommended models' files and speed are measured (with prune.select)."""
-        assert self.prune is not None
-        if self.prune.select is None:
-            return None
-        return ShipSettings(
-            export_dtype(self.prune, self.reference, run.spec_dir),
-            local_checkpoint(self.reference, run.spec_dir),
-            self.prune.select.runtime,
         )
 
     def dtype(self, run: RunContext) -> str:
@@ -199,7 +187,7 @@ class PruneStage:
             prune, key, self.model.seq_len, self.model.multiple_of, self.model.activation,
             profiles, redraw=redraw, bos=data.bos_id, export_dtype=dtype,
             prompts=prompt_ids(data.tokenizer(), data.bos_id) if selection is not None else (),
-            stop=data.eot_id, ship=self.ship(run),
+            stop=data.eot_id, ship=ship_settings(prune, self.reference, run.spec_dir),
         )  # fmt: skip
         computed_in = self.dtype(run)
         with computing(computed_in, device):
