@@ -9,10 +9,15 @@ from typing import NamedTuple, TypeVar
 
 import click
 
-from geospec.cli.console import plugin_option, set_option, spec_argument
+from geospec.cli.console import (
+    format_option,
+    gguf_dtype_option,
+    plugin_option,
+    set_option,
+    spec_argument,
+)
 from geospec.cli.until import from_option, out_option, run_until, threads_option
 from geospec.errors import UsageError
-from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
 from geospec.spec.sections import BEST, PruneSpec, Spec
 
 
@@ -54,13 +59,8 @@ from geospec.spec.sections import BEST, PruneSpec, Spec
     default=None,
     help="With --export: a new directory for the model, with the checkpoint's tokenizer.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["hf", "gguf"]),
-    default="hf",
-    show_default=True,
-    help="With --export: hf, a transformers directory; gguf, a llama.cpp file at the true widths.",
+@format_option(
+    "With --export: hf, a transformers directory; gguf, a llama.cpp file at the true widths."
 )
 @click.option(
     "--padded",
@@ -69,12 +69,9 @@ from geospec.spec.sections import BEST, PruneSpec, Spec
     "AutoModelForCausalLM.from_pretrained reads the directory (the same logits; the zero "
     "units cost parameters and time).",
 )
-@click.option(
-    "--dtype",
-    type=click.Choice(GGUF_DTYPES, case_sensitive=False),
-    default=None,
-    help="With --format gguf: the weights' type (default: a GGUF checkpoint's own type, f16 "
-    "otherwise; the K-quants need llama-cpp-python), as geospec export --dtype.",
+@gguf_dtype_option(
+    "With --format gguf: the weights' type (default: a GGUF checkpoint's own type, f16 "
+    "otherwise; the K-quants need llama-cpp-python), as geospec export --dtype."
 )
 def prune(
     spec_path: Path,
