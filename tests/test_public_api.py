@@ -44,18 +44,22 @@ def test_plugin_author_api() -> None:
     assert Register is not None and SmootherRef is not None and SolverRef is not None
 
 
+def runs_without_torch_or_numpy(code: str) -> None:
+    """``code`` succeeds in a fresh interpreter, which then holds neither torch nor numpy."""
+    check = "import sys\nassert not {'torch', 'numpy'} & set(sys.modules), 'heavy import'\n"
+    result = subprocess.run([sys.executable, "-c", code + check], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_contract_kit_imports_from_geospec_testing_without_torch() -> None:
     """docs/plugins.md's names; a torch-free plugin package imports them (and no torch)."""
     code = (
-        "import sys\n"
         "from geospec.testing import (ContractError, check_geometry, check_importance,\n"
         "    check_launcher, check_schedule, check_smoother, check_solver, check_statistic,\n"
         "    check_tracker, minimal_spec, registered)\n"
         "assert issubclass(ContractError, AssertionError)\n"
-        "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    runs_without_torch_or_numpy(code)
 
 
 def test_spec_package_exports_load_and_validate() -> None:
@@ -154,14 +158,12 @@ def test_every_old_home_imports_without_torch_and_names_only_what_its_new_home_h
     from geospec.moved import OLD_MODULES
 
     code = (
-        "import importlib, sys\n"
+        "import importlib\n"
         "from geospec.moved import OLD_MODULES\n"
         "for old in OLD_MODULES:\n"
         "    assert importlib.import_module(old).__name__ == old, old\n"
-        "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    runs_without_torch_or_numpy(code)
     for old, homes in OLD_MODULES.items():
         for name, new in homes.items():
             assert hasattr(importlib.import_module(new), name), f"{old}.{name} -> {new}"
