@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from geospec.moved import install_old_homes
 from geospec.registry.hookspecs import hookimpl
 from geospec.version import __version__
 
@@ -20,6 +21,10 @@ _LAZY = {
     "measure_profiles": "geospec.measure.work",
     "load_pruned": "geospec.prune.true_width",
 }
+
+
+# 0.1.0's modules whose names moved (``geospec.specfile``, ...) import from geospec.moved's table
+install_old_homes()
 
 
 def __getattr__(name: str) -> Any:

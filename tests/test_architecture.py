@@ -282,8 +282,7 @@ FLOORS: list[set[str]] = [
     {"prune"},
     {"report"},
     {"pipeline"},
-    {"testing", "pytest_plugin", "specfile", "widths", "train", "model", "sensitivity",
-     "intrinsic_dimension", "cli", "geospec", "__main__"},
+    {"testing", "pytest_plugin", "cli", "geospec", "__main__"},
 ]  # fmt: skip
 
 

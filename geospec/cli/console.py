@@ -90,12 +90,18 @@ plugin_option = click.option(
 
 
 def format_option(help: str) -> Any:
-    """``--format hf|gguf`` (default hf), as the commands that write a model take it."""
+    """``--format hf|gguf``: what an export writes (``geospec export``, ``geospec prune
+    --export``)."""
     return click.option(
-        "--format",
-        "fmt",
-        type=click.Choice(["hf", "gguf"]),
-        default="hf",
-        show_default=True,
+        "--format", "fmt", type=click.Choice(["hf", "gguf"]), default="hf", show_default=True,
         help=help,
+    )  # fmt: skip
+
+
+def gguf_dtype_option(help: str) -> Any:
+    """``--dtype``: a GGUF export's weight type, one of the types the export writes."""
+    from geospec.prune.gguf_quant import DTYPES
+
+    return click.option(
+        "--dtype", type=click.Choice(DTYPES, case_sensitive=False), default=None, help=help
     )

@@ -7,8 +7,7 @@ from pathlib import Path
 import click
 
 from geospec.cli.console import plugin_option, set_option, spec_argument
-from geospec.cli.until import from_option, out_option, run_until, threads_option
-from geospec.spec.sections import Spec
+from geospec.cli.until import from_option, out_option, run_optional_stage, threads_option
 
 
 @click.command()
@@ -28,25 +27,11 @@ def diagnose(
     and prints per-layer residual norms, intrinsic dimensions and sensitivities, the correlations
     of the work profiles and the least additive layer pairs. No arm is trained.
     """
-    from geospec.errors import GeospecError
     from geospec.layout import DIAGNOSTICS_FILE
     from geospec.records import read_diagnostics
     from geospec.report.terminal import print_diagnostics
 
-    done = run_until("diagnose", spec_path, overrides, from_stage, out, adapt=_enabled)
-    if done is None:
-        return  # under torchrun, rank 0 alone reports
-    run_dir = done[1]
-    diagnostics = read_diagnostics(run_dir)
-    if diagnostics is None:
-        raise GeospecError(f"{run_dir}: the diagnose stage wrote no diagnostics.json")
-    print_diagnostics(diagnostics)
-    click.echo(f"diagnostics: {run_dir / DIAGNOSTICS_FILE}")
-
-
-def _enabled(spec: Spec) -> Spec:
-    """The spec with [diagnose] enabled (its settings kept)."""
-    if spec.diagnose.enabled:
-        return spec
-    enabled = spec.diagnose.model_copy(update={"enabled": True})
-    return spec.model_copy(update={"diagnose": enabled})
+    run_optional_stage(
+        "diagnose", spec_path, overrides, from_stage, out,
+        read_diagnostics, DIAGNOSTICS_FILE, print_diagnostics,
+    )  # fmt: skip

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import format_option
-from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
+from geospec.cli.console import format_option, gguf_dtype_option
 
 
 @click.command()
@@ -21,17 +20,14 @@ from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
     "--to", "to", required=True, type=click.Path(path_type=Path), help="New directory or file."
 )
 @format_option(
-    "hf: a transformers checkpoint directory; gguf: one .gguf file that llama.cpp loads "
-    "with the true per-layer FFN widths (Llama-family models; the gguf extra)."
+    "hf: a transformers checkpoint directory; gguf: one .gguf file that llama.cpp loads with "
+    "the true per-layer FFN widths (Llama-family models; the gguf extra)."
 )
-@click.option(
-    "--dtype",
-    type=click.Choice(GGUF_DTYPES, case_sensitive=False),
-    default=None,
-    help="gguf: the weights' type (norms stay f32). Default: a prune unit's reference GGUF "
-    "file's own type (Q4_1 for SmolLM2's file, Q4_K_M for Gemma's and Qwen's), f16 otherwise. "
-    "Quantized types through llama.cpp's quantizer where llama-cpp-python is installed; without "
-    "it gguf-py writes q8_0, q4_0, q4_1, q5_0 and q5_1, and the K-quants need it.",
+@gguf_dtype_option(
+    "gguf: the weights' type (norms stay f32). Default: a prune unit's reference GGUF file's own "
+    "type (Q4_1 for SmolLM2's file, Q4_K_M for Gemma's and Qwen's), f16 otherwise. Quantized "
+    "types through llama.cpp's quantizer where llama-cpp-python is installed; without it gguf-py "
+    "writes q8_0, q4_0, q4_1, q5_0 and q5_1, and the K-quants need it."
 )
 @click.option(
     "--tokenizer",

@@ -7,9 +7,14 @@ from pathlib import Path
 
 import click
 
-from geospec.cli.console import format_option, plugin_option, set_option, spec_argument
+from geospec.cli.console import (
+    format_option,
+    gguf_dtype_option,
+    plugin_option,
+    set_option,
+    spec_argument,
+)
 from geospec.cli.until import out_option, threads_option
-from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
 from geospec.shapes.heal_time import DEFAULT_STEPS
 
 
@@ -35,12 +40,9 @@ from geospec.shapes.heal_time import DEFAULT_STEPS
     help="A new directory (hf) or .gguf file (gguf) for the healed model.",
 )
 @format_option("hf, a transformers directory; gguf, a llama.cpp file at the true widths.")
-@click.option(
-    "--dtype",
-    type=click.Choice(GGUF_DTYPES, case_sensitive=False),
-    default=None,
-    help="With --format gguf: the weights' type (default: a GGUF checkpoint's own type), as "
-    "geospec export --dtype.",
+@gguf_dtype_option(
+    "With --format gguf: the weights' type (default: a GGUF checkpoint's own type), as "
+    "geospec export --dtype."
 )
 @click.option("--padded", is_flag=True, help="With --format hf: as geospec prune --padded.")
 @click.option(

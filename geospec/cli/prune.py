@@ -9,10 +9,15 @@ from typing import NamedTuple, TypeVar
 
 import click
 
-from geospec.cli.console import format_option, plugin_option, set_option, spec_argument
+from geospec.cli.console import (
+    format_option,
+    gguf_dtype_option,
+    plugin_option,
+    set_option,
+    spec_argument,
+)
 from geospec.cli.until import from_option, out_option, run_until, threads_option
 from geospec.errors import UsageError
-from geospec.prune.gguf_quant import DTYPES as GGUF_DTYPES
 from geospec.spec.sections import BEST, PruneSpec, Spec
 
 
@@ -64,12 +69,9 @@ from geospec.spec.sections import BEST, PruneSpec, Spec
     "AutoModelForCausalLM.from_pretrained reads the directory (the same logits; the zero "
     "units cost parameters and time).",
 )
-@click.option(
-    "--dtype",
-    type=click.Choice(GGUF_DTYPES, case_sensitive=False),
-    default=None,
-    help="With --format gguf: the weights' type (default: a GGUF checkpoint's own type, f16 "
-    "otherwise; the K-quants need llama-cpp-python), as geospec export --dtype.",
+@gguf_dtype_option(
+    "With --format gguf: the weights' type (default: a GGUF checkpoint's own type, f16 "
+    "otherwise; the K-quants need llama-cpp-python), as geospec export --dtype."
 )
 def prune(
     spec_path: Path,

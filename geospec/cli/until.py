@@ -1,12 +1,13 @@
 """What the commands that run the pipeline up to one stage share (``geospec diagnose``,
-``geospec demand``, ``geospec prune``): their ``--from`` and ``--out`` options, and the run."""
+``geospec demand``, ``geospec prune``): their ``--from`` and ``--out`` options, and the run;
+for the two optional measurements (diagnose, demand), the stage turned on and its record read."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 
@@ -85,3 +86,35 @@ def run_until(
     if os.environ.get("RANK", "0") != "0":
         return None
     return spec, run_dir
+
+
+def run_optional_stage(
+    stage: Literal["diagnose", "demand"],
+    spec_path: Path,
+    overrides: tuple[str, ...],
+    from_stage: str | None,
+    out: Path | None,
+    read: Callable[[Path], dict[str, Any] | None],
+    file_name: str,
+    show: Callable[[dict[str, Any]], None],
+) -> None:
+    """Run the stages up to the optional ``stage`` with its section enabled whether or not the
+    spec enables it (its settings kept), then ``show`` the record it wrote (``read`` from the
+    run directory) and print where it is; under torchrun rank 0 alone reports."""
+    from geospec.errors import GeospecError
+
+    def enabled(spec: Spec) -> Spec:
+        settings = getattr(spec, stage)
+        if settings.enabled:
+            return spec
+        return spec.model_copy(update={stage: settings.model_copy(update={"enabled": True})})
+
+    done = run_until(stage, spec_path, overrides, from_stage, out, adapt=enabled)
+    if done is None:
+        return
+    run_dir = done[1]
+    record = read(run_dir)
+    if record is None:
+        raise GeospecError(f"{run_dir}: the {stage} stage wrote no {file_name}")
+    show(record)
+    click.echo(f"{Path(file_name).stem}: {run_dir / file_name}")

@@ -1,12 +1,17 @@
-"""The demand measurement as demand.json records it (torch-free): each layer's power-law fit,
-the pairs' additivity, the demand profiles, and every other profile's correlation with the
-demand (:mod:`geospec.measure.demand` measures, :mod:`geospec.measure.demand_fit` fits)."""
+"""The demand measurement as demand.json records it (torch-free): the measurement, each layer's
+power-law fit, the pairs' additivity, the demand profiles, and every other profile's correlation
+with the demand (:mod:`geospec.measure.demand` measures, :mod:`geospec.measure.demand_fit` fits);
+what makes a stored demand.json measured or fitted again."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from geospec.artifacts import json_problem, read_json
+from geospec.records import DEMAND_KEYS
+from geospec.spec.sections import DEMAND_PROFILES
 from geospec.stats import finite
 
 if TYPE_CHECKING:
@@ -14,6 +19,77 @@ if TYPE_CHECKING:
 
 #: Bootstrap resamples of the layers behind each correlation's interval.
 BOOTSTRAP = 2000
+
+
+def measured_record(
+    demand: Demand,
+    orders: Sequence[Sequence[int]],
+    importance: Mapping[str, Any],
+    multiple: int,
+    loss: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The reference's measurement as demand.json records it (before the fits): the base loss
+    with ``loss`` (what it was measured on), the ``importance`` plugin table that ordered the
+    neurons (``orders``), the kept widths (multiples of ``multiple``) and increases per layer,
+    and the pairs' additivity."""
+    layers = [
+        {
+            "layer": layer,
+            "width": demand.widths[layer],
+            "kept": list(demand.kept[layer]),
+            "increase": list(demand.increase[layer]),
+        }
+        for layer in range(len(demand.widths))
+    ]
+    return {
+        "loss": {"base": demand.base, **loss},
+        "importance": importance,
+        "keep": list(demand.keep),
+        "multiple": multiple,
+        "layers": layers,
+        "additivity": additivity_record(demand),
+        "orders": [list(order) for order in orders],
+        "fallback": demand.fallback,
+    }
+
+
+def demand_record(
+    measured: Mapping[str, Any],
+    others: Mapping[str, Sequence[float]],
+    keep: Sequence[float],
+    pair_keep: float,
+    settings: Mapping[str, Any],
+    keys: Mapping[str, str | None],
+) -> dict[str, Any]:
+    """demand.json's content: the ``measured`` record (:func:`measured_record`) with each layer
+    fitted at the ``keep`` fractions (the fits are cheap: computed again from the stored
+    increases on every write), the demand profiles, every ``other`` profile's correlation with
+    them, and the ``settings`` and stage ``keys`` it was measured with."""
+    layers = fitted(measured["layers"], keep)
+    profiles = profiles_of(layers, keep)
+    return {
+        "profiles": profiles,
+        **measured,
+        "layers": layers,
+        "correlations": correlations(profiles, others, pair_keep),
+        "settings": settings,
+        "keys": keys,
+    }
+
+
+def demand_problem(path: Path) -> str | None:
+    """Why a demand.json that exists is written again: damaged, or fitted by an earlier geospec
+    (its measurement is reused and fitted again)."""
+    problem = json_problem(path, *DEMAND_KEYS)
+    if problem is not None:
+        return problem
+    stored = read_json(path)
+    fits = [row.get("fit", {}) for row in stored["layers"]]
+    if any("exponent_at_bound" not in fit for fit in fits) or any(
+        name not in stored["profiles"] for name in DEMAND_PROFILES
+    ):
+        return f"{path.name} holds fits of an earlier geospec; fitting its measurement again"
+    return None
 
 
 def fitted(layers: Sequence[Mapping[str, Any]], keep: Sequence[float]) -> list[dict[str, Any]]:
@@ -42,15 +118,7 @@ def fitted(layers: Sequence[Mapping[str, Any]], keep: Sequence[float]) -> list[d
 
 
 def additivity_record(demand: Demand) -> dict[str, Any]:
-    pairs: list[dict[str, Any]] = [
-        {
-            "layers": list(p.layers),
-            "joint": p.joint,
-            "sum_of_singles": p.singles,
-            "interaction": p.interaction,
-        }
-        for p in demand.pairs
-    ]
+    pairs = [pair.record() for pair in demand.pairs]
     return {
         "keep": demand.pair_keep,
         "slope": finite(demand.additivity_slope) if demand.additivity_slope is not None else None,

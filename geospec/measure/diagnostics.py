@@ -1,5 +1,6 @@
-"""Per-layer diagnostics computed from measurements: residual-stream norms, Spearman rank
-correlations of the work profiles with the residual norm and with layer sensitivity, and the
+"""Per-layer diagnostics computed from measurements: residual-stream norms, the record of the
+reference's measurement (diagnostics.json's ``loss``, ``layers`` and ``additivity``), Spearman
+rank correlations of the work profiles with the residual norm and with layer sensitivity, and the
 diagnostic profiles the solver can use (named as in :data:`DIAGNOSTIC_PROFILES`).
 
 Torch and scipy are imported by the functions that compute.
@@ -16,6 +17,8 @@ from geospec.stats import finite
 if TYPE_CHECKING:
     import torch
 
+    from geospec.measure.intrinsic_dimension import TwoNN
+    from geospec.measure.suffix import Perturbations
     from geospec.measure.work import MeasureLike
 
 
@@ -38,6 +41,44 @@ def residual_norms(
         (float(x.double().norm(dim=1).mean()), float(y.double().norm(dim=1).mean()))
         for x, y in clouds
     ]
+
+
+def measured_record(
+    dimensions: Sequence[TwoNN],
+    norms: Sequence[tuple[float, float]],
+    perturbations: Perturbations,
+    loss: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The reference's measurement as diagnostics.json records it: the base loss with ``loss``
+    (what it was measured on), each layer's residual norms (in, out), TwoNN fit and loss
+    sensitivities, and the layer pairs' additivity."""
+    sensitivity, pair_effects = perturbations.sensitivity, perturbations.additivity
+    layers = [
+        {
+            "layer": layer,
+            "residual_norm": norms[layer][0],
+            "residual_norm_out": norms[layer][1],
+            "twonn": {
+                "dimension": dim.dimension,
+                "r2": finite(dim.r2),
+                "discarded": dim.discarded,
+                "duplicates": dim.duplicates,
+            },
+            "loss_scale": sensitivity.scale[layer],
+            "loss_remove": sensitivity.remove[layer],
+        }
+        for layer, dim in enumerate(dimensions)
+    ]
+    return {
+        "loss": {"base": sensitivity.base, **loss},
+        "layers": layers,
+        "additivity": {
+            "perturbation": f"FFN output x {pair_effects.scale:g} in both layers",
+            "r2": finite(pair_effects.r2),
+            "pairs": [pair.record() for pair in pair_effects.pairs],
+            "worst": [pair.record() for pair in pair_effects.worst()],
+        },
+    }
 
 
 def correlations(
@@ -83,4 +124,24 @@ def profiles_of(layers: Sequence[Mapping[str, Any]]) -> dict[str, list[float]]:
         remove: [max(row["loss_remove"], 0.0) for row in layers],
         dimension: [row["twonn"]["dimension"] for row in layers],
         norm: [row["residual_norm"] for row in layers],
+    }
+
+
+def diagnostics_record(
+    measured: Mapping[str, Any],
+    work: Mapping[str, Sequence[float]],
+    scale_sensitive: Mapping[str, bool],
+    settings: Mapping[str, Any],
+    keys: Mapping[str, str | None],
+) -> dict[str, Any]:
+    """diagnostics.json's content: the diagnostic profiles of the reference's ``measured``
+    record (:func:`measured_record`), the record itself, the ``work`` profiles' correlations
+    with it, and the ``settings`` and stage ``keys`` it was measured with."""
+    layers = measured["layers"]
+    return {
+        "profiles": profiles_of(layers),
+        **measured,
+        "correlations": correlations(layers, work, scale_sensitive),
+        "settings": settings,
+        "keys": keys,
     }

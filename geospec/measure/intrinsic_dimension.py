@@ -16,10 +16,14 @@ trimmed ratios plus exact duplicates, whose ratio is undefined).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from geospec.errors import GeospecError
+
+if TYPE_CHECKING:
+    from geospec.engine.distributed import DistContext
 
 #: Candidates per point whose distances are recomputed exactly (see :func:`two_nearest`).
 CANDIDATES = 8
@@ -71,6 +75,31 @@ def two_nn(points: Any, discard: float = 0.1) -> TwoNN:
     """TwoNN intrinsic dimension of an n x d cloud (tensor or array); see the module docstring."""
     r1, r2 = two_nearest(points)
     return fit_two_nn(r1, r2, discard)
+
+
+def layer_dimensions(
+    clouds: Sequence[tuple[Any, Any]],
+    discard: float,
+    progress: Callable[[int], None] | None = None,
+    dist: DistContext | None = None,
+) -> list[TwoNN]:
+    """Each layer's TwoNN dimension of the cloud entering its FFN (``x`` of each ``(x, y)``);
+    with ``dist`` (under torchrun) every rank fits its share of the layers and gets them all.
+    A cloud TwoNN cannot measure is named by its layer."""
+    from geospec.engine.distributed import spread_over_ranks
+
+    def fit(mine: list[int]) -> list[TwoNN]:
+        found = []
+        for layer in mine:
+            try:
+                found.append(two_nn(clouds[layer][0], discard))
+            except GeospecError as error:
+                raise GeospecError(f"layer {layer}: {error}") from None
+            if progress is not None:
+                progress(1)
+        return found
+
+    return spread_over_ranks(len(clouds), fit, dist)
 
 
 def fit_two_nn(r1: Any, r2: Any, discard: float = 0.1) -> TwoNN:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,7 +28,10 @@ from torch import nn
 
 from geospec.engine.distributed import DistContext, spread_over_ranks
 from geospec.errors import UsageError
-from geospec.measure.probe import FFNSite
+from geospec.measure.probe import FFNSite, find_ffn_sites
+
+if TYPE_CHECKING:
+    from geospec.engine.token_data import TokenData
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 #: ``loss(model, inputs, targets)`` -> the summed loss of the batch (a scalar tensor); the mean is
@@ -110,6 +113,48 @@ def drawn_loss_batches(
         x, y = window_tensors(tokens, chosen[start : start + batch_size], seq_len, bos)
         batches.append((x.to(device), y.to(device)))
     return batches
+
+
+@dataclass(frozen=True)
+class LossSetup:
+    """A model with its FFN sites and the batches its losses are measured on."""
+
+    model: nn.Module
+    width: int
+    """The residual-stream width."""
+    data: TokenData
+    batches: list[Batch]
+    sites: list[FFNSite]
+
+    @property
+    def windows(self) -> int:
+        return sum(len(x) for x, _ in self.batches)
+
+
+def loss_setup(
+    model: nn.Module,
+    width: int,
+    data: TokenData,
+    tokens: np.ndarray,
+    seq_len: int,
+    windows: int,
+    batch_size: int,
+    *,
+    end_of_text: bool,
+    seed: int | None = None,
+) -> LossSetup:
+    """``model`` with its FFN sites and ``windows`` windows of ``tokens`` (a split of ``data``)
+    in batches: the first ones (:func:`loss_batches`), or drawn with ``seed``
+    (:func:`drawn_loss_batches`); without the end-of-text token that closes the split where
+    ``end_of_text`` packed one after every document (:func:`scored_text`)."""
+    device = next(model.parameters()).device
+    text = scored_text(tokens, data.eot_id if end_of_text else None)
+    if seed is None:
+        batches = loss_batches(text, seq_len, windows, batch_size, device, data.bos_id)
+    else:
+        batches = drawn_loss_batches(text, seq_len, windows, batch_size, device, seed, data.bos_id)
+    sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
+    return LossSetup(model, width, data, batches, sites)
 
 
 def perturbed(x: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
@@ -222,6 +267,15 @@ class PairEffect:
     @property
     def interaction(self) -> float:
         return self.joint - self.singles
+
+    def record(self) -> dict[str, Any]:
+        """The pair as diagnostics.json and demand.json record it."""
+        return {
+            "layers": list(self.layers),
+            "joint": self.joint,
+            "sum_of_singles": self.singles,
+            "interaction": self.interaction,
+        }
 
 
 @dataclass(frozen=True)

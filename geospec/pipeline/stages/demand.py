@@ -22,24 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from geospec.artifacts import json_problem, read_json
 from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.errors import GeospecError
 from geospec.layout import DEMAND_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.stages.probe import Probe, clouds_key
-from geospec.pipeline.stages.reference import compute_dtype, dtype_key
-from geospec.records import DEMAND_KEYS, MEASURED_KEYS, read_demand
-from geospec.spec.sections import DEMAND_PROFILES, DemandSpec, Spec
+from geospec.pipeline.stages.probe import Probe, clouds_key, drop_stale_record
+from geospec.pipeline.stages.reference import compute_dtype, dtype_key, reference_computing
+from geospec.records import MEASURED_KEYS, read_demand
+from geospec.spec.sections import DemandSpec, Spec
 
 if TYPE_CHECKING:
     from torch import nn
 
     from geospec.measure.probe import FFNSite
-
-    pass
 
 
 @dataclass(frozen=True)
@@ -62,10 +59,7 @@ class DemandStage:
         # the same key whether or not the probe ran (no clouds are read here)
         probe_key = clouds_key(upstream)
         if not self.demand.enabled:
-            if run.is_main and path.exists():
-                stale = read_demand(run.run_dir)
-                if stale is None or stale["keys"].get("probe") != clouds_key(upstream):
-                    path.unlink()  # from another reference or probe, or damaged: not reported
+            drop_stale_record(run, path, read_demand, upstream)
             return Plan(None, current=True)
         settings = self.demand.model_dump(mode="json", exclude={"enabled", "compute_dtype"})
         compute_key = digest(
@@ -80,6 +74,8 @@ class DemandStage:
         key = digest("demand", compute_key, upstream.key("measure"), upstream.key("diagnose"))
         keys = {"compute": compute_key, "probe": probe_key}
         others = upstream.profiles()  # measured and diagnostic: the demand's own come later
+        from geospec.measure.demand_record import demand_problem
+
         return Plan(
             key,
             run=lambda: self.write(run, path, keys, others, reuse=not forced),
@@ -97,7 +93,7 @@ class DemandStage:
         reuse: bool,
     ) -> dict[str, list[float]]:
         """Write demand.json and its plot; return the demand profiles."""
-        from geospec.measure.demand_record import correlations, fitted, profiles_of
+        from geospec.measure.demand_record import demand_record
         from geospec.report.plots import demand_plot
 
         previous = read_demand(run.run_dir) if reuse else None
@@ -105,25 +101,18 @@ class DemandStage:
             measured = {key: previous[key] for key in MEASURED_KEYS}
         else:
             measured = self.measure_reference(run)
-        # the fits are cheap: computed again from the stored increases on every write
-        measured["layers"] = fitted(measured["layers"], self.demand.keep)
-        profiles = profiles_of(measured["layers"], self.demand.keep)
-        record = {
-            "profiles": profiles,
-            **measured,
-            "correlations": correlations(profiles, others, self.demand.pair_keep),
-            "settings": self.demand.model_dump(mode="json", exclude={"enabled"}),
-            "keys": keys,
-        }
+        settings = self.demand.model_dump(mode="json", exclude={"enabled"})
+        keep, pair_keep = self.demand.keep, self.demand.pair_keep
+        record = demand_record(measured, others, keep, pair_keep, settings, keys)
         atomic_write_json(path, sealed(record))
         demand_plot(run.run_dir, record, others)
-        not_power_law = [row["layer"] for row in measured["layers"] if not row["fit"]["power_law"]]
+        not_power_law = [row["layer"] for row in record["layers"] if not row["fit"]["power_law"]]
         if not_power_law:
             run.say(
                 f"demand: a power law does not describe layers {not_power_law} "
                 "(fit R² below the threshold); their lambda and exponent are least-squares values"
             )
-        return profiles
+        return dict(record["profiles"])
 
     def dtype(self, run: RunContext) -> str:
         """The dtype its forward passes compute in (demand.compute_dtype resolved)."""
@@ -133,18 +122,14 @@ class DemandStage:
     def measure_reference(self, run: RunContext) -> dict[str, Any]:
         """Everything that needs the reference model: the orderings and the cuts' losses, its
         forward passes in :meth:`dtype`."""
-        from geospec.engine.precision import computing
-        from geospec.engine.train import resolve_device
-
-        device = resolve_device(run.device, run.dist.local_rank)
-        with computing(self.dtype(run), device):
+        with reference_computing(run, self.dtype(run)):
             return self._measured(run)
 
     def _measured(self, run: RunContext) -> dict[str, Any]:
         from geospec.engine.progress import stage_progress
         from geospec.measure.cut import CutError
         from geospec.measure.demand import CutPlan, measure_demand, neuron_orders
-        from geospec.measure.demand_record import additivity_record
+        from geospec.measure.demand_record import measured_record
         from geospec.measure.sensitivity import sample_pairs
         from geospec.plugin import create_plugin
 
@@ -179,31 +164,10 @@ class DemandStage:
                 "demand: full forward passes for every cut (slower, same numbers): "
                 f"{demand.fallback}"
             )
-
-        layers = [
-            {
-                "layer": layer,
-                "width": demand.widths[layer],
-                "kept": list(demand.kept[layer]),
-                "increase": list(demand.increase[layer]),
-            }
-            for layer in range(len(sites))
-        ]
-        return {
-            "loss": {
-                "base": demand.base,
-                "windows": windows,
-                "tokens": windows * seq_len,
-                "split": self.probe.probe.calibration_split,
-            },
-            "importance": settings.importance.model_dump(mode="json"),
-            "keep": list(demand.keep),
-            "multiple": self.multiple,
-            "layers": layers,
-            "additivity": additivity_record(demand),
-            "orders": [list(order) for order in orders],
-            "fallback": demand.fallback,
-        }
+        split = self.probe.probe.calibration_split
+        loss = {"windows": windows, "tokens": windows * seq_len, "split": split}
+        importance_ref = settings.importance.model_dump(mode="json")
+        return measured_record(demand, orders, importance_ref, self.multiple, loss)
 
     def _calibration(self, run: RunContext, model: nn.Module, sites: Sequence[FFNSite]) -> Any:
         """Every FFN's hidden-activation statistics (signed mean, mean |a|, mean square per
@@ -221,21 +185,6 @@ class DemandStage:
                 model, sites, windows, self.probe.probe.batch_size, progress=advance
             )
         return found.stats
-
-
-def demand_problem(path: Path) -> str | None:
-    """Why a demand.json that exists is written again: damaged, or fitted by an earlier geospec
-    (its measurement is reused and fitted again)."""
-    problem = json_problem(path, *DEMAND_KEYS)
-    if problem is not None:
-        return problem
-    stored = read_json(path)
-    fits = [row.get("fit", {}) for row in stored["layers"]]
-    if any("exponent_at_bound" not in fit for fit in fits) or any(
-        name not in stored["profiles"] for name in DEMAND_PROFILES
-    ):
-        return f"{path.name} holds fits of an earlier geospec; fitting its measurement again"
-    return None
 
 
 def demand_profiles(run_dir: Path) -> dict[str, list[float]]:

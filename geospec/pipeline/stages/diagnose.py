@@ -29,16 +29,16 @@ from geospec.errors import GeospecError
 from geospec.layout import CLOUDS_DIR, DIAGNOSTICS_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
-from geospec.pipeline.stages.probe import Probe, clouds_key
-from geospec.pipeline.stages.reference import compute_dtype, dtype_key
+from geospec.pipeline.stages.probe import Probe, drop_stale_record
+from geospec.pipeline.stages.reference import compute_dtype, dtype_key, reference_computing
 from geospec.records import DIAGNOSTICS_KEYS, read_diagnostics
 from geospec.spec.resolve import measures
 from geospec.spec.sections import DiagnoseSpec, MeasureSpec, Spec
-from geospec.stats import finite
 
 if TYPE_CHECKING:
     import torch
-    from torch import nn
+
+    from geospec.measure.sensitivity import LossSetup
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,7 @@ class Diagnose:
         path = run.run_dir / DIAGNOSTICS_FILE
         probe_key = upstream.key("probe")
         if not self.diagnose.enabled:
-            if run.is_main and path.exists():
-                stale = read_diagnostics(run.run_dir)
-                if stale is None or stale["keys"].get("probe") != clouds_key(upstream):
-                    path.unlink()  # from another reference or probe, or damaged: not reported
+            drop_stale_record(run, path, read_diagnostics, upstream)
             return Plan(None, current=True)
         settings = self.diagnose.model_dump(mode="json", exclude={"enabled", "compute_dtype"})
         dtype = self.dtype(run)
@@ -91,11 +88,7 @@ class Diagnose:
         reuse: bool,
     ) -> dict[str, list[float]]:
         """Write diagnostics.json and its plots; return the diagnostic profiles."""
-        from geospec.measure.diagnostics import (
-            correlations,
-            profiles_of,
-            scale_sensitive_profiles,
-        )
+        from geospec.measure.diagnostics import diagnostics_record, scale_sensitive_profiles
         from geospec.report.plots import diagnostic_plots
 
         previous = read_diagnostics(run.run_dir) if reuse else None
@@ -103,14 +96,9 @@ class Diagnose:
             measured = {k: previous[k] for k in ("loss", "layers", "additivity")}
         else:
             measured = self.measure_reference(run)
-        layers = measured["layers"]
-        diagnostics = {
-            "profiles": profiles_of(layers),
-            **measured,
-            "correlations": correlations(layers, work, scale_sensitive_profiles(self.entries)),
-            "settings": self.diagnose.model_dump(mode="json", exclude={"enabled"}),
-            "keys": keys,
-        }
+        settings = self.diagnose.model_dump(mode="json", exclude={"enabled"})
+        scale_sensitive = scale_sensitive_profiles(self.entries)
+        diagnostics = diagnostics_record(measured, work, scale_sensitive, settings, keys)
         if run.is_main:  # every rank measured its share; rank 0 writes
             atomic_write_json(path, sealed(diagnostics))
             diagnostic_plots(run.run_dir, diagnostics)
@@ -127,38 +115,27 @@ class Diagnose:
         """Everything that needs the reference model: norms, TwoNN, sensitivity, additivity;
         on ``clouds`` (default: the probe stage's, from the run directory); its forward passes
         in :meth:`dtype`."""
-        from geospec.engine.precision import computing
-        from geospec.engine.train import resolve_device
-
-        device = resolve_device(run.device, run.dist.local_rank)
-        with computing(self.dtype(run), device):
+        with reference_computing(run, self.dtype(run)):
             return self._measured(run, clouds)
 
     def _measured(
         self, run: RunContext, clouds: list[tuple[torch.Tensor, torch.Tensor]] | None
     ) -> dict[str, Any]:
-        from geospec.engine.distributed import spread_over_ranks
         from geospec.engine.progress import stage_progress
-        from geospec.measure.intrinsic_dimension import two_nn
+        from geospec.measure.clouds import load_clouds
+        from geospec.measure.diagnostics import measured_record
+        from geospec.measure.intrinsic_dimension import layer_dimensions
         from geospec.measure.sensitivity import sample_pairs
         from geospec.measure.suffix import perturb_layers
-        from geospec.pipeline.stages.probe import load_clouds
 
         settings = self.diagnose
         seq_len = self.probe.seq_len
-        world = run.dist.world_size
+        world = run.dist.world_size  # under torchrun rank 0's bars count its share for every rank's
         setup = self.probe.loss_setup(run, settings.windows, settings.batch_size)
-        model, width, data, batches, sites = (
-            setup.model,
-            setup.width,
-            setup.data,
-            setup.batches,
-            setup.sites,
-        )
+        sites, windows = setup.sites, setup.windows
         if clouds is None:
             clouds = load_clouds(run.run_dir / CLOUDS_DIR)
         pairs = sample_pairs(len(sites), settings.pairs, settings.seed)
-        windows = setup.windows
         run.say(
             f"[bold]diagnose[/]: {len(sites)} layers, loss on {windows} "
             f"{self.probe.split_name} windows of "
@@ -170,27 +147,20 @@ class Diagnose:
                 "rerun with --from probe"
             )
         with stage_progress(run.console, run.say, "TwoNN", len(clouds), run.is_main) as advance:
-
-            def dimension(mine: list[int]) -> list[Any]:  # this rank's share of the layers
-                found = []
-                for layer in mine:
-                    try:
-                        found.append(two_nn(clouds[layer][0], settings.twonn_discard))
-                    except GeospecError as error:
-                        raise GeospecError(f"diagnose: layer {layer}: {error}") from None
-                    advance(world)
-                return found
-
-            dimensions = spread_over_ranks(len(clouds), dimension, run.dist)
-        norms = self._residual_norms(run, model, width, data, clouds)
-        # one unit: one perturbation (a layer's FFN scaled or removed, or a pair) on one batch;
-        # under torchrun rank 0 counts its share for every rank's (the bar is approximate)
-        total = len(batches) * (2 * len(sites) + len(pairs))
+            try:
+                dimensions = layer_dimensions(
+                    clouds, settings.twonn_discard, lambda k: advance(k * world), run.dist
+                )
+            except GeospecError as error:
+                raise GeospecError(f"diagnose: {error}") from None
+        norms = self._residual_norms(run, setup, clouds)
+        # one unit: one perturbation (a layer's FFN scaled or removed, or a pair) on one batch
+        total = len(setup.batches) * (2 * len(sites) + len(pairs))
         with stage_progress(run.console, run.say, "perturbing", total, run.is_main) as advance:
             perturbations = perturb_layers(
-                model,
+                setup.model,
                 sites,
-                batches,
+                setup.batches,
                 settings.eps,
                 pairs,
                 progress=lambda k: advance(k * world),
@@ -201,47 +171,17 @@ class Diagnose:
                 "diagnose: full forward passes for every perturbation (slower, same numbers): "
                 f"{perturbations.fallback}"
             )
-        sensitivity, pair_effects = perturbations.sensitivity, perturbations.additivity
-        layers = [
-            {
-                "layer": layer,
-                "residual_norm": norms[layer][0],
-                "residual_norm_out": norms[layer][1],
-                "twonn": {
-                    "dimension": dim.dimension,
-                    "r2": finite(dim.r2),
-                    "discarded": dim.discarded,
-                    "duplicates": dim.duplicates,
-                },
-                "loss_scale": sensitivity.scale[layer],
-                "loss_remove": sensitivity.remove[layer],
-            }
-            for layer, dim in enumerate(dimensions)
-        ]
-        return {
-            "loss": {
-                "base": sensitivity.base,
-                "windows": windows,
-                "tokens": windows * seq_len,
-                "eps": settings.eps,
-                "split": self.probe.probe.calibration_split,
-            },
-            "layers": layers,
-            "additivity": {
-                "perturbation": f"FFN output x {pair_effects.scale:g} in both layers",
-                "r2": finite(pair_effects.r2),
-                "pairs": [_pair(p) for p in pair_effects.pairs],
-                "worst": [_pair(p) for p in pair_effects.worst()],
-            },
+        split = self.probe.probe.calibration_split
+        loss = {
+            "windows": windows,
+            "tokens": windows * seq_len,
+            "eps": settings.eps,
+            "split": split,
         }
+        return measured_record(dimensions, norms, perturbations, loss)
 
     def _residual_norms(
-        self,
-        run: RunContext,
-        model: nn.Module,
-        width: int,
-        data: Any,
-        clouds: list[tuple[torch.Tensor, torch.Tensor]],
+        self, run: RunContext, setup: LossSetup, clouds: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> list[tuple[float, float]]:
         """The mean residual-stream norms at the probed tokens, on every rank: from the stored
         clouds, or (with ``probe.site = "ffn"``, whose clouds are normalised FFN inputs and
@@ -253,33 +193,19 @@ class Diagnose:
 
         if self.probe.probe.site == "residual":
             return residual_norms(clouds)
-        sample = self.probe.sample(data)
+        sample = self.probe.sample(setup.data)
         with stage_progress(
             run.console, run.say, "probing the residual stream", len(sample.windows), run.is_main
         ) as advance:
             world = run.dist.world_size  # rank 0's bar counts its share for every rank's
             residual = self.probe.clouds(
-                model,
-                width,
-                data,
-                sample,
-                site="residual",
-                progress=lambda k: advance(k * world),
-                dist=run.dist,
-            )
+                setup.model, setup.width, setup.data, sample, site="residual",
+                progress=lambda k: advance(k * world), dist=run.dist,
+            )  # fmt: skip
         norms: list[tuple[float, float]] = gather_stage_objects(
             residual_norms(residual) if run.is_main else None, run.dist
         )[0]
         return norms
-
-
-def _pair(effect: Any) -> dict[str, Any]:
-    return {
-        "layers": list(effect.layers),
-        "joint": effect.joint,
-        "sum_of_singles": effect.singles,
-        "interaction": effect.interaction,
-    }
 
 
 def diagnostic_profiles(run_dir: Path) -> dict[str, list[float]]:

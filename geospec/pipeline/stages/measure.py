@@ -123,8 +123,8 @@ class Measure:
         todo = [e for e in self.entries if e.profile not in kept]
         if todo:
             from geospec.engine.train import resolve_device
+            from geospec.measure.clouds import cloud_replicates, load_clouds
             from geospec.measure.work import measure_profiles, measure_replicates
-            from geospec.pipeline.stages.probe import cloud_replicates, load_clouds
 
             clouds = load_clouds(run.run_dir / CLOUDS_DIR)
             # distance matrices on this rank's GPU, when the run has one (float32 there)

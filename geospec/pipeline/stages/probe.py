@@ -5,26 +5,17 @@ training split in a spec with [prune], whose eval windows must reach nothing but
 models' scores): :meth:`Probe.tokens` is the one place that picks the split, for the probe and
 for the diagnose and demand stages, which measure through this stage's settings.
 
-Clouds are written as ``clouds/layer-XXX.safetensors`` (tensors ``x`` and ``y``, n x d float32)
-and ``clouds/meta.json`` last, so a directory without meta.json is never trusted. meta.json
-records the layer count, the shapes and each file's content hash; clouds that do not match it
-(a file deleted, cut or changed) are probed again, and :func:`load_clouds` refuses them. With
-``probe.replicates`` R > 1 each cloud holds R disjoint token samples one after the other
-(meta.json records ``replicates``; its ``tokens`` counts every row). meta.json also records
-the ``split`` the windows' start offsets index.
+The clouds are stored, checked and read back by :mod:`geospec.measure.clouds`
+(``clouds/layer-XXX.safetensors``, and ``clouds/meta.json`` written last).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from geospec.atomic import atomic_path, atomic_write_json
-from geospec.digests import file_digest
-from geospec.errors import UsageError
 from geospec.layout import CLOUDS_DIR, PROBE_META_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section
@@ -39,24 +30,8 @@ if TYPE_CHECKING:
 
     from geospec.engine.distributed import DistContext
     from geospec.engine.token_data import TokenData
-    from geospec.measure.probe import FFNSite, TokenSample
-
-
-@dataclass(frozen=True)
-class LossSetup:
-    """The reference and the batches its losses are measured on (the first windows of the
-    probe's calibration split)."""
-
-    model: nn.Module
-    width: int
-    """The residual-stream width."""
-    data: TokenData
-    batches: list[tuple[torch.Tensor, torch.Tensor]]
-    sites: list[FFNSite]
-
-    @property
-    def windows(self) -> int:
-        return sum(len(x) for x, _ in self.batches)
+    from geospec.measure.probe import TokenSample
+    from geospec.measure.sensitivity import LossSetup
 
 
 @dataclass(frozen=True)
@@ -99,6 +74,8 @@ class Probe:
                 note="[dim]- probe: not needed (no profile is measured, \\[diagnose] is off: "
                 "nothing reads the clouds)[/]",
             )
+        from geospec.measure.clouds import clouds_problem
+
         clouds_dir = run.run_dir / CLOUDS_DIR
         return Plan(
             key,
@@ -109,9 +86,8 @@ class Probe:
         )
 
     def write_clouds(self, run: RunContext, clouds_dir: Path) -> None:
-        from safetensors.torch import save_file
-
         from geospec.engine.progress import stage_progress
+        from geospec.measure.clouds import store_clouds
         from geospec.pipeline.stages.reference import load_reference
 
         probe = self.probe
@@ -134,31 +110,7 @@ class Probe:
             )
         if not run.is_main:
             return
-        # only geospec's own files go: a folder named clouds/ may hold the user's too
-        (clouds_dir / PROBE_META_FILE).unlink(missing_ok=True)
-        for old in clouds_dir.glob("layer-*.safetensors"):
-            old.unlink()
-        digests = {}
-        for layer, (x, y) in enumerate(clouds):
-            path = clouds_dir / cloud_file(layer)
-            with atomic_path(path) as tmp:
-                save_file({"x": x.contiguous(), "y": y.contiguous()}, str(tmp))
-            digests[path.name] = file_digest(path)
-        # "tokens" counts a cloud's rows: with replicates, each one's tokens one after the other
-        replicates = {"replicates": probe.replicates} if probe.replicates > 1 else {}
-        atomic_write_json(
-            clouds_dir / PROBE_META_FILE,
-            {
-                "layers": len(clouds),
-                "tokens": probe.tokens * probe.replicates,
-                **replicates,
-                "width": width,
-                "site": probe.site,
-                "split": probe.calibration_split,
-                "windows": [int(w) for w in sample.windows],
-                "digests": digests,
-            },
-        )
+        store_clouds(clouds_dir, clouds, probe, width, sample)
 
     @property
     def split_name(self) -> str:
@@ -174,27 +126,15 @@ class Probe:
         """The reference model with its FFN sites and the first ``windows`` windows of the
         calibration split (:meth:`tokens`; drawn with ``loss_seed`` when it is set) in batches:
         what the diagnose and demand stages measure losses on."""
-        from geospec.measure.probe import find_ffn_sites
-        from geospec.measure.sensitivity import (
-            drawn_loss_batches,
-            logits_of,
-            loss_batches,
-            scored_text,
-        )
+        from geospec.measure.sensitivity import loss_setup
         from geospec.pipeline.stages.reference import load_reference
 
         data = run.token_data(self.data)
         model, width = load_reference(run, self.reference)
-        device = next(model.parameters()).device
-        text = scored_text(self.tokens(data), data.eot_id if self.data.end_of_text else None)
-        if self.loss_seed is None:
-            batches = loss_batches(text, self.seq_len, windows, batch_size, device, data.bos_id)
-        else:
-            batches = drawn_loss_batches(
-                text, self.seq_len, windows, batch_size, device, self.loss_seed, data.bos_id
-            )
-        sites = find_ffn_sites(model, width, lambda: logits_of(model, batches[0][0][:1]))
-        return LossSetup(model, width, data, batches, sites)
+        return loss_setup(
+            model, width, data, self.tokens(data), self.seq_len, windows, batch_size,
+            end_of_text=self.data.end_of_text, seed=self.loss_seed,
+        )  # fmt: skip
 
     def sample(self, data: TokenData) -> TokenSample:
         """The probed token positions (the same for every call with the same settings)."""
@@ -255,56 +195,16 @@ def clouds_key(upstream: Upstream) -> str | None:
     return key if isinstance(key, str) else None
 
 
-def cloud_file(layer: int) -> str:
-    return f"layer-{layer:03d}.safetensors"
-
-
-def clouds_problem(clouds_dir: Path) -> str | None:
-    """What keeps the stored clouds from being trusted (None when they match meta.json)."""
-    from safetensors import SafetensorError, safe_open
-
-    meta_path = clouds_dir / PROBE_META_FILE
-    try:
-        meta = json.loads(meta_path.read_text())
-        layers, tokens, width = int(meta["layers"]), int(meta["tokens"]), int(meta["width"])
-        digests = meta.get("digests")  # absent in clouds probed by older geospec versions
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return f"{meta_path} is unreadable"
-    files = sorted(p.name for p in clouds_dir.glob("layer-*.safetensors"))
-    if files != [cloud_file(layer) for layer in range(layers)]:
-        return f"{clouds_dir} holds {len(files)} layer files, {PROBE_META_FILE} says {layers}"
-    for name in files:
-        path = clouds_dir / name
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                shapes = {key: handle.get_slice(key).get_shape() for key in ("x", "y")}
-        except (OSError, SafetensorError, KeyError):
-            return f"{path} is unreadable"
-        if any(list(shape) != [tokens, width] for shape in shapes.values()):
-            expected = [tokens, width]
-            return f"{path} holds clouds of shape {shapes['x']}, {PROBE_META_FILE} says {expected}"
-        if isinstance(digests, dict) and file_digest(path) != digests.get(name):
-            return f"{path} changed after it was probed"
-    return None
-
-
-def cloud_replicates(clouds_dir: Path) -> int:
-    """How many disjoint token samples the stored clouds hold, one after the other (1 for
-    clouds probed without probe.replicates)."""
-    meta = json.loads((clouds_dir / PROBE_META_FILE).read_text())
-    return int(meta.get("replicates", 1))
-
-
-def load_clouds(clouds_dir: Path) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The stored clouds, layer by layer, checked against meta.json."""
-    from safetensors.torch import load_file
-
-    problem = clouds_problem(clouds_dir)
-    if problem is not None:
-        raise UsageError(f"{problem}; run again with --from probe")
-    count = int(json.loads((clouds_dir / PROBE_META_FILE).read_text())["layers"])
-    result = []
-    for layer in range(count):
-        tensors = load_file(str(clouds_dir / cloud_file(layer)))
-        result.append((tensors["x"], tensors["y"]))
-    return result
+def drop_stale_record(
+    run: RunContext,
+    path: Path,
+    read: Callable[[Path], Mapping[str, Any] | None],
+    upstream: Upstream,
+) -> None:
+    """The record a diagnose or demand stage turned off left at ``path`` (``read`` from the run
+    directory) stays for the report while it was measured on the reference and probe settings
+    the run has now (:func:`clouds_key`)."""
+    if run.is_main and path.exists():
+        stored = read(run.run_dir)
+        if stored is None or stored["keys"].get("probe") != clouds_key(upstream):
+            path.unlink()  # from another reference or probe, or damaged: not reported

@@ -7,6 +7,7 @@ paths, sizes and times, a hub model by its id and commit (:mod:`geospec.hub`).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -193,6 +194,15 @@ def compute_dtype(run: RunContext, requested: str, reference: ReferenceSpec, fie
         _warned.add(warning)
         run.say(f"[yellow]![/] {warning}")
     return dtype
+
+
+def reference_computing(run: RunContext, dtype: str) -> AbstractContextManager[None]:
+    """Forward passes on the reference computing in ``dtype`` (what :func:`compute_dtype`
+    resolved) on this rank's device: the diagnose and demand stages' measurements."""
+    from geospec.engine.precision import computing
+    from geospec.engine.train import resolve_device
+
+    return computing(dtype, resolve_device(run.device, run.dist.local_rank))
 
 
 def loaded_dtype(reference: ReferenceSpec) -> str:

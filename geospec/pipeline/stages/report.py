@@ -13,23 +13,15 @@ from geospec.artifacts import json_problem, read_json
 from geospec.layout import REPORT_FILE, RESULTS_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import digest, section
+from geospec.pipeline.status import STAGE_NAMES
 from geospec.spec.sections import ReportSpec, Spec
 
 
 @dataclass(frozen=True)
 class Report:
     name: ClassVar[str] = "report"
-    reads: ClassVar[tuple[str, ...]] = (
-        "reference",
-        "probe",
-        "measure",
-        "diagnose",
-        "demand",
-        "solve",
-        "prune",
-        "train",
-        "eval",
-    )
+    # every stage before it: the report is written again whenever any of them did work
+    reads: ClassVar[tuple[str, ...]] = STAGE_NAMES[: STAGE_NAMES.index("report")]
     report: ReportSpec
     arms: tuple[str, ...]
 
