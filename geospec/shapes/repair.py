@@ -8,7 +8,8 @@ layer, plus the mean): every layer's at once when they come from the unpruned mo
 residual stream of every calibration window: windows x seq_len x d_model float32). Each batch
 adds a float64 copy of one layer's hidden activations and its product, and each layer's re-fit
 the (kept + 1)^2 system, its factor and the d_model x (kept + 1) right-hand side. Its time is
-mostly the moments' float64 products, 2 x tokens x width^2 floating-point operations per layer.
+one forward pass over its windows (the sequential walk: about one and a half) and the moments'
+products, 2 x tokens x width^2 floating-point operations per layer.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from dataclasses import dataclass
 
 from geospec.disk import size
 
-#: Float64 matrix products per second on the machine this project is developed on (2 cores of
-#: an AMD EPYC, the moments' own products as benchmarks/repair.py times them on SmolLM2-135M):
-#: the rate validate's time estimate assumes.
-FLOAT64_RATE = 12e9
+#: The moments' products per second on the machine this project is developed on (each batch's
+#: a^T a in float32, summed in float64: benchmarks/repair.py on SmolLM2-135M, 8k tokens, 2 shared
+#: cores, 1.16 TFLOP in 8 s beyond the calibration pass they ride on; rounded down): the rate
+#: validate's time estimate assumes.
+PRODUCT_RATE = 100e9
 
 
 @dataclass(frozen=True)
@@ -34,14 +36,14 @@ class RepairEstimate:
     states: int
     """The sequential walk's residual stream of every window (0 in one pass)."""
     operations: float
-    """Float64 operations of the moments, per calibration sample."""
+    """Floating-point operations of the moments' products (2 x tokens x width^2 per layer)."""
     inputs: str
 
     @property
     def total(self) -> int:
         return self.moments + self.transient + self.states
 
-    def seconds(self, rate: float = FLOAT64_RATE) -> float:
+    def seconds(self, rate: float = PRODUCT_RATE) -> float:
         return self.operations / rate
 
     @property
@@ -54,10 +56,11 @@ class RepairEstimate:
         held = "every layer's, one pass" if self.inputs == "unpruned" else "one layer's at a time"
         states = f", residual stream {size(self.states)}" if self.states else ""
         return (
-            f"{size(self.total)} beside the model (float64 moments {size(self.moments)}: "
+            f"{size(self.total)} beside the model and its forward pass (float64 moments {size(self.moments)}: "
             f"{held}; batch and solve {size(self.transient)}{states}); about "
-            f"{self.operations / 1e9:.0f} GFLOP of moments per {self.shared_by}, "
-            f"{_duration(self.seconds())} at {FLOAT64_RATE / 1e9:.0f} GFLOP/s"
+            f"{self.operations / 1e9:.0f} GFLOP of products per {self.shared_by}, "
+            f"{_duration(self.seconds())} at {PRODUCT_RATE / 1e9:.0f} GFLOP/s beside one pass "
+            "of the model over its windows"
         )
 
 
