@@ -25,8 +25,9 @@ sum. Its mmap threshold rises to the largest block freed so far (up to 32 MiB), 
 tensors come from a heap it keeps: the gradients and AdamW's working set, formed while the
 activations are freed and in pieces of other sizes, mostly land beyond the activations' place,
 which the next step's activations take again. Measured on a weights-heavy model (dims1 in
-tests/test_memory.py): the live tensors peak at 211-218 MB, the process at 262-290 MB, and their
-sum here 277 MB. tests/test_memory.py measures real runs' peak memory against the estimate.
+tests/test_memory.py): the live tensors peak at 211-218 MB, the process at 262-292 MB (a test
+session's, or fresh ones pinned to a long-running process's thresholds), the sum here 277 MB.
+tests/test_memory.py measures real runs' peak memory against the estimate.
 
 Healing a pruned model (``[prune.heal]``, :func:`healing_memory`) is such a training run inside
 the prune's process, which also holds the checkpoint as it loaded it, the pruned model as
