@@ -20,8 +20,8 @@ its gradient buckets besides the gradients.
 The peak counts the gradients, AdamW's working set and the activations together although they
 are never all alive at once (a step's live tensors peak at the end of its forward pass, before
 any gradient exists, or in AdamW's step, after the activations are freed): what the peak counts
-is the memory the process holds, and glibc's allocator in a long-running process holds their
-sum. Its mmap threshold rises to the largest block freed so far (up to 32 MiB), and below it
+is the memory the process holds, and glibc's allocator in a long-running process holds about
+their sum. Its mmap threshold rises to the largest block freed so far (up to 32 MiB), and below it
 tensors come from a heap it keeps: the gradients and AdamW's working set, formed while the
 activations are freed and in pieces of other sizes, mostly land beyond the activations' place,
 which the next step's activations take again. Measured on a weights-heavy model (dims1 in
@@ -173,8 +173,8 @@ class HealingEstimate:
 
     @property
     def total(self) -> int:
-        """The training's peak with the distillation's tensors (alive with the activations and
-        gradients of a step) and the weights held beside it."""
+        """The training's peak with the distillation's tensors (counted with a step's
+        activations and gradients) and the weights held beside it."""
         t = self.training
         transient = max(t.transient + self.distillation, t.checkpoint)
         held = self.imported + self.teacher + self.reference
