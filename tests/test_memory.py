@@ -294,8 +294,9 @@ HEALING = [
 #: glibc's allocator as a long-running process has it, pinned: its mmap threshold (the size from
 #: which an allocation is mapped on its own and returned when freed) starts at 128 KiB and rises
 #: to each mapped block freed, up to 32 MiB, the trim threshold with it to twice that; a prune
-#: that has loaded and freed a checkpoint's tensors is there. Left to rise, it made the same
-#: healing's peak depend on which tests had run before it in the process.
+#: of a real model, which frees larger tensors (a batch's logits, an embedding) long before it
+#: heals, is there. Left to rise, it made the same healing's peak depend on which tests had run
+#: before it in the process (262-290 MB).
 LONG_RUNNING_GLIBC = {
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
     "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
