@@ -295,8 +295,8 @@ HEALING = [
 #: which an allocation is mapped on its own and returned when freed) starts at 128 KiB and rises
 #: to each mapped block freed, up to 32 MiB, the trim threshold with it to twice that; a prune
 #: of a real model, which frees larger tensors (a batch's logits, an embedding) long before it
-#: heals, is there. Left to rise, it made the same healing's peak depend on which tests had run
-#: before it in the process (262-290 MB).
+#: heals, is there. Left to rise, it stood anywhere from 17 to 26 MiB when this test ran in the
+#: session's own process, set by what had run before it.
 LONG_RUNNING_GLIBC = {
     "MALLOC_MMAP_THRESHOLD_": str(32 << 20),
     "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
