@@ -8,7 +8,8 @@ but the checkpoint's copy, or all but the gradients, AdamW's working set and the
 - gradients: fp32, one per weight;
 - AdamW state: two fp32 moments per weight, and while it steps the working set of its
   per-parameter loop (on the CPU: the square root of the second moment and its quotient, two
-  fp32 copies of the largest parameter; CUDA's fused kernel needs none);
+  fp32 copies of a parameter; CUDA's fused kernel needs none), counted for the largest parameter
+  under 32 MiB, whose copies the heap keeps (below);
 - activations: what the forward pass of one micro-batch keeps for the backward pass, plus the
   backward pass's own working set (the widest layer's gradients, the logits' gradient);
 - checkpoint: writing a checkpoint serialises the weights once more in host memory.
@@ -24,10 +25,13 @@ is the memory the process holds, and glibc's allocator in a long-running process
 their sum. Its mmap threshold rises to the largest block freed so far (up to 32 MiB), and below it
 tensors come from a heap it keeps: the gradients and AdamW's working set, formed while the
 activations are freed and in pieces of other sizes, mostly land beyond the activations' place,
-which the next step's activations take again. Measured on a weights-heavy model (dims1 in
-tests/test_memory.py): the live tensors peak at 211-218 MB, the process at 262-292 MB (a test
-session's, or fresh ones pinned to a long-running process's thresholds), the sum here 277 MB.
-tests/test_memory.py measures real runs' peak memory against the estimate.
+which the next step's activations take again. Blocks of 32 MiB or more (large logits, a large
+embedding's gradient or AdamW's copies of it) are mapped and returned when freed; the sum
+counts them all the same (but AdamW's copies), an overcount where they are many. Measured on a
+weights-heavy model (dims1 in tests/test_memory.py): the live tensors peak at 211-218 MB, the
+process at 262-292 MB (a test session's, or fresh ones pinned to a long-running process's
+thresholds), the sum here 277 MB. tests/test_memory.py measures real runs' peak memory against
+the estimate.
 
 Healing a pruned model (``[prune.heal]``, :func:`healing_memory`) is such a training run inside
 the prune's process, which also holds the checkpoint as it loaded it, the pruned model as
@@ -136,7 +140,8 @@ def training_memory(
         weights=weights,
         gradients=gradients,
         optimizer=optimizer,
-        optimizer_step=2 * FP32 * largest_parameter(shape, widths) // split,
+        # copies of a tensor past glibc's threshold are returned at once, in AdamW's step alone
+        optimizer_step=2 * FP32 * largest_parameter(shape, widths, GLIBC_MMAP_MAX * split) // split,
         activations=activations,
         checkpoint=FP32 * params // split,
         micro_batch=micro_batch,
@@ -223,14 +228,24 @@ def healing_memory(
     )
 
 
-def largest_parameter(shape: Shape, widths: Sequence[int]) -> int:
-    """Elements of the model's largest parameter tensor, as the engine lays them out: the token
-    embedding (an untied head the same), learned positions, the fused query-key-value
-    projection, an FFN's input projection (swiglu's gate and up fused) or its output."""
-    d, width = shape.d_model, max(widths)
-    hidden_in = 2 * width if shape.activation == "swiglu" else width
-    positions = shape.seq_len if shape.positions == "learned" else 0
-    return d * max(shape.vocab_size, positions, d + 2 * shape.kv_width, hidden_in)
+#: glibc's largest mmap threshold (64-bit): an allocation of this size or more is mapped on its
+#: own and returned when freed, in any process; below it a long-running process's heap keeps it.
+GLIBC_MMAP_MAX = 32 << 20
+
+
+def largest_parameter(shape: Shape, widths: Sequence[int], below: int | None = None) -> int:
+    """Elements of the model's largest parameter tensor (of those under ``below`` bytes in
+    float32), as the engine lays them out: the token embedding (an untied head the same), learned
+    positions, the fused query-key-value projection, the attention's output, an FFN's input
+    projection (swiglu's gate and up fused) or its output, a norm."""
+    d = shape.d_model
+    rows = [shape.vocab_size, d + 2 * shape.kv_width, d, 1]
+    if shape.positions == "learned":
+        rows.append(shape.seq_len)
+    for width in set(widths):
+        rows += [2 * width if shape.activation == "swiglu" else width, width]
+    sizes = [d * count for count in rows]
+    return max((n for n in sizes if below is None or FP32 * n < below), default=0)
 
 
 def _block_params(shape: Shape, width: int) -> int:
