@@ -336,7 +336,7 @@ def test_a_distilling_heals_peak_is_what_the_estimate_counts(
     the imported model and the checkpoint exist before; the next test counts them). Within one
     logits-sized tensor (which of them are alive together is a matter of when each is freed) and
     a tenth of the estimate (what it does not count: the validation pass, the checkpoint's file,
-    the allocator's own pages). Measured in 12 and 15 runs: 573-580 MB against 572, 268-292 MB
+    the allocator's own pages). Measured in 15 and 18 runs: 573-580 MB against 572, 268-293 MB
     against 277 (whose live tensors peak at 211-218 MB: the estimate counts what glibc holds,
     geospec.shapes.memory)."""
     full, pruned = healing_config(dims, width), healing_config(dims, width // 2)

@@ -29,7 +29,7 @@ which the next step's activations take again. Blocks of 32 MiB or more (large lo
 embedding's gradient or AdamW's copies of it) are mapped and returned when freed; the sum
 counts them all the same (but AdamW's copies), an overcount where they are many. Measured on a
 weights-heavy model (dims1 in tests/test_memory.py): the live tensors peak at 211-218 MB, the
-process at 262-292 MB (a test session's, or fresh ones pinned to a long-running process's
+process at 262-293 MB (a test session's, or fresh ones pinned to a long-running process's
 thresholds), the sum here 277 MB. tests/test_memory.py measures real runs' peak memory against
 the estimate.
 
