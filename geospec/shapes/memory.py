@@ -2,19 +2,36 @@
 memory a device has free.
 
 What one training process holds, by part (the peak, :attr:`MemoryEstimate.total`, holds all
-but the checkpoint's copy, or all but the gradients and activations):
+but the checkpoint's copy, or all but the gradients, AdamW's working set and the activations):
 
 - weights: fp32 master copies (bf16 autocast computes in bf16 but keeps fp32 weights);
 - gradients: fp32, one per weight;
-- AdamW state: two fp32 moments per weight;
+- AdamW state: two fp32 moments per weight, and while it steps the working set of its
+  per-parameter loop (on the CPU: the square root of the second moment and its quotient, two
+  fp32 copies of a parameter; CUDA's fused kernel needs none), counted for the largest parameter
+  under 32 MiB, whose copies the heap keeps (below);
 - activations: what the forward pass of one micro-batch keeps for the backward pass, plus the
   backward pass's own working set (the widest layer's gradients, the logits' gradient);
 - checkpoint: writing a checkpoint serialises the weights once more in host memory.
 
 Under FSDP2 the weights, gradients and AdamW state are split across the processes (plus one
 block's weights gathered at a time); under DDP every process holds all of them, and DDP keeps
-its gradient buckets besides the gradients. The counts are an estimate of what the allocator is
-asked for: tests/test_memory.py measures real runs' peak memory against it.
+its gradient buckets besides the gradients.
+
+The peak counts the gradients, AdamW's working set and the activations together although they
+are never all alive at once (a step's live tensors peak at the end of its forward pass, before
+any gradient exists, or in AdamW's step, after the activations are freed): what the peak counts
+is the memory the process holds, and glibc's allocator in a long-running process holds about
+their sum. Its mmap threshold rises to the largest block freed so far (up to 32 MiB), and below it
+tensors come from a heap it keeps: the gradients and AdamW's working set, formed while the
+activations are freed and in pieces of other sizes, mostly land beyond the activations' place,
+which the next step's activations take again. Blocks of 32 MiB or more (large logits, a large
+embedding's gradient or AdamW's copies of it) are mapped and returned when freed; the sum
+counts them all the same (but AdamW's copies), an overcount where they are many. Measured on a
+weights-heavy model (dims1 in tests/test_memory.py): the live tensors peak at 211-218 MB, the
+process at 262-293 MB (a test session's, or fresh ones pinned to a long-running process's
+thresholds), the sum here 277 MB. tests/test_memory.py measures real runs' peak memory against
+the estimate.
 
 Healing a pruned model (``[prune.heal]``, :func:`healing_memory`) is such a training run inside
 the prune's process, which also holds the checkpoint as it loaded it, the pruned model as
@@ -58,6 +75,8 @@ class MemoryEstimate:
     weights: int
     gradients: int
     optimizer: int
+    optimizer_step: int
+    """AdamW's working set while it steps (the module docstring)."""
     activations: int
     checkpoint: int
     micro_batch: int
@@ -66,18 +85,24 @@ class MemoryEstimate:
     sharded: bool
 
     @property
+    def transient(self) -> int:
+        """A step's memory beside the weights and AdamW state: its gradients, AdamW's working
+        set and a micro-batch's activations, held together (the module docstring says why);
+        all are freed before a checkpoint is written."""
+        return self.activations + self.gradients + self.optimizer_step
+
+    @property
     def total(self) -> int:
-        """The peak: the weights and AdamW state live throughout; the gradients and a
-        micro-batch's activations meet in the backward pass (the tied embedding's gradient, the
-        largest, is formed first), and both are gone before a checkpoint is written."""
-        transient = max(self.activations + self.gradients, self.checkpoint)
-        return self.weights + self.optimizer + transient
+        """The peak: the weights and AdamW state live throughout, with a step's memory or, when
+        it is larger, a checkpoint's copy."""
+        return self.weights + self.optimizer + max(self.transient, self.checkpoint)
 
     def describe(self) -> str:
         """One line: the total and its parts."""
         return (
             f"{size(self.total)} (weights {size(self.weights)}, gradients "
-            f"{size(self.gradients)}, AdamW {size(self.optimizer)}, activations "
+            f"{size(self.gradients)}, AdamW {size(self.optimizer)} and "
+            f"{size(self.optimizer_step)} as it steps, activations "
             f"{size(self.activations)} at micro-batch {self.micro_batch}, checkpoint "
             f"{size(self.checkpoint)} after the others; "
             f"{self.precision}, {self.setting()})"
@@ -115,6 +140,8 @@ def training_memory(
         weights=weights,
         gradients=gradients,
         optimizer=optimizer,
+        # copies of a tensor past glibc's threshold are returned at once, in AdamW's step alone
+        optimizer_step=2 * FP32 * largest_parameter(shape, widths, GLIBC_MMAP_MAX * split) // split,
         activations=activations,
         checkpoint=FP32 * params // split,
         micro_batch=micro_batch,
@@ -151,10 +178,10 @@ class HealingEstimate:
 
     @property
     def total(self) -> int:
-        """The training's peak with the distillation's tensors (alive with the activations and
-        gradients of a step) and the weights held beside it."""
+        """The training's peak with the distillation's tensors (counted with a step's
+        activations and gradients) and the weights held beside it."""
         t = self.training
-        transient = max(t.activations + t.gradients + self.distillation, t.checkpoint)
+        transient = max(t.transient + self.distillation, t.checkpoint)
         held = self.imported + self.teacher + self.reference
         return t.weights + t.optimizer + transient + held
 
@@ -168,7 +195,8 @@ class HealingEstimate:
         )
         return (
             f"{size(self.total)} (pruned model {size(t.weights)}, gradients {size(t.gradients)}, "
-            f"AdamW {size(t.optimizer)}, activations {size(t.activations)} at batch "
+            f"AdamW {size(t.optimizer)} and {size(t.optimizer_step)} as it steps, activations "
+            f"{size(t.activations)} at batch "
             f"{t.micro_batch}, {distilled}the pruned model as imported {size(self.imported)}, "
             f"the checkpoint as loaded {size(self.reference)}; {t.precision}, {t.setting()})"
         )
@@ -198,6 +226,26 @@ def healing_memory(
         distillation=DISTILLATION_LOGITS * logits if distill else 0,
         reference=checkpoint_bytes * params,
     )
+
+
+#: glibc's largest mmap threshold (64-bit): an allocation of this size or more is mapped on its
+#: own and returned when freed, in any process; below it a long-running process's heap keeps it.
+GLIBC_MMAP_MAX = 32 << 20
+
+
+def largest_parameter(shape: Shape, widths: Sequence[int], below: int | None = None) -> int:
+    """Elements of the model's largest parameter tensor (of those under ``below`` bytes in
+    float32), as the engine lays them out: the token embedding (an untied head the same), learned
+    positions, the fused query-key-value projection, the attention's output, an FFN's input
+    projection (swiglu's gate and up fused) or its output, a norm."""
+    d = shape.d_model
+    rows = [shape.vocab_size, d + 2 * shape.kv_width, d, 1]
+    if shape.positions == "learned":
+        rows.append(shape.seq_len)
+    for width in set(widths):
+        rows += [2 * width if shape.activation == "swiglu" else width, width]
+    sizes = [d * count for count in rows]
+    return max((n for n in sizes if below is None or FP32 * n < below), default=0)
 
 
 def _block_params(shape: Shape, width: int) -> int:
