@@ -56,8 +56,8 @@ class RepairEstimate:
         held = "every layer's, one pass" if self.inputs == "unpruned" else "one layer's at a time"
         states = f", residual stream {size(self.states)}" if self.states else ""
         return (
-            f"{size(self.total)} beside the model and its forward pass (float64 moments {size(self.moments)}: "
-            f"{held}; batch and solve {size(self.transient)}{states}); about "
+            f"{size(self.total)} beside the model and its forward pass (float64 moments "
+            f"{size(self.moments)}: {held}; batch and solve {size(self.transient)}{states}); about "
             f"{self.operations / 1e9:.0f} GFLOP of products per {self.shared_by}, "
             f"{_duration(self.seconds())} at {PRODUCT_RATE / 1e9:.0f} GFLOP/s beside one pass "
             "of the model over its windows"
