@@ -532,11 +532,12 @@ def evolve_search(
 def searched_path(path: Path) -> dict[str, Any]:
     """What a unit's record keeps of its search: the trajectory (per generation its fitness on
     the last stage's windows, whether the parent was replaced, the parent's widths after it,
-    the tokens scored)."""
+    the tokens scored; with patience, the parent's fitness on the tracked windows) and why it
+    stopped (``stopped``: by "patience" or "generations", at which generation)."""
     from geospec.artifacts import read_json
 
-    stored = read_json(path)
-    return {"trajectory": stored["state"]["trajectory"]}
+    state = read_json(path)["state"]
+    return {key: state[key] for key in ("trajectory", "stopped") if key in state}
 
 
 def pruned_unit(
