@@ -1099,7 +1099,7 @@ class Evolve(ScoreAllocation):
         # what geospec prune will refuse, said by geospec validate: the levels and the step
         # at the pretrained width (the checkpoint's, as every layer has under prune)
         try:
-            low, high, size = self._levels(dims, dims.max_width)
+            low, high, size = self.levels(dims, dims.max_width)
             if self.params.start_arm is None:
                 self._check_start(
                     self.start_schedule().widths_from(dims, {}, {}), dims, low, high, size
@@ -1147,7 +1147,7 @@ class Evolve(ScoreAllocation):
         pretrained = min(len(layer) for layer in scores)
         if dims.max_width is not None:
             pretrained = min(pretrained, dims.max_width)
-        low, high, size = self._levels(dims, pretrained)
+        low, high, size = self.levels(dims, pretrained)
         if p.start_arm is None:
             problems = self._start_problems(dims)
             if problems:
@@ -1277,7 +1277,7 @@ class Evolve(ScoreAllocation):
             "tokens": tokens,
         }
 
-    def _levels(self, dims: ModelDims, pretrained: int) -> tuple[int, int, int]:
+    def levels(self, dims: ModelDims, pretrained: int) -> tuple[int, int, int]:
         """The narrowest and widest a layer may be, and a step, in neurons (checked), for layers
         of ``pretrained`` neurons."""
         p, m = self.params, dims.multiple_of

@@ -161,10 +161,12 @@ def lumped_kl(model: nn.Module, inputs: torch.Tensor, teacher: torch.Tensor) -> 
     P log(P / Q) of the rest's masses P and Q (Q = 1 minus the model's top-k mass; nothing where
     P is 0). The full KL when k is the vocabulary; below it, never above the full KL (coarsening
     loses information) and cheaper: the model's log-probabilities are read only at k tokens,
-    after one log-sum-exp over the vocabulary. Summed in float64."""
+    after one log-sum-exp over the vocabulary. In float32 (float64 logits in float64), summed
+    in float64."""
     k = (teacher.shape[-1] - 1) // 2
     log_p, ids, log_p_rest = teacher[..., :k], teacher[..., k : 2 * k].long(), teacher[..., -1]
-    logits = logits_of(model, inputs).float()
+    logits = logits_of(model, inputs)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least
     log_q = (logits.gather(-1, ids) - logits.logsumexp(-1, keepdim=True)).double()
     log_p, log_p_rest = log_p.double(), log_p_rest.double()
     top = (log_p.exp() * (log_p - log_q)).sum(-1)
