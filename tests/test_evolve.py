@@ -579,3 +579,21 @@ def test_the_lumped_kl_is_the_kl_of_the_coarsened_distributions(setting: tuple) 
     top = CalibrationFitness(model, sites, orders, batches, "kl", 4, top_k=hf_models.VOCAB)
     # float32 log-probabilities (1e-7 apart) against a KL of 0.004 a position
     assert top(candidates, [0, 2, 4], base=[40, 32, 24]) == pytest.approx(values, rel=1e-4)
+
+
+def test_a_start_arm_naming_a_grid_names_its_settings(tmp_path: Path) -> None:
+    """A grid's best setting is chosen after every arm's widths, so ``start_arm`` names one of
+    its settings: naming the grid is one line listing them, exit 2."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "owl", "schedule": {"kind": "owl"}, "grid": {"lam": [0.05, 0.1]}},
+        {"name": "evolve", "schedule": {"kind": "evolve", "start_arm": "owl"} | EVOLVE},
+    ]
+    spec = prune_spec(tmp_path, keep=0.5, calibration={"windows": 4, "seeds": [0]}, arms=arms)
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert (
+        "prune.arms[3].schedule.start_arm: 'owl' is a grid, whose best setting is chosen after "
+        "every arm's widths; name one of its settings: 'owl-lam0.05', 'owl-lam0.1'"
+    ) in result.output
