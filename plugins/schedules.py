@@ -1023,9 +1023,12 @@ class Evolve(ScoreAllocation):
     windows (training split, never eval text): :class:`~geospec.kinds.Search`.
 
     It starts from ``start`` (a schedule that needs no profile, score or arm: uniform,
-    protect, a taper, manual) or from the widths of another prune arm (``start_arm``: a
-    geometric arm, flap, owl). Generation g draws from ``(seed, g)`` alone, so a search
-    resumed from its state after generation g continues as if never stopped."""
+    protect, a taper, manual) or from the widths of any other prune arm (``start_arm``: a
+    geometric arm, protect-ends, flap, an owl setting, another search). It runs ``generations``
+    generations, or with ``patience`` stops once that many generations have passed without a
+    better parent on fixed tracked windows. Generation g draws from ``(seed, g)`` alone and the
+    stop is a function of the trajectory, so a search resumed from its state after generation
+    g continues and stops as if never interrupted."""
 
     reads_search = True
 
@@ -1035,7 +1038,8 @@ class Evolve(ScoreAllocation):
         """The allocation the search starts from: a schedule table that reads no profile,
         neuron score or arm (uniform, protect, a taper, manual)."""
         start_arm: ArmName | None = None
-        """Start from this other prune arm's widths instead (a geometric arm, flap, owl)."""
+        """Start from this other prune arm's widths instead (any arm: a geometric arm,
+        protect-ends, flap, an owl setting, another search; not a grid's name)."""
         generations: int = Field(150, ge=1, le=1_000_000)
         """Generations of the search."""
         offspring: int = Field(16, ge=1, le=10_000)
