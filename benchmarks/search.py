@@ -17,7 +17,8 @@ offspring on the same windows:
 
 The unpruned model's log-probabilities are computed before the clock starts (each way its own,
 in its dtype). Prints per way the seconds per generation, the tokens scored per second against
-plain transformers' float32 forward of the same pruned model in the same run, what 150
+plain transformers' float32 forward of the same pruned model in the same run (the float32
+parent after each generation, on the calibration windows), what 150
 generations would take, the teacher's memory, and its agreement with float32 on the same
 candidates: the Spearman rank correlation of the first stage's offspring fitness (mean over
 generations), and in how many generations the same first-stage survivors and the same next
@@ -206,6 +207,7 @@ def main() -> None:
     parent = list(create_plugin("schedule", {"kind": "uniform"}).widths_from(dims, {}, {}))
     steps: dict[str, list[dict[str, Any]]] = {name: [] for name in ways}
     seconds = dict.fromkeys(ways, 0.0)
+    plain = {"float32": 0.0, "bfloat16": 0.0}
     for generation in range(args.generations):
         for name in ways:
             dtype, _ = way_of(name)
@@ -222,15 +224,14 @@ def main() -> None:
                 flush=True,
             )
         parent = steps[ways[0]][-1]["widths"]
-    # plain transformers' forward of the same model at the last parent's true widths, on the
-    # calibration batches
-    plain: dict[str, float] = {}
-    for dtype in ("float32", "bfloat16"):
-        with torch.no_grad(), pruned(sites, orders, parent), computing(dtype, "cpu"):
-            started = time.perf_counter()
-            eval_loss(model, batches)
-            plain[dtype] = time.perf_counter() - started
-    plain_tokens = sum(targets.numel() for _, targets in batches)
+        # plain transformers' forward of the model at the new parent's true widths, on the
+        # calibration batches, after every generation (the machine's load changes as it goes)
+        for dtype in ("float32", "bfloat16"):
+            with torch.no_grad(), pruned(sites, orders, parent), computing(dtype, "cpu"):
+                started = time.perf_counter()
+                eval_loss(model, batches)
+                plain[dtype] += time.perf_counter() - started
+    plain_tokens = args.generations * sum(targets.numel() for _, targets in batches)
     plain_rate = plain_tokens / plain["float32"]
     print(
         f"plain transformers forward: float32 {plain_rate:.0f} tokens/s, bfloat16 autocast "

@@ -1057,6 +1057,10 @@ class Evolve(ScoreAllocation):
         model's next-token distribution, or the mean next-token loss."""
         seed: int = Field(0, ge=0)
         """Seeds the mutations and the windows each stage draws."""
+        kl_top_k: Annotated[int | None, ADDED_LATER, Field(ge=1, le=1_000_000)] = None
+        """The KL fitness over the unpruned model's ``kl_top_k`` most likely tokens at each
+        position, every other token lumped into one bucket (cheaper over a large vocabulary,
+        and its teacher kept as those tokens alone); default: the whole vocabulary."""
         patience: Annotated[int | None, ADDED_LATER, Field(ge=1, le=1_000_000)] = None
         """Stop after this many generations without a better parent on the tracked windows
         (fixed windows, drawn once from the seed, on which every new parent is scored);
@@ -1080,6 +1084,11 @@ class Evolve(ScoreAllocation):
             # start's default (uniform) beside start_arm: the table read back from its dump
             if self.start_arm is not None and self.start != Uniform.Params():
                 raise ValueError("give start or start_arm, not both")
+            if self.kl_top_k is not None and self.fitness != "kl":
+                raise ValueError(
+                    f"kl_top_k lumps the KL's tail, and fitness is {self.fitness!r}: drop "
+                    'kl_top_k or set fitness = "kl"'
+                )
             if self.stages[0].survivors > self.offspring:
                 raise ValueError(
                     f"stages[0].survivors {self.stages[0].survivors} exceeds offspring "
@@ -1160,7 +1169,8 @@ class Evolve(ScoreAllocation):
         else:
             start = list(arms[p.start_arm])
         self._check_start(start, dims, low, high, size)
-        fitness = search.fitness(p.fitness)
+        lumped = {} if p.kl_top_k is None else {"top_k": p.kl_top_k}
+        fitness = search.fitness(p.fitness, **lumped)
         draws = self.stage_windows(fitness)
         state = search.state.load() or {}
         parent = [int(w) for w in state.get("parent", start)]

@@ -309,6 +309,7 @@ def test_a_search_with_patience_through_the_prune_says_why_it_stopped(tmp_path: 
         ({"start": {"kind": "evolve"}}, "prune.arms[1].schedule: at keep 0.5: start: 'evolve' is"),
         ({"generations": 0}, "prune.arms[1].schedule.generations"),
         ({"patience": 0}, "prune.arms[1].schedule.patience"),
+        ({"fitness": "loss", "kl_top_k": 8}, "prune.arms[1].schedule: kl_top_k lumps"),
         ({"step": 5}, "prune.arms[1].schedule: at keep 0.5: step: no layer of [32, 32, 32] can"),
         ({"min_width": 40}, "prune.arms[1].schedule: at keep 0.5: min_width: 40 leaves no"),
         ({"max_width": 72}, "prune.arms[1].schedule: at keep 0.5: max_width: 72 exceeds the"),
@@ -494,8 +495,8 @@ def test_a_killed_search_with_patience_resumes_to_the_same_stop(
 
 
 def test_patience_left_unset_keeps_the_prune_key(tmp_path: Path) -> None:
-    """An evolve table without patience dumps the keys it had before patience existed, so the
-    prune stage's key of an existing spec is unchanged; set, it is part of the key."""
+    """An evolve table without patience or kl_top_k dumps the keys it had before they existed,
+    so the prune stage's key of an existing spec is unchanged; set, each is part of the key."""
     from geospec.pipeline.keys import section
     from geospec.spec.sections import PruneArmSpec
 
@@ -507,6 +508,8 @@ def test_patience_left_unset_keeps_the_prune_key(tmp_path: Path) -> None:
     assert set(section(plain)["schedule"]) == before
     patient = PruneArmSpec(name="searched", schedule={"kind": "evolve", "patience": 5})
     assert section(patient)["schedule"]["patience"] == 5
+    lumped = PruneArmSpec(name="searched", schedule={"kind": "evolve", "kl_top_k": 64})
+    assert set(section(lumped)["schedule"]) == before | {"kl_top_k"}
 
 
 def test_a_search_starts_from_protect_ends_through_the_prune(tmp_path: Path) -> None:
@@ -597,3 +600,20 @@ def test_a_start_arm_naming_a_grid_names_its_settings(tmp_path: Path) -> None:
         "prune.arms[3].schedule.start_arm: 'owl' is a grid, whose best setting is chosen after "
         "every arm's widths; name one of its settings: 'owl-lam0.05', 'owl-lam0.1'"
     ) in result.output
+
+
+def test_a_lumped_search_through_the_prune_scores_below_the_full_kl(tmp_path: Path) -> None:
+    """Two searches of one seed, one stage (every candidate scored on the same windows), the
+    second with ``kl_top_k = 3``: its first generation's best fitness, a minimum of coarsened
+    KLs of the same candidates, is below the full search's."""
+    lumped = EVOLVE | {"generations": 1, "kl_top_k": 3}
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "full", "schedule": {"kind": "evolve"} | EVOLVE | {"generations": 1}},
+        {"name": "lumped", "schedule": {"kind": "evolve"} | lumped},
+    ]
+    spec = prune_spec(tmp_path, keep=0.5, calibration={"windows": 4, "seeds": [0]}, arms=arms)
+    invoke("prune", str(spec))
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    full, top = (record["budgets"][0]["arms"][name]["search"]["0"] for name in ("full", "lumped"))
+    assert 0 < top["fitness"][0] < full["fitness"][0]

@@ -503,7 +503,7 @@ def evolve_search(
     sites: Sequence[FFNSite],
     orders: Sequence[Sequence[int]],
     batches: Sequence[Batch],
-    teacher: dict[int, torch.Tensor],
+    teacher: dict[Any, torch.Tensor],
     prune: PruneSpec,
     run_dir: Path,
     unit: Unit,
@@ -522,9 +522,9 @@ def evolve_search(
     path = unit.directory(run_dir) / SEARCH_FILE
     state = SealedSearchState(path, key_of(stage_key, unit), say, name, generations)
 
-    def fitness(kind: str) -> CalibrationFitness:
+    def fitness(kind: str, top_k: int | None = None) -> CalibrationFitness:
         size = prune.calibration.batch_size
-        return CalibrationFitness(model, sites, orders, batches, kind, size, teacher)
+        return CalibrationFitness(model, sites, orders, batches, kind, size, teacher, top_k=top_k)
 
     return Search(fitness, state)
 

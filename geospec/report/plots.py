@@ -301,7 +301,13 @@ def search_plot(plots: PlotDir, budgets: Sequence[Mapping[str, Any]]) -> None:
                 steps = range(1, len(found["fitness"]) + 1)
                 style = styles[order % len(styles)]
                 stopped = found.get("stopped") or {}
-                why = f", {stopped['by']} at {stopped['generation']}" if stopped else ""
+                why = (
+                    ""
+                    if not stopped
+                    else f"; patience stopped it at {stopped['generation']}"
+                    if stopped["by"] == "patience"
+                    else f"; its cap of {stopped['generation']}"
+                )
                 path.plot(steps, found["fitness"], color=colour, lw=1.1, ls=style,
                           label=f"{name} (seed {seed}{why})")  # fmt: skip
                 if "tracked" in found:  # the parent on the fixed windows: thin, same style
