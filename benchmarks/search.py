@@ -156,6 +156,7 @@ def main() -> None:
         "<dtype>-top<K>)",
     )
     parser.add_argument("--cut", default="true", help="true widths or zeroed activations")
+    parser.add_argument("--seed", type=int, default=0, help="the search's seed (its draws)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2: both cores)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -179,7 +180,7 @@ def main() -> None:
         {"tokens": int(t), "survivors": int(s)}
         for t, s in (stage.split(":") for stage in args.stages.split(","))
     ]
-    table = {"kind": "evolve", "offspring": args.offspring, "stages": stages}
+    table = {"kind": "evolve", "offspring": args.offspring, "stages": stages, "seed": args.seed}
     schedule = create_plugin("schedule", table)
     ways = args.ways.split(",")
     print(
@@ -206,16 +207,17 @@ def main() -> None:
     levels = schedule.levels(dims, width)
     parent = list(create_plugin("schedule", {"kind": "uniform"}).widths_from(dims, {}, {}))
     steps: dict[str, list[dict[str, Any]]] = {name: [] for name in ways}
-    seconds = dict.fromkeys(ways, 0.0)
-    plain = {"float32": 0.0, "bfloat16": 0.0}
+    seconds, cpu = dict.fromkeys(ways, 0.0), dict.fromkeys(ways, 0.0)
+    plain, plain_cpu = {"float32": 0.0, "bfloat16": 0.0}, {"float32": 0.0, "bfloat16": 0.0}
     for generation in range(args.generations):
         for name in ways:
             dtype, _ = way_of(name)
             before = len(scorers[name].calls)
-            started = time.perf_counter()
+            started, used = time.perf_counter(), time.process_time()
             with computing(dtype, "cpu"):
                 step = schedule.generation(parent, generation, scorers[name], draws, levels)
             seconds[name] += time.perf_counter() - started
+            cpu[name] += time.process_time() - used
             step["calls"] = scorers[name].calls[before:]
             steps[name].append(step)
             print(
@@ -228,25 +230,37 @@ def main() -> None:
         # calibration batches, after every generation (the machine's load changes as it goes)
         for dtype in ("float32", "bfloat16"):
             with torch.no_grad(), pruned(sites, orders, parent), computing(dtype, "cpu"):
-                started = time.perf_counter()
+                started, used = time.perf_counter(), time.process_time()
                 eval_loss(model, batches)
                 plain[dtype] += time.perf_counter() - started
+                plain_cpu[dtype] += time.process_time() - used
     plain_tokens = args.generations * sum(targets.numel() for _, targets in batches)
-    plain_rate = plain_tokens / plain["float32"]
+    threads = torch.get_num_threads()
     print(
-        f"plain transformers forward: float32 {plain_rate:.0f} tokens/s, bfloat16 autocast "
-        f"{plain_tokens / plain['bfloat16']:.0f} tokens/s"
+        f"plain transformers forward: float32 {plain_tokens / plain['float32']:.0f} tokens/s "
+        f"({plain_tokens / plain_cpu['float32'] * threads:.0f} by CPU time), bfloat16 autocast "
+        f"{plain_tokens / plain['bfloat16']:.0f} tokens/s "
+        f"({plain_tokens / plain_cpu['bfloat16'] * threads:.0f} by CPU time)"
     )
     for name in ways:
-        generation_s = seconds[name] / args.generations
-        rate = scorers[name].tokens / scorers[name].seconds
+        # by CPU time as well as by the clock: other processes on the cores slow the clock,
+        # not the CPU seconds (threads x the clock on idle cores, at best)
+        generation_s, generation_cpu = (
+            seconds[name] / args.generations,
+            cpu[name] / args.generations,
+        )
+        rate = scorers[name].tokens / seconds[name]
         line = (
-            f"{name}: generation_s: {generation_s:.1f}  tokens_per_s: {rate:.0f}  "
-            f"x_transformers: {rate / plain_rate:.2f}"
+            f"{name}: generation_s: {generation_s:.1f}  generation_cpu_s: {generation_cpu:.1f}  "
+            f"tokens_per_s: {rate:.0f}  x_transformers: "
+            f"{rate / (plain_tokens / plain['float32']):.2f} (by CPU time "
+            f"{scorers[name].tokens / cpu[name] / (plain_tokens / plain_cpu['float32']):.2f})"
         )
         agreement = [
-            f"search_150_min: {150 * generation_s / 60:.1f}",
-            f"x_{ways[0]}: {seconds[ways[0]] / seconds[name]:.2f}",
+            f"search_150_min: {150 * generation_s / 60:.1f} "
+            f"(by CPU time over {threads} threads: {150 * generation_cpu / threads / 60:.1f})",
+            f"x_{ways[0]}: {seconds[ways[0]] / seconds[name]:.2f} (by CPU time "
+            f"{cpu[ways[0]] / cpu[name]:.2f})",
             f"teacher_mb: {teacher_mb[name]:.0f}",
         ]
         if name != ways[0]:
