@@ -617,3 +617,15 @@ def test_a_lumped_search_through_the_prune_scores_below_the_full_kl(tmp_path: Pa
     record = json.loads((tmp_path / "run" / "prune.json").read_text())
     full, top = (record["budgets"][0]["arms"][name]["search"]["0"] for name in ("full", "lumped"))
     assert 0 < top["fitness"][0] < full["fitness"][0]
+
+
+def test_evolve_with_patience_and_a_lumped_kl_keeps_the_schedule_contract() -> None:
+    """The plugin kit's schedule check (its made-up fitness, a state kept nowhere) passes an
+    evolve with patience and kl_top_k as it passes the default one."""
+    from test_contracts import PRUNED
+
+    from geospec import testing
+    from geospec.plugin import get_registries
+
+    cls = get_registries()["schedule"].get("evolve").cls
+    testing.check_schedule(cls, {"patience": 2, "kl_top_k": 8, "generations": 5}, dims=PRUNED)
