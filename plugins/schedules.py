@@ -1181,7 +1181,8 @@ class Evolve(ScoreAllocation):
             or len(parent) != len(start)
             or (tracking and "tracked_start" not in state)
         ):
-            parent, trajectory = start, []  # a state of another budget: start over
+            # a state of another budget (or, with patience, without its tracked start): over
+            parent, trajectory = start, []
         tracked = self.tracked_windows(fitness, draws[-1]) if tracking else []
         saved: dict[str, Any] = {"parent": list(parent), "trajectory": trajectory}
         if tracking:
