@@ -24,9 +24,13 @@ candidates: the Spearman rank correlation of the first stage's offspring fitness
 generations), and in how many generations the same first-stage survivors and the same next
 parent were selected:
 
-    bfloat16-top256: generation_s: 11.9  tokens_per_s: 840  x_transformers: 1.97
-      search_150_min: 29.8  x_float32: 2.13  teacher_mb: 33  spearman: 0.998
-      same_survivors: 5/5  same_parent: 5/5
+    bfloat16-top256: generation_s: 76.0  generation_cpu_s: 75.2  tokens_per_s: 134
+      x_transformers: 1.11 (by CPU time 1.11)
+      search_150_min: 190.0 (by CPU time over 2 threads: 94.0)  x_float32: 1.51 (by CPU
+      time 1.28)  teacher_mb: 8  spearman: 0.987 (min 0.985)  same_survivors: 1/2
+      same_parent: 2/2
+
+(SmolLM2-135M on 2 cores shared with other work: the clock and the CPU time both inflated.)
 
 A generation scores ``offspring x stage 1 + (survivors + parent) x later stages`` tokens (the
 defaults: about 10k); size the stages from that and from the fitness's noise.
