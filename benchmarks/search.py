@@ -1,20 +1,36 @@
-"""Benchmark: the evolutionary search allocation (``evolve``) on SmolLM2-135M on this machine.
+"""Benchmark: the evolutionary search allocation (``evolve``) on SmolLM2-135M on this machine,
+in float32 and the cheaper ways of scoring its candidates, with their agreement.
 
-Loads SmolLM2-135M's GGUF (``--gguf PATH``, the gguf extra; without it a Llama of SmolLM2's
-shape with random weights; ``--tiny``: a Llama of 4 small layers, to check the script), scores
-the neurons (activation) on ``--windows`` calibration windows of ``--seq-len`` tokens, and runs
+Loads SmolLM2-135M's GGUF (``--gguf PATH``, the gguf extra; its calibration windows are the start
+of bundled Austen in its own tokenizer; without it a Llama of SmolLM2's shape with random weights
+and random tokens; ``--tiny``: a Llama of 4 small layers, to check the script), scores the
+neurons (activation) on ``--windows`` calibration windows of ``--seq-len`` tokens, and runs
 ``--generations`` generations of the search at ``--keep`` from uniform, as the prune stage runs
-it (KL fitness, each candidate from its first changed layer), once per way of cutting a
-candidate (``--cuts``: at its true widths, the default, and with zeroed activations at full
-width), the same seed each time. Prints each generation's line, then per cut the seconds per
-generation, the share of them spent scoring candidates (the forward passes, the unpruned
-model's log-probabilities included), the tokens scored per second against plain transformers'
-forward of the same model pruned at its true widths, what a search of 150 generations would
-take, and each cut's time against the last one's:
+it (each candidate at its true widths from its first changed layer). Each generation is run
+once per way (``--ways``), all from the float32 search's parent, so every way scores the same
+offspring on the same windows:
 
-    cut true: generation_s: 9.8  scoring_share: 0.97  tokens_per_s: 1050  plain_tokens_per_s: 1230
-    search_150_min: 24.5
-    generation time against cut zero: true 0.80x  zero 1.00x
+- ``float32``: the KL over the whole vocabulary in float32 (the default; the reference);
+- ``bfloat16``: the same under ``compute_dtype = "bfloat16"`` (autocast, float32 weights);
+- ``<dtype>-top<K>``: the KL over the unpruned model's top K tokens with the rest lumped into
+  one bucket (``CalibrationFitness(top_k=K)``), in that dtype.
+
+The unpruned model's log-probabilities are computed before the clock starts (each way its own,
+in its dtype). Prints per way the seconds per generation, the tokens scored per second against
+plain transformers' float32 forward of the same pruned model in the same run (the float32
+parent after each generation, on the calibration windows), what 150
+generations would take, the teacher's memory, and its agreement with float32 on the same
+candidates: the Spearman rank correlation of the first stage's offspring fitness (mean over
+generations), and in how many generations the same first-stage survivors and the same next
+parent were selected:
+
+    bfloat16-top256: generation_s: 76.0  generation_cpu_s: 75.2  tokens_per_s: 134
+      x_transformers: 1.11 (by CPU time 1.11)
+      search_150_min: 190.0 (by CPU time over 2 threads: 94.0)  x_float32: 1.51 (by CPU
+      time 1.28)  teacher_mb: 8  spearman: 0.987 (min 0.985)  same_survivors: 1/2
+      same_parent: 2/2
+
+(SmolLM2-135M on 2 cores shared with other work: the clock and the CPU time both inflated.)
 
 A generation scores ``offspring x stage 1 + (survivors + parent) x later stages`` tokens (the
 defaults: about 10k); size the stages from that and from the fitness's noise.
@@ -23,21 +39,22 @@ defaults: about 10k); size the stages from that and from the fitness's noise.
 from __future__ import annotations
 
 import argparse
+import gzip
 import resource
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from geospec.kinds import Fitness, Search
+from geospec.engine.precision import computing
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
 from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores, pruned
-from geospec.prune.search import CalibrationFitness, SealedSearchState, calibration_batches
+from geospec.prune.search import CalibrationFitness, calibration_batches
 from geospec.shapes.pruned import pruned_dims
 
 
@@ -70,12 +87,29 @@ def model_of(gguf: str | None, tiny: bool) -> torch.nn.Module:
     return hf.LlamaForCausalLM(config).eval()
 
 
-class TimedFitness:
-    """A fitness that counts the seconds and tokens it scored."""
+def text_of(gguf: str | None, vocab: int, count: int) -> np.ndarray:
+    """``count`` tokens: the start of bundled Austen in the GGUF's tokenizer, or random ones."""
+    if not gguf:
+        return np.random.default_rng(0).integers(0, vocab, count)
+    import transformers as hf
+
+    from geospec.engine.corpus import bundled_path
+
+    path = Path(gguf)
+    tokenizer = hf.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with gzip.open(bundled_path("austen"), "rt", encoding="utf-8") as file:
+        text = file.read()
+    return np.asarray(tokenizer(text[: len(text) // 10])["input_ids"][:count])
+
+
+class Recorded:
+    """A fitness that keeps what it was asked (each call's candidates and values) and counts
+    the seconds and tokens it scored."""
 
     def __init__(self, fitness: CalibrationFitness) -> None:
         self.fitness = fitness
         self.windows, self.window_tokens = fitness.windows, fitness.window_tokens
+        self.calls: list[tuple[list[list[int]], list[float]]] = []
         self.seconds, self.tokens = 0.0, 0
 
     def __call__(
@@ -88,7 +122,22 @@ class TimedFitness:
         values = self.fitness(candidates, windows, base)
         self.seconds += time.perf_counter() - started
         self.tokens += len(candidates) * len(windows) * self.window_tokens
+        self.calls.append(([list(c) for c in candidates], values))
         return values
+
+
+def way_of(name: str) -> tuple[str, int | None]:
+    """``float32``, ``bfloat16`` or ``<dtype>-top<K>`` as (dtype, K)."""
+    dtype, _, top = name.partition("-top")
+    if dtype not in ("float32", "bfloat16"):
+        raise SystemExit(f"--ways: {name!r}: a way is float32, bfloat16 or <dtype>-top<K>")
+    return dtype, int(top) if top else None
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b).statistic)
 
 
 def main() -> None:
@@ -105,10 +154,13 @@ def main() -> None:
         "--stages", default="256:2,2048:1", help="tokens:survivors per stage (the defaults)"
     )
     parser.add_argument(
-        "--cuts",
-        default="true,zero",
-        help="how candidates are cut, each timed in turn: true widths, zeroed activations",
+        "--ways",
+        default="float32,bfloat16,bfloat16-top256",
+        help="how candidates are scored, the first the reference (float32, bfloat16, "
+        "<dtype>-top<K>)",
     )
+    parser.add_argument("--cut", default="true", help="true widths or zeroed activations")
+    parser.add_argument("--seed", type=int, default=0, help="the search's seed (its draws)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2: both cores)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -117,14 +169,14 @@ def main() -> None:
     config = model.config
     layers, d_model = config.num_hidden_layers, config.hidden_size
     width, multiple = config.intermediate_size, 8 if args.tiny else 64
-    tokens = np.random.default_rng(0).integers(0, config.vocab_size, (args.windows + 1) * 600)
+    tokens = text_of(args.gguf, config.vocab_size, (args.windows + 1) * 600)
     starts = calibration_windows(tokens, args.seq_len, args.windows, 0)
     batches = calibration_batches(
         tokens, starts, args.seq_len, args.batch_size, torch.device("cpu")
     )
     sites = find_ffn_sites(model, d_model, lambda: logits_of(model, batches[0][0][:1]))
     importance = create_plugin("importance", {"kind": "activation"})
-    scores, orders = neuron_scores(
+    _, orders = neuron_scores(
         model, sites, importance, tokens, starts, args.seq_len, args.batch_size
     )
     dims = pruned_dims(layers, d_model, width, multiple, args.keep, "swiglu")
@@ -132,70 +184,104 @@ def main() -> None:
         {"tokens": int(t), "survivors": int(s)}
         for t, s in (stage.split(":") for stage in args.stages.split(","))
     ]
-    schedule = create_plugin(
-        "schedule",
-        {
-            "kind": "evolve",
-            "generations": args.generations,
-            "offspring": args.offspring,
-            "stages": stages,
-        },
-    )
+    table = {"kind": "evolve", "offspring": args.offspring, "stages": stages, "seed": args.seed}
+    schedule = create_plugin("schedule", table)
+    ways = args.ways.split(",")
     print(
         f"{args.gguf or ('a tiny Llama' if args.tiny else 'random weights, SmolLM2 shape')}: "
         f"{args.windows} calibration windows of {args.seq_len}; keep {args.keep}; "
         f"{args.generations} generations of {args.offspring} offspring, stages {stages}; "
-        f"{torch.get_num_threads()} threads",
+        f"ways {ways} (the first the reference); {torch.get_num_threads()} threads",
         flush=True,
     )
-    cuts = args.cuts.split(",")
-    found: dict[str, tuple[float, TimedFitness, list[int]]] = {}
-    teacher: dict[int, torch.Tensor] = {}  # the unpruned log-probabilities, shared as a prune does
-    for cut in cuts:
+    scorers: dict[str, Recorded] = {}
+    teacher_mb: dict[str, float] = {}
+    for name in ways:
+        dtype, top_k = way_of(name)
+        teacher: dict[Any, torch.Tensor] = {}
         scorer = CalibrationFitness(
-            model, sites, orders, batches, "kl", args.batch_size, teacher, cut
+            model, sites, orders, batches, "kl", args.batch_size, teacher, args.cut, top_k
         )
-        scorer.prepare(range(scorer.windows))  # every cut timed without the teacher's passes
-        timed = TimedFitness(scorer)
-
-        def fitness(kind: str, timed: TimedFitness = timed) -> Fitness:
-            return timed
-
-        with tempfile.TemporaryDirectory() as directory:
-            state = SealedSearchState(
-                Path(directory) / "search.json", "benchmark", print, f"cut {cut}", args.generations
+        with computing(dtype, "cpu"):
+            scorer.prepare(range(scorer.windows))
+        teacher_mb[name] = sum(t.numel() * t.element_size() for t in teacher.values()) / 2**20
+        scorers[name] = Recorded(scorer)
+    first = scorers[ways[0]]
+    draws = schedule.stage_windows(first)
+    levels = schedule.levels(dims, width)
+    parent = list(create_plugin("schedule", {"kind": "uniform"}).widths_from(dims, {}, {}))
+    steps: dict[str, list[dict[str, Any]]] = {name: [] for name in ways}
+    seconds, cpu = dict.fromkeys(ways, 0.0), dict.fromkeys(ways, 0.0)
+    plain, plain_cpu = {"float32": 0.0, "bfloat16": 0.0}, {"float32": 0.0, "bfloat16": 0.0}
+    for generation in range(args.generations):
+        for name in ways:
+            dtype, _ = way_of(name)
+            before = len(scorers[name].calls)
+            started, used = time.perf_counter(), time.process_time()
+            with computing(dtype, "cpu"):
+                step = schedule.generation(parent, generation, scorers[name], draws, levels)
+            seconds[name] += time.perf_counter() - started
+            cpu[name] += time.process_time() - used
+            step["calls"] = scorers[name].calls[before:]
+            steps[name].append(step)
+            print(
+                f"generation {generation + 1} {name}: fitness {step['fitness']:.5g}, "
+                f"accepted {step['accepted']}, {time.perf_counter() - started:.1f} s",
+                flush=True,
             )
-            started = time.perf_counter()
-            widths = schedule.widths_from_search(dims, scores, {}, Search(fitness, state))
-            found[cut] = (time.perf_counter() - started, timed, list(widths))
-    # plain transformers' forward of the same model at its true widths, on as many windows as
-    # the last stage scores
-    widths = found[cuts[0]][2]
-    with torch.no_grad(), pruned(sites, orders, widths):
-        plain_started = time.perf_counter()
-        eval_loss(model, batches)
-        plain = time.perf_counter() - plain_started
-    plain_tokens = sum(targets.numel() for _, targets in batches)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"searched widths ({cuts[0]}): {widths}")
-    if len(cuts) > 1:
-        same = all(found[cut][2] == widths for cut in cuts)
-        print(f"the same widths from every cut: {same}")
-    for cut in cuts:
-        total, timed, _ = found[cut]
-        generation = total / args.generations
-        print(
-            f"cut {cut}: generation_s: {generation:.1f}  scoring_share: "
-            f"{timed.seconds / total:.2f}  tokens_per_s: {timed.tokens / timed.seconds:.0f}  "
-            f"plain_tokens_per_s: {plain_tokens / plain:.0f}  "
-            f"search_150_min: {150 * generation / 60:.1f}"
+        parent = steps[ways[0]][-1]["widths"]
+        # plain transformers' forward of the model at the new parent's true widths, on the
+        # calibration batches, after every generation (the machine's load changes as it goes)
+        for dtype in ("float32", "bfloat16"):
+            with torch.no_grad(), pruned(sites, orders, parent), computing(dtype, "cpu"):
+                started, used = time.perf_counter(), time.process_time()
+                eval_loss(model, batches)
+                plain[dtype] += time.perf_counter() - started
+                plain_cpu[dtype] += time.process_time() - used
+    plain_tokens = args.generations * sum(targets.numel() for _, targets in batches)
+    threads = torch.get_num_threads()
+    print(
+        f"plain transformers forward: float32 {plain_tokens / plain['float32']:.0f} tokens/s "
+        f"({plain_tokens / plain_cpu['float32'] * threads:.0f} by CPU time), bfloat16 autocast "
+        f"{plain_tokens / plain['bfloat16']:.0f} tokens/s "
+        f"({plain_tokens / plain_cpu['bfloat16'] * threads:.0f} by CPU time)"
+    )
+    for name in ways:
+        # by CPU time as well as by the clock: other processes on the cores slow the clock,
+        # not the CPU seconds (threads x the clock on idle cores, at best)
+        generation_s, generation_cpu = (
+            seconds[name] / args.generations,
+            cpu[name] / args.generations,
         )
-    if len(cuts) > 1:
-        base = found[cuts[-1]][0]
-        print(
-            "generation time against cut " + cuts[-1] + ": "
-            + "  ".join(f"{cut} {found[cut][0] / base:.2f}x" for cut in cuts)
-        )  # fmt: skip
+        rate = scorers[name].tokens / seconds[name]
+        line = (
+            f"{name}: generation_s: {generation_s:.1f}  generation_cpu_s: {generation_cpu:.1f}  "
+            f"tokens_per_s: {rate:.0f}  x_transformers: "
+            f"{rate / (plain_tokens / plain['float32']):.2f} (by CPU time "
+            f"{scorers[name].tokens / cpu[name] / (plain_tokens / plain_cpu['float32']):.2f})"
+        )
+        agreement = [
+            f"search_150_min: {150 * generation_s / 60:.1f} "
+            f"(by CPU time over {threads} threads: {150 * generation_cpu / threads / 60:.1f})",
+            f"x_{ways[0]}: {seconds[ways[0]] / seconds[name]:.2f} (by CPU time "
+            f"{cpu[ways[0]] / cpu[name]:.2f})",
+            f"teacher_mb: {teacher_mb[name]:.0f}",
+        ]
+        if name != ways[0]:
+            pairs = list(zip(steps[ways[0]], steps[name], strict=True))
+            rho = [spearman(a["calls"][0][1], b["calls"][0][1]) for a, b in pairs]
+            survivors = sum(
+                sorted(a["calls"][1][0]) == sorted(b["calls"][1][0]) if len(a["calls"]) > 1 else 1
+                for a, b in pairs
+            )
+            same = sum(a["widths"] == b["widths"] for a, b in pairs)
+            agreement += [
+                f"spearman: {np.mean(rho):.3f} (min {min(rho):.3f})",
+                f"same_survivors: {survivors}/{len(pairs)}",
+                f"same_parent: {same}/{len(pairs)}",
+            ]
+        print(line + "\n  " + "  ".join(agreement))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"peak_rss_gb: {peak:.2f}")
 
 

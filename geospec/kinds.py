@@ -421,9 +421,11 @@ class SearchState(Protocol):
 @dataclass(frozen=True)
 class Search:
     """What ``geospec prune`` hands a search allocation (:attr:`ScoreAllocation.reads_search`):
-    its fitness (``fitness("kl")`` or ``fitness("loss")``) and its resumable state."""
+    its fitness (``fitness("kl")`` or ``fitness("loss")``; ``fitness("kl", top_k=K)``: the KL
+    over the unpruned model's K most likely tokens, the rest lumped into one bucket) and its
+    resumable state."""
 
-    fitness: Callable[[str], Fitness]
+    fitness: Callable[..., Fitness]
     state: SearchState
 
 

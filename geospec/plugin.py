@@ -17,6 +17,8 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from geospec.errors import PluginError
 from geospec.plugin_base import (
+    ADDED_LATER,
+    AddedLater,
     Plugin,
     PluginParams,
     PluginTableError,
@@ -27,6 +29,8 @@ from geospec.plugin_base import (
 from geospec.registry.loading import get_registries
 
 __all__ = [
+    "ADDED_LATER",
+    "AddedLater",
     "GeometryRef",
     "ImportanceRef",
     "LauncherRef",

@@ -14,10 +14,21 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 #: The callback every ``geospec_register_*`` hook receives: call it with each plugin class.
 Register = Callable[[type[Any]], None]
+
+
+class AddedLater:
+    """Marks an option added after run keys were first recorded: keys leave it out while it has
+    its default (the behaviour from before it existed), so adding it retrains nothing. On a spec
+    section (:meth:`geospec.spec.sections.Section.key_form`) and on a plugin's ``Params`` (its
+    dump leaves the option out at its default: a ``[[prune.arms]]`` schedule table is part of
+    the prune's key)."""
+
+
+ADDED_LATER = AddedLater()
 
 
 class PluginParams(BaseModel):
@@ -32,6 +43,17 @@ class PluginParams(BaseModel):
     )
 
     kind: str
+
+    @model_serializer(mode="wrap")
+    def _without_later_defaults(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The table, less the options added later (:class:`AddedLater`) at their defaults: the
+        dump run keys hash, as it was before those options existed."""
+        dumped: dict[str, Any] = handler(self)
+        for name, field in type(self).model_fields.items():
+            later = any(isinstance(marker, AddedLater) for marker in field.metadata)
+            if later and getattr(self, name) == field.get_default(call_default_factory=True):
+                dumped.pop(name, None)
+        return dumped
 
 
 class Plugin:

@@ -25,6 +25,7 @@ from geospec.errors import PluginError, SpecError, UsageError
 from geospec.kinds import (
     BlockLinears,
     CutLosses,
+    Fitness,
     ModelDims,
     Schedule,
     ScoreAllocation,
@@ -39,6 +40,7 @@ from geospec.kinds import (
     units_between,
 )
 from geospec.plugin import (
+    ADDED_LATER,
     PluginParams,
     Register,
     ScheduleRef,
@@ -1021,9 +1023,12 @@ class Evolve(ScoreAllocation):
     windows (training split, never eval text): :class:`~geospec.kinds.Search`.
 
     It starts from ``start`` (a schedule that needs no profile, score or arm: uniform,
-    protect, a taper, manual) or from the widths of another prune arm (``start_arm``: a
-    geometric arm, flap, owl). Generation g draws from ``(seed, g)`` alone, so a search
-    resumed from its state after generation g continues as if never stopped."""
+    protect, a taper, manual) or from the widths of any other prune arm (``start_arm``: a
+    geometric arm, protect-ends, flap, an owl setting, another search). It runs ``generations``
+    generations, or with ``patience`` stops once that many generations have passed without a
+    better parent on fixed tracked windows. Generation g draws from ``(seed, g)`` alone and the
+    stop is a function of the trajectory, so a search resumed from its state after generation
+    g continues and stops as if never interrupted."""
 
     reads_search = True
 
@@ -1033,7 +1038,8 @@ class Evolve(ScoreAllocation):
         """The allocation the search starts from: a schedule table that reads no profile,
         neuron score or arm (uniform, protect, a taper, manual)."""
         start_arm: ArmName | None = None
-        """Start from this other prune arm's widths instead (a geometric arm, flap, owl)."""
+        """Start from this other prune arm's widths instead (any arm: a geometric arm,
+        protect-ends, flap, an owl setting, another search; not a grid's name)."""
         generations: int = Field(150, ge=1, le=1_000_000)
         """Generations of the search."""
         offspring: int = Field(16, ge=1, le=10_000)
@@ -1051,6 +1057,14 @@ class Evolve(ScoreAllocation):
         model's next-token distribution, or the mean next-token loss."""
         seed: int = Field(0, ge=0)
         """Seeds the mutations and the windows each stage draws."""
+        kl_top_k: Annotated[int | None, ADDED_LATER, Field(ge=1, le=1_000_000)] = None
+        """The KL fitness over the unpruned model's ``kl_top_k`` most likely tokens at each
+        position, every other token lumped into one bucket (cheaper over a large vocabulary,
+        and its teacher kept as those tokens alone); default: the whole vocabulary."""
+        patience: Annotated[int | None, ADDED_LATER, Field(ge=1, le=1_000_000)] = None
+        """Stop after this many generations without a better parent on the tracked windows
+        (fixed windows, drawn once from the seed, on which every new parent is scored);
+        default: no early stop, every one of ``generations`` runs and nothing is tracked."""
 
         @field_validator("stages")
         @classmethod
@@ -1070,6 +1084,11 @@ class Evolve(ScoreAllocation):
             # start's default (uniform) beside start_arm: the table read back from its dump
             if self.start_arm is not None and self.start != Uniform.Params():
                 raise ValueError("give start or start_arm, not both")
+            if self.kl_top_k is not None and self.fitness != "kl":
+                raise ValueError(
+                    f"kl_top_k lumps the KL's tail, and fitness is {self.fitness!r}: drop "
+                    'kl_top_k or set fitness = "kl"'
+                )
             if self.stages[0].survivors > self.offspring:
                 raise ValueError(
                     f"stages[0].survivors {self.stages[0].survivors} exceeds offspring "
@@ -1093,7 +1112,7 @@ class Evolve(ScoreAllocation):
         # what geospec prune will refuse, said by geospec validate: the levels and the step
         # at the pretrained width (the checkpoint's, as every layer has under prune)
         try:
-            low, high, size = self._levels(dims, dims.max_width)
+            low, high, size = self.levels(dims, dims.max_width)
             if self.params.start_arm is None:
                 self._check_start(
                     self.start_schedule().widths_from(dims, {}, {}), dims, low, high, size
@@ -1141,7 +1160,7 @@ class Evolve(ScoreAllocation):
         pretrained = min(len(layer) for layer in scores)
         if dims.max_width is not None:
             pretrained = min(pretrained, dims.max_width)
-        low, high, size = self._levels(dims, pretrained)
+        low, high, size = self.levels(dims, pretrained)
         if p.start_arm is None:
             problems = self._start_problems(dims)
             if problems:
@@ -1150,11 +1169,51 @@ class Evolve(ScoreAllocation):
         else:
             start = list(arms[p.start_arm])
         self._check_start(start, dims, low, high, size)
-        fitness = search.fitness(p.fitness)
+        lumped = {} if p.kl_top_k is None else {"top_k": p.kl_top_k}
+        fitness = search.fitness(p.fitness, **lumped)
+        draws = self.stage_windows(fitness)
+        state = search.state.load() or {}
+        parent = [int(w) for w in state.get("parent", start)]
+        trajectory: list[dict[str, Any]] = list(state.get("trajectory", []))
+        tracking = p.patience is not None
+        if (
+            sum(parent) != dims.budget
+            or len(parent) != len(start)
+            or (tracking and "tracked_start" not in state)
+        ):
+            # a state of another budget (or, with patience, without its tracked start): over
+            parent, trajectory = start, []
+        tracked = self.tracked_windows(fitness, draws[-1]) if tracking else []
+        saved: dict[str, Any] = {"parent": list(parent), "trajectory": trajectory}
+        if tracking:
+            saved["tracked_start"] = (
+                state["tracked_start"] if trajectory else fitness([start], tracked)[0]
+            )
+        stopped = self.stopped(trajectory, saved.get("tracked_start"))
+        while stopped is None:
+            step = self.generation(parent, len(trajectory), fitness, draws, (low, high, size))
+            if tracking:  # the parent on the fixed windows: scored again only when it moved
+                last = trajectory[-1]["tracked"] if trajectory else saved["tracked_start"]
+                if step["accepted"]:
+                    last = fitness([step["widths"]], tracked)[0]
+                    step["tokens"] += len(tracked) * fitness.window_tokens
+                step["tracked"] = last
+            parent = step["widths"]
+            trajectory.append(step)
+            stopped = self.stopped(trajectory, saved.get("tracked_start"))
+            saved |= {"parent": list(parent), "trajectory": trajectory, "stopped": stopped}
+            search.state.save(saved)
+        if state.get("stopped") != stopped and "stopped" not in saved:  # an older state
+            search.state.save(saved | {"stopped": stopped})
+        return parent
+
+    def stage_windows(self, fitness: Fitness) -> list[int]:
+        """How many calibration windows each stage draws: whole windows, the nearest count to
+        the tokens asked (at least one); a window's tokens are model.seq_len - 1 (seq_len with
+        a BOS), seldom a round number. Refused (one line naming the stage) beyond those there
+        are."""
         draws = []
-        for i, stage in enumerate(p.stages):
-            # whole windows, the nearest count to the tokens asked (at least one): a window's
-            # tokens are model.seq_len - 1 (seq_len with a BOS), seldom a round number
+        for i, stage in enumerate(self.params.stages):
             window = fitness.window_tokens
             count = max(1, (2 * stage.tokens + window) // (2 * window))
             if count > fitness.windows:
@@ -1164,45 +1223,76 @@ class Evolve(ScoreAllocation):
                     "raise prune.calibration.windows"
                 )
             draws.append(count)
-        state = search.state.load() or {}
-        parent = [int(w) for w in state.get("parent", start)]
-        trajectory: list[dict[str, Any]] = list(state.get("trajectory", []))
-        if sum(parent) != dims.budget or len(parent) != len(start):
-            parent, trajectory = start, []  # a state of another budget: start over
-        for generation in range(len(trajectory), p.generations):
-            # every draw of generation g from (seed, g) alone: a resumed search repeats it
-            rng = random.Random(f"evolve:{p.seed}:{generation}")
-            candidates = self._offspring(parent, rng, low, high, size)
-            tokens = 0
-            for i, (stage, count) in enumerate(zip(p.stages, draws, strict=True)):
-                last = i == len(p.stages) - 1
-                if last and parent not in candidates:
-                    candidates.append(parent)  # scored again on these windows: no stale value
-                windows = sorted(rng.sample(range(fitness.windows), count))
-                values = fitness(candidates, windows, base=parent)
-                tokens += len(candidates) * count * fitness.window_tokens
-                # ties keep the parent (it is replaced only by a better offspring), then order
-                ranked = sorted(
-                    range(len(candidates)),
-                    key=lambda k: (values[k], candidates[k] != parent, k),
-                )
-                best = values[ranked[0]]
-                candidates = [candidates[k] for k in ranked[: stage.survivors]]
-            accepted = candidates[0] != parent
-            parent = candidates[0]
-            trajectory.append(
-                {
-                    "generation": generation + 1,
-                    "fitness": best,
-                    "accepted": accepted,
-                    "widths": list(parent),
-                    "tokens": tokens,
-                }
-            )
-            search.state.save({"parent": list(parent), "trajectory": trajectory})
-        return parent
+        return draws
 
-    def _levels(self, dims: ModelDims, pretrained: int) -> tuple[int, int, int]:
+    def tracked_windows(self, fitness: Fitness, count: int) -> list[int]:
+        """The fixed windows a search with ``patience`` scores each new parent on: as many as
+        its last stage draws, drawn once from the seed (apart from every generation's draws)."""
+        rng = random.Random(f"evolve:{self.params.seed}:tracked")
+        return sorted(rng.sample(range(fitness.windows), count))
+
+    def stopped(
+        self, trajectory: Sequence[Mapping[str, Any]], tracked_start: float | None
+    ) -> dict[str, Any] | None:
+        """Why the search stops after ``trajectory`` (None: it goes on): ``patience``
+        generations since the parent was last better on the tracked windows (its first
+        generation at the lowest tracked fitness; 0: the start), or the cap of
+        ``generations``. A function of the trajectory alone, so a resumed search stops where
+        an uninterrupted one does."""
+        p, done = self.params, len(trajectory)
+        if p.patience is not None and tracked_start is not None:
+            values = [tracked_start, *(float(step["tracked"]) for step in trajectory)]
+            best = min(range(len(values)), key=lambda g: (values[g], g))
+            if done - best >= p.patience:
+                return {
+                    "by": "patience",
+                    "generation": done,
+                    "best_generation": best,
+                    "patience": p.patience,
+                }
+        if done >= p.generations:
+            return {"by": "generations", "generation": done}
+        return None
+
+    def generation(
+        self,
+        parent: Sequence[int],
+        generation: int,
+        fitness: Fitness,
+        draws: Sequence[int],
+        levels: tuple[int, int, int],
+    ) -> dict[str, Any]:
+        """Generation ``generation`` (from 0) from ``parent``, its stages drawing ``draws``
+        windows each: its record (the kept candidate's fitness on the last stage's windows,
+        whether it replaced the parent, the parent after it as ``widths``, the tokens scored).
+        Every draw from ``(seed, generation)`` alone: a resumed search repeats it, and another
+        fitness scores the same offspring on the same windows."""
+        p, parent = self.params, list(parent)
+        rng = random.Random(f"evolve:{p.seed}:{generation}")
+        candidates = self._offspring(parent, rng, *levels)
+        tokens, best = 0, float("nan")
+        for i, (stage, count) in enumerate(zip(p.stages, draws, strict=True)):
+            if i == len(p.stages) - 1 and parent not in candidates:
+                candidates.append(parent)  # scored again on these windows: no stale value
+            windows = sorted(rng.sample(range(fitness.windows), count))
+            values = fitness(candidates, windows, base=parent)
+            tokens += len(candidates) * count * fitness.window_tokens
+            # ties keep the parent (it is replaced only by a better offspring), then order
+            ranked = sorted(
+                range(len(candidates)),
+                key=lambda k: (values[k], candidates[k] != parent, k),
+            )
+            best = values[ranked[0]]
+            candidates = [candidates[k] for k in ranked[: stage.survivors]]
+        return {
+            "generation": generation + 1,
+            "fitness": best,
+            "accepted": candidates[0] != parent,
+            "widths": list(candidates[0]),
+            "tokens": tokens,
+        }
+
+    def levels(self, dims: ModelDims, pretrained: int) -> tuple[int, int, int]:
         """The narrowest and widest a layer may be, and a step, in neurons (checked), for layers
         of ``pretrained`` neurons."""
         p, m = self.params, dims.multiple_of

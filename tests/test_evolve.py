@@ -266,7 +266,39 @@ def test_an_evolve_arm_searches_through_the_prune_and_keeps_its_path(tmp_path: P
     assert path == {
         "fitness": [s["fitness"] for s in steps],
         "accepted": [s["accepted"] for s in steps],
+        "stopped": {"by": "generations", "generation": 3},
     }
+    assert "3 generations moved, stopped at its cap of 3 generations" in output
+
+
+def test_a_search_with_patience_through_the_prune_says_why_it_stopped(tmp_path: Path) -> None:
+    """With ``patience``, the unit's record, prune.json, the report and the progress lines say
+    that patience stopped the search and at which generation; plots/search.png is drawn."""
+    evolve = EVOLVE | {"generations": 40, "patience": 1}
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "evolve", "schedule": {"kind": "evolve"} | evolve},
+    ]
+    spec = prune_spec(tmp_path, keep=0.5, calibration={"windows": 4, "seeds": [0]}, arms=arms)
+    output = invoke("prune", str(spec))
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / "evolve" / "seed-0"
+    search = json.loads((unit / "result.json").read_text())["search"]
+    stopped = search["stopped"]
+    done = len(search["trajectory"])
+    assert stopped == {"by": "patience", "generation": done, "best_generation": done - 1,
+                       "patience": 1}  # fmt: skip
+    assert done < 40
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    path = record["budgets"][0]["arms"]["evolve"]["search"]["0"]
+    assert path["stopped"] == stopped
+    assert path["tracked"] == [step["tracked"] for step in search["trajectory"]]
+    said = (
+        f"stopped at generation {done} by patience 1: no better parent on the tracked windows "
+        f"since generation {done - 1}"
+    )
+    assert f"generation {done}/40, fitness" in output and said in output
+    assert f"generation {done + 1}/40" not in output
+    assert prune_plot(tmp_path / "run", record)[-1] == "plots/search.png"
 
 
 @pytest.mark.parametrize(
@@ -276,6 +308,8 @@ def test_an_evolve_arm_searches_through_the_prune_and_keeps_its_path(tmp_path: P
         ({"start_arm": "evolve"}, "prune.arms[1].schedule.start_arm: arm 'evolve' cannot be"),
         ({"start": {"kind": "evolve"}}, "prune.arms[1].schedule: at keep 0.5: start: 'evolve' is"),
         ({"generations": 0}, "prune.arms[1].schedule.generations"),
+        ({"patience": 0}, "prune.arms[1].schedule.patience"),
+        ({"fitness": "loss", "kl_top_k": 8}, "prune.arms[1].schedule: kl_top_k lumps"),
         ({"step": 5}, "prune.arms[1].schedule: at keep 0.5: step: no layer of [32, 32, 32] can"),
         ({"min_width": 40}, "prune.arms[1].schedule: at keep 0.5: min_width: 40 leaves no"),
         ({"max_width": 72}, "prune.arms[1].schedule: at keep 0.5: max_width: 72 exceeds the"),
@@ -388,3 +422,210 @@ def test_a_search_from_protect_on_the_loss_moves_from_its_widths(
         moved = sum(abs(a - b) for a, b in zip(step["widths"], previous, strict=True))
         assert moved <= 2 * 3 * 8 and (moved > 0) == step["accepted"]
         previous = step["widths"]
+
+
+def tracked_truth(setting: tuple, path: Path, **params: Any) -> list[float]:
+    """The direct KL, on the search's tracked windows, of its start (uniform) and of the parent
+    after each generation of the search saved in ``path``."""
+    table = {
+        "kind": "evolve",
+        "stages": [{"tokens": 30, "survivors": 2}, {"tokens": 90, "survivors": 1}],
+    }
+    schedule = create_plugin("schedule", table | params)
+    rows = schedule.tracked_windows(fitness_of(setting), 6)  # the last stage's 90 tokens
+    parents = [[32, 32, 32]] + [step["widths"] for step in trajectory(path)]
+    return [direct_kl(setting, widths, rows) for widths in parents]
+
+
+@pytest.mark.parametrize("patience", [1, 3])
+def test_patience_stops_the_search_once_the_tracked_parent_stops_improving(
+    setting: tuple, tmp_path: Path, patience: int
+) -> None:
+    """Every new parent is scored on fixed windows (its KL there equals the direct KL of the
+    truly cut model); the search stops at the first generation ``patience`` generations after
+    the last at which that KL fell (patience 1: the first generation without a better parent),
+    and says so in its state; the widths it returns are its last parent's."""
+    path = tmp_path / "search.json"
+    params: dict[str, Any] = {"generations": 40, "offspring": 4, "seed": 1, "patience": patience}
+    found = search(setting, path, **params)
+    state = json.loads(path.read_text())["state"]
+    steps = state["trajectory"]
+    truth = tracked_truth(setting, path, **params)
+    assert state["tracked_start"] == pytest.approx(truth[0], rel=1e-5)
+    assert [step["tracked"] for step in steps] == pytest.approx(truth[1:], rel=1e-5)
+    # the stop, from the direct KLs: the first generation g with g - (the first generation at
+    # the lowest KL so far) = patience
+    expected = next(
+        g for g in range(1, len(truth)) if g - int(np.argmin(truth[: g + 1])) >= patience
+    )
+    assert len(steps) == expected < 40
+    assert state["stopped"] == {
+        "by": "patience", "generation": expected, "best_generation": expected - patience,
+        "patience": patience,
+    }  # fmt: skip
+    assert found == steps[-1]["widths"]
+
+
+def test_a_search_whose_patience_outlasts_it_stops_at_its_cap(
+    setting: tuple, tmp_path: Path
+) -> None:
+    path = tmp_path / "search.json"
+    search(setting, path, generations=3, offspring=4, patience=5)
+    state = json.loads(path.read_text())["state"]
+    assert len(state["trajectory"]) == 3
+    assert state["stopped"] == {"by": "generations", "generation": 3}
+
+
+def test_a_killed_search_with_patience_resumes_to_the_same_stop(
+    setting: tuple, tmp_path: Path
+) -> None:
+    """Killed after generation 2 and started again, a search with patience ends where the
+    uninterrupted one does (widths, trajectory with its tracked values, why it stopped);
+    started again once stopped, it runs no generation and returns the same widths."""
+    params: dict[str, Any] = {"generations": 40, "offspring": 4, "seed": 1, "patience": 3}
+    whole = search(setting, tmp_path / "a.json", **params)
+    with pytest.raises(Killed):
+        search(setting, tmp_path / "b.json", after=2, **params)
+    assert search(setting, tmp_path / "b.json", **params) == whole
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text())["state"] for n in "ab")
+    assert a == b and a["stopped"]["by"] == "patience"
+    said: list[str] = []
+    assert search(setting, tmp_path / "a.json", said, **params) == whole
+    assert said == []
+
+
+def test_patience_left_unset_keeps_the_prune_key(tmp_path: Path) -> None:
+    """An evolve table without patience or kl_top_k dumps the keys it had before they existed,
+    so the prune stage's key of an existing spec is unchanged; set, each is part of the key."""
+    from geospec.pipeline.keys import section
+    from geospec.spec.sections import PruneArmSpec
+
+    before = {
+        "kind", "start", "start_arm", "generations", "offspring", "stages", "step",
+        "min_width", "max_width", "fitness", "seed",
+    }  # fmt: skip
+    plain = PruneArmSpec(name="searched", schedule={"kind": "evolve"})
+    assert set(section(plain)["schedule"]) == before
+    patient = PruneArmSpec(name="searched", schedule={"kind": "evolve", "patience": 5})
+    assert section(patient)["schedule"]["patience"] == 5
+    lumped = PruneArmSpec(name="searched", schedule={"kind": "evolve", "kl_top_k": 64})
+    assert set(section(lumped)["schedule"]) == before | {"kl_top_k"}
+
+
+def test_a_search_starts_from_protect_ends_through_the_prune(tmp_path: Path) -> None:
+    """``start_arm`` names any prune arm, protect-ends (the first and last layers whole) among
+    them: the search's first generation moves from protect-ends' widths (at most three swaps),
+    and every generation keeps the budget."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "protect-ends", "schedule": {"kind": "protect", "first": 1, "last": 1}},
+        {"name": "evolve", "schedule": {"kind": "evolve", "start_arm": "protect-ends"} | EVOLVE},
+    ]
+    spec = prune_spec(tmp_path, keep=0.75, calibration={"windows": 4, "seeds": [0]}, arms=arms)
+    invoke("prune", str(spec))
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    start = record["budgets"][0]["arms"]["protect-ends"]["widths"]["0"]
+    assert start == [64, 16, 64]
+    unit = tmp_path / "run" / "prune" / "keep-0.75" / "evolve" / "seed-0"
+    previous = start
+    for step in json.loads((unit / "result.json").read_text())["search"]["trajectory"]:
+        moved = sum(abs(a - b) for a, b in zip(step["widths"], previous, strict=True))
+        assert sum(step["widths"]) == 144 and moved <= 2 * 3 * 8
+        assert (moved > 0) == step["accepted"]
+        previous = step["widths"]
+
+
+def lumped_by_masks(teacher: torch.Tensor, student: torch.Tensor, k: int) -> torch.Tensor:
+    """KL(P' || Q') summed over positions, P' and Q' the teacher's and student's next-token
+    distributions coarsened to the teacher's k most likely tokens and one bucket of the rest
+    (built with boolean masks, scored by torch.nn.functional.kl_div)."""
+    p, q = teacher.double().softmax(-1), student.double().softmax(-1)
+    mask = torch.zeros_like(p, dtype=torch.bool).scatter(-1, p.topk(k, -1).indices, True)
+    coarse_p = torch.cat([p[mask].view(-1, k), (p * ~mask).sum(-1, keepdim=True)], -1)
+    coarse_q = torch.cat([q[mask].view(-1, k), (q * ~mask).sum(-1, keepdim=True)], -1)
+    return F.kl_div(coarse_q.log(), coarse_p, reduction="sum")
+
+
+def test_the_lumped_kl_is_the_kl_of_the_coarsened_distributions(setting: tuple) -> None:
+    """In float64: at k = the vocabulary the lumped KL is the full KL (torch's kl_div on the
+    full logits); below it, the KL of the two distributions coarsened to the teacher's top k
+    and one bucket (computed with masks), never above the full KL. In float32, a top-k fitness
+    at the vocabulary scores candidates as the full one does."""
+    import copy
+
+    from geospec.prune.search import lumped_kl, lumped_teacher
+
+    model, sites, _, orders, batches = setting
+    exact = copy.deepcopy(model).double()
+    inputs = batches[0][0]
+    with torch.no_grad():
+        exact_sites = find_ffn_sites(exact, hf_models.WIDTH, lambda: logits_of(exact, inputs))
+        teacher = logits_of(exact, inputs).flatten(0, 1)
+        with pruned(exact_sites, orders, [24, 40, 32]):
+            student = logits_of(exact, inputs).flatten(0, 1)
+
+            def kl(k: int) -> float:
+                packed = lumped_teacher(teacher.log_softmax(-1), k).view(*inputs.shape, -1)
+                return float(lumped_kl(exact, inputs, packed))
+
+            full = float(
+                F.kl_div(student.log_softmax(-1), teacher.log_softmax(-1), reduction="sum",
+                         log_target=True)
+            )  # fmt: skip
+            assert kl(hf_models.VOCAB) == pytest.approx(full, rel=1e-9)
+            for k in (1, 5, 40):
+                coarse = float(lumped_by_masks(teacher, student, k))
+                assert kl(k) == pytest.approx(coarse, rel=1e-9)
+                assert kl(k) < full
+    candidates = [[40, 32, 24], [32, 40, 24], [24, 40, 32]]
+    values = fitness_of(setting)(candidates, [0, 2, 4], base=[40, 32, 24])
+    top = CalibrationFitness(model, sites, orders, batches, "kl", 4, top_k=hf_models.VOCAB)
+    # float32 log-probabilities (1e-7 apart) against a KL of 0.004 a position
+    assert top(candidates, [0, 2, 4], base=[40, 32, 24]) == pytest.approx(values, rel=1e-4)
+
+
+def test_a_start_arm_naming_a_grid_names_its_settings(tmp_path: Path) -> None:
+    """A grid's best setting is chosen after every arm's widths, so ``start_arm`` names one of
+    its settings: naming the grid is one line listing them, exit 2."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "owl", "schedule": {"kind": "owl"}, "grid": {"lam": [0.05, 0.1]}},
+        {"name": "evolve", "schedule": {"kind": "evolve", "start_arm": "owl"} | EVOLVE},
+    ]
+    spec = prune_spec(tmp_path, keep=0.5, calibration={"windows": 4, "seeds": [0]}, arms=arms)
+    result = CliRunner().invoke(cli, ["validate", str(spec)])
+    assert result.exit_code == 2, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert (
+        "prune.arms[3].schedule.start_arm: 'owl' is a grid, whose best setting is chosen after "
+        "every arm's widths; name one of its settings: 'owl-lam0.05', 'owl-lam0.1'"
+    ) in result.output
+
+
+def test_a_lumped_search_through_the_prune_scores_below_the_full_kl(tmp_path: Path) -> None:
+    """Two searches of one seed, one stage (every candidate scored on the same windows), the
+    second with ``kl_top_k = 3``: its first generation's best fitness, a minimum of coarsened
+    KLs of the same candidates, is below the full search's."""
+    lumped = EVOLVE | {"generations": 1, "kl_top_k": 3}
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "full", "schedule": {"kind": "evolve"} | EVOLVE | {"generations": 1}},
+        {"name": "lumped", "schedule": {"kind": "evolve"} | lumped},
+    ]
+    spec = prune_spec(tmp_path, keep=0.5, calibration={"windows": 4, "seeds": [0]}, arms=arms)
+    invoke("prune", str(spec))
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    full, top = (record["budgets"][0]["arms"][name]["search"]["0"] for name in ("full", "lumped"))
+    assert 0 < top["fitness"][0] < full["fitness"][0]
+
+
+def test_evolve_with_patience_and_a_lumped_kl_keeps_the_schedule_contract() -> None:
+    """The plugin kit's schedule check (its made-up fitness, a state kept nowhere) passes an
+    evolve with patience and kl_top_k as it passes the default one."""
+    from test_contracts import PRUNED
+
+    from geospec import testing
+    from geospec.plugin import get_registries
+
+    cls = get_registries()["schedule"].get("evolve").cls
+    testing.check_schedule(cls, {"patience": 2, "kl_top_k": 8, "generations": 5}, dims=PRUNED)

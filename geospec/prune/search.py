@@ -34,6 +34,7 @@ from geospec.measure.cut import cut_modules, ffn_replaced, zeroed_neurons
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, next_token_loss
 from geospec.measure.suffix import SuffixRunner, suffix_problem
+from geospec.prune.units import stop_reason
 
 
 def calibration_batches(
@@ -136,6 +137,47 @@ def next_token_kl(model: nn.Module, inputs: torch.Tensor, teacher: torch.Tensor)
     return per_token.double().sum()
 
 
+#: Token ids travel as float32 beside the log-probabilities in a lumped teacher: exact below this.
+_EXACT_IDS = 2**24
+
+
+def lumped_teacher(log_probs: torch.Tensor, top_k: int) -> torch.Tensor:
+    """The unpruned model's next-token log-probabilities ``log_probs`` (positions x vocabulary)
+    as its ``top_k`` most likely tokens with the rest lumped into one bucket, packed in one
+    float32 tensor, positions x (2 top_k + 1): the top tokens' log-probabilities, their ids,
+    and the log of the rest's mass (-inf where nothing is left)."""
+    vocabulary = log_probs.shape[-1]
+    if vocabulary >= _EXACT_IDS:
+        raise ValueError(f"a vocabulary of {vocabulary} tokens: ids from 2^24 on are not exact")
+    top, ids = log_probs.topk(min(top_k, vocabulary), dim=-1)
+    rest = log_probs.scatter(-1, ids, float("-inf")).logsumexp(-1, keepdim=True)
+    return torch.cat([top, ids.float(), rest], -1)
+
+
+def lumped_kl(model: nn.Module, inputs: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Summed KL divergence KL(teacher || model) of the next-token distributions coarsened to
+    the teacher's top k tokens and one bucket of every other token, at every position
+    (``teacher`` from :func:`lumped_teacher`): sum over the top k of p log(p / q), plus
+    P log(P / Q) of the rest's masses P and Q (Q = 1 minus the model's top-k mass; nothing where
+    P is 0). The full KL when k is the vocabulary; below it, never above the full KL (coarsening
+    loses information) and cheaper: the model's log-probabilities are read only at k tokens,
+    after one log-sum-exp over the vocabulary. In float32 (float64 logits in float64), summed
+    in float64."""
+    k = (teacher.shape[-1] - 1) // 2
+    log_p, ids, log_p_rest = teacher[..., :k], teacher[..., k : 2 * k].long(), teacher[..., -1]
+    logits = logits_of(model, inputs)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least
+    log_q = (logits.gather(-1, ids) - logits.logsumexp(-1, keepdim=True)).double()
+    log_p, log_p_rest = log_p.double(), log_p_rest.double()
+    top = (log_p.exp() * (log_p - log_q)).sum(-1)
+    # the model's rest from its top-k mass; at float32's resolution of 1 at least (a rest the
+    # rounding of that mass cannot resolve)
+    q_rest = (1 - log_q.exp().sum(-1)).clamp_min(torch.finfo(torch.float32).eps)
+    p_rest = log_p_rest.exp()
+    rest = torch.where(p_rest > 0, p_rest * (log_p_rest - q_rest.log()), 0.0)
+    return (top + rest).sum()
+
+
 class CalibrationFitness:
     """:class:`geospec.kinds.Fitness` of ``model`` on the calibration windows of ``batches``
     (the prune's calibration sample: training text), the neurons of layer l kept in the order
@@ -153,7 +195,12 @@ class CalibrationFitness:
     projections sliced to the kept neurons (each layer's slices at a width built once per call
     and shared by every candidate and batch of it); "zero" runs every layer at full width with
     the removed neurons' activations zeroed. The same numbers up to float rounding (tested);
-    which is faster is ``benchmarks/search.py``'s to say (true widths, on SmolLM2)."""
+    which is faster is ``benchmarks/search.py``'s to say (true widths, on SmolLM2).
+
+    ``top_k`` (the KL only): the KL over the unpruned model's ``top_k`` most likely tokens at
+    each position with the rest lumped into one bucket (:func:`lumped_kl`), the teacher kept
+    as those tokens alone (positions x (2 top_k + 1) floats a window, under its own keys in
+    ``teacher``)."""
 
     def __init__(
         self,
@@ -163,8 +210,9 @@ class CalibrationFitness:
         batches: Sequence[Batch],
         kind: str,
         batch_size: int,
-        teacher: dict[int, torch.Tensor] | None = None,
+        teacher: dict[Any, torch.Tensor] | None = None,
         cut: str = "true",
+        top_k: int | None = None,
     ) -> None:
         if kind not in ("kl", "loss"):
             raise ValueError(f"fitness is 'kl' or 'loss', not {kind!r}")
@@ -178,8 +226,12 @@ class CalibrationFitness:
         self.windows = int(self.inputs.shape[0])
         self.window_tokens = int(self.targets.shape[1])
         self.batch_size = batch_size
+        if top_k is not None and (kind != "kl" or top_k < 1):
+            raise ValueError(f"top_k {top_k} lumps a KL fitness's tail: a positive count, 'kl'")
+        self.top_k = top_k
         self.teacher = {} if teacher is None else teacher
-        self.runner = SuffixRunner(model, sites, next_token_kl if kind == "kl" else next_token_loss)
+        kl = next_token_kl if top_k is None else lumped_kl
+        self.runner = SuffixRunner(model, sites, next_token_loss if kind == "loss" else kl)
         self.fallback: str | None = None
         """Why full forward passes are used (None: from the first changed layer on)."""
         self._checked = False
@@ -195,10 +247,13 @@ class CalibrationFitness:
     def _teacher(self, row: int) -> torch.Tensor:
         # one window a pass, whichever windows are drawn with it: a window's numbers never
         # depend on its company, so a resumed search sees the same teacher bit for bit
-        if row not in self.teacher:
+        key = row if self.top_k is None else (self.top_k, row)  # lumped: kept apart
+        if key not in self.teacher:
             logits = logits_of(self.model, self.inputs[row : row + 1])
-            self.teacher[row] = logits.float().log_softmax(-1)[0]
-        return self.teacher[row]
+            log_probs = logits.float().log_softmax(-1)[0]
+            k = self.top_k
+            self.teacher[key] = log_probs if k is None else lumped_teacher(log_probs, k)
+        return self.teacher[key]
 
     def _batch(self, rows: Sequence[int]) -> Batch:
         """Rows ``rows`` as the runner's batch: the inputs with the targets or, for the KL, the
@@ -329,4 +384,5 @@ class SealedSearchState:
         self.say(
             f"prune: {self.name}: generation {last.get('generation')}/{self.generations}, "
             f"fitness {last.get('fitness', float('nan')):.5g}, {speed:,.0f} tokens/s"
+            + stop_reason(state.get("stopped"), "; ")
         )

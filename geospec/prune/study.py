@@ -606,7 +606,7 @@ def evolve_search(
     sites: Sequence[FFNSite],
     orders: Sequence[Sequence[int]],
     batches: Sequence[Batch],
-    teacher: dict[int, torch.Tensor],
+    teacher: dict[Any, torch.Tensor],
     prune: PruneSpec,
     run_dir: Path,
     unit: Unit,
@@ -627,9 +627,9 @@ def evolve_search(
     say(f"prune: searching {name}: {generations} generations, the unpruned model's "
         f"log-probabilities on {len(batches)} calibration batches first")  # fmt: skip
 
-    def fitness(kind: str) -> CalibrationFitness:
+    def fitness(kind: str, top_k: int | None = None) -> CalibrationFitness:
         size = prune.calibration.batch_size
-        return CalibrationFitness(model, sites, orders, batches, kind, size, teacher)
+        return CalibrationFitness(model, sites, orders, batches, kind, size, teacher, top_k=top_k)
 
     return Search(fitness, state)
 
@@ -637,11 +637,12 @@ def evolve_search(
 def searched_path(path: Path) -> dict[str, Any]:
     """What a unit's record keeps of its search: the trajectory (per generation its fitness on
     the last stage's windows, whether the parent was replaced, the parent's widths after it,
-    the tokens scored)."""
+    the tokens scored; with patience, the parent's fitness on the tracked windows) and why it
+    stopped (``stopped``: by "patience" or "generations", at which generation)."""
     from geospec.artifacts import read_json
 
-    stored = read_json(path)
-    return {"trajectory": stored["state"]["trajectory"]}
+    state = read_json(path)["state"]
+    return {key: state[key] for key in ("trajectory", "stopped") if key in state}
 
 
 def pruned_unit(

@@ -322,11 +322,7 @@ def gather(
                 }
             if all("search" in unit for unit in units.values()):  # a search's path (evolve)
                 arms[arm.name]["search"] = {
-                    str(seed): {
-                        key: [step[key] for step in unit["search"]["trajectory"]]
-                        for key in ("fitness", "accepted")
-                    }
-                    for seed, unit in units.items()
+                    str(seed): searched_summary(unit["search"]) for seed, unit in units.items()
                 }
             if "healed_loss" in first:
                 arms[arm.name]["healed_loss"] = {
@@ -359,6 +355,34 @@ def gather(
         "reference": dict(reference),
         "budgets": budgets,
     }
+
+
+def searched_summary(search: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``prune.json`` keeps of one unit's search (its ``result.json``'s ``search``): the
+    fitness per generation and whether it moved; with patience, the parent's fitness on the
+    tracked windows per generation; and why it stopped, where the unit recorded it."""
+    steps = search["trajectory"]
+    summary: dict[str, Any] = {
+        key: [step[key] for step in steps] for key in ("fitness", "accepted")
+    }
+    if steps and all("tracked" in step for step in steps):
+        summary["tracked"] = [step["tracked"] for step in steps]
+    if search.get("stopped"):
+        summary["stopped"] = dict(search["stopped"])
+    return summary
+
+
+def stop_reason(stopped: Mapping[str, Any] | None, prefix: str = "") -> str:
+    """Why a search stopped, in words after ``prefix`` (empty while it has not stopped)."""
+    if not stopped:
+        return ""
+    if stopped["by"] == "patience":
+        return (
+            f"{prefix}stopped at generation {stopped['generation']} by patience "
+            f"{stopped['patience']}: no better parent on the tracked windows since generation "
+            f"{stopped['best_generation']}"
+        )
+    return f"{prefix}stopped at its cap of {stopped['generation']} generations"
 
 
 def best_settings(

@@ -274,10 +274,12 @@ def prune_plot(run_dir: Path, prune: Mapping[str, Any]) -> list[str]:
 
 def search_plot(plots: PlotDir, budgets: Sequence[Mapping[str, Any]]) -> None:
     """``plots/search.png``: per keep fraction, each search arm's fitness per generation on
-    every calibration seed (left: one colour per search, one line style per seed), and the
-    widths per layer on the first seed (right: the searched widths bold, the heuristics thin, a
-    sweep such as OWL's grid as the setting its calibration loss chose, so the panel stays
-    readable)."""
+    every calibration seed (left: one colour per search, one line style per seed; the legend
+    says why each stopped, by its cap of generations or by patience, and at which generation;
+    with patience also the parent's fitness on the tracked windows, thin, and a vertical line
+    where patience stopped it), and the widths per layer on the first seed (right: the searched
+    widths bold, the heuristics thin, a sweep such as OWL's grid as the setting its calibration
+    loss chose, so the panel stays readable)."""
     from geospec.report.prune import unchosen_settings
 
     fig, axes = plots.plt.subplots(len(budgets), 2, figsize=(10, 3.4 * len(budgets)), squeeze=False)
@@ -298,8 +300,21 @@ def search_plot(plots: PlotDir, budgets: Sequence[Mapping[str, Any]]) -> None:
             for order, (seed, found) in enumerate(arm["search"].items()):
                 steps = range(1, len(found["fitness"]) + 1)
                 style = styles[order % len(styles)]
+                stopped = found.get("stopped") or {}
+                why = (
+                    ""
+                    if not stopped
+                    else f"; patience stopped it at {stopped['generation']}"
+                    if stopped["by"] == "patience"
+                    else f"; its cap of {stopped['generation']}"
+                )
                 path.plot(steps, found["fitness"], color=colour, lw=1.1, ls=style,
-                          label=f"{name} (seed {seed})")  # fmt: skip
+                          label=f"{name} (seed {seed}{why})")  # fmt: skip
+                if "tracked" in found:  # the parent on the fixed windows: thin, same style
+                    path.plot(steps, found["tracked"], color=colour, lw=0.6, ls=style,
+                              alpha=0.6, label=f"{name} (seed {seed}): tracked")  # fmt: skip
+                if stopped.get("by") == "patience":  # where patience ended it
+                    path.axvline(stopped["generation"], color=colour, ls=style, lw=0.6)
             first = next(iter(arm["widths"].values()))
             widths.plot(range(len(first)), first, color=colour, lw=2.0, marker=marker,
                         markersize=3, label=name)  # fmt: skip

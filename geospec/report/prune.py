@@ -598,10 +598,13 @@ def prune_markdown(
                 "",
             ]
         for name, arm in budget["arms"].items():
-            if "search" in arm:  # an evolve arm: how far its search went
+            if "search" in arm:  # an evolve arm: how far its search went, and why it stopped
+                from geospec.prune.units import stop_reason
+
                 paths = "; ".join(
                     f"seed {seed}: {found['fitness'][0]:.4g} to {found['fitness'][-1]:.4g}, "
                     f"{sum(found['accepted'])} of {len(found['accepted'])} generations moved"
+                    + stop_reason(found.get("stopped"), ", ")
                     for seed, found in arm["search"].items()
                 )
                 lines += [

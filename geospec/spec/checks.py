@@ -78,7 +78,7 @@ def _prune_problems(spec: Spec, measured: set[str]) -> list[tuple[str, str]]:
         schedule = registries.create("schedule", arm.schedule)
         # the arms it reads (fitted, sorted, evolve's start_arm): other prune arms
         read = schedule.required_arms()
-        found = _source_arm_problems(i, arm.name, arm.schedule, read, names)
+        found = _source_arm_problems(i, arm.name, arm.schedule, read, names, spec.prune.sweeps)
         problems += [(f"prune.{path}", message) for path, message in found]
         sources[arm.name] = [source for source in read if source in names and source != arm.name]
         # a schedule's own problems at every pruned budget (protect's layers that no longer
@@ -373,14 +373,29 @@ def eval_problems(spec: Spec) -> list[str]:
 
 
 def _source_arm_problems(
-    i: int, name: str, schedule: BaseModel, sources: list[str], arms: dict[str, int]
+    i: int,
+    name: str,
+    schedule: BaseModel,
+    sources: list[str],
+    arms: dict[str, int],
+    grids: Mapping[str, list[str]] | None = None,
 ) -> list[tuple[str, str]]:
-    """The arms an arm's schedule reads (``fitted``, ``sorted``) must be other arms of the spec."""
+    """The arms an arm's schedule reads (``fitted``, ``sorted``, ``evolve``'s ``start_arm``)
+    must be other arms of the spec; a prune grid's name (``grids``: its expanded arms) is not
+    one."""
     problems = []
     for source in sources:
         path = f"arms[{i}].schedule.{_field_naming(schedule, source, 'of')}"
         if source == name:
             problems.append((path, f"arm {name!r} cannot be derived from itself; name another arm"))
+        elif grids and source in grids and source not in arms:
+            problems.append(
+                (
+                    path,
+                    f"{source!r} is a grid, whose best setting is chosen after every arm's widths; "
+                    "name one of its settings: " + ", ".join(repr(arm) for arm in grids[source]),
+                )
+            )
         elif source not in arms:
             close = difflib.get_close_matches(source, list(arms), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""

@@ -30,6 +30,7 @@ from geospec.plugin import (
     StatisticRef,
     TrackerRef,
 )
+from geospec.plugin_base import ADDED_LATER, AddedLater
 from geospec.stats import MIN_RELIABILITY
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
@@ -58,13 +59,6 @@ def pinned_revision_problem(location: str | None, revision: str | None, field: s
         )
     return None
 
-
-class AddedLater:
-    """Marks an option added after run keys were first recorded: keys leave it out while it has
-    its default (the behaviour from before it existed), so adding it retrains nothing."""
-
-
-ADDED_LATER = AddedLater()
 
 ComputeDtype = Literal["auto", "float32", "bfloat16", "float16"]
 """What a stage's forward passes compute in (:mod:`geospec.hardware`)."""

@@ -292,7 +292,7 @@ def _made_up_search(n_layers: int) -> Any:
         def save(self, state: dict[str, Any]) -> None:
             pass
 
-    return Search(lambda kind: Fitness(), State())
+    return Search(lambda kind, top_k=None: Fitness(), State())
 
 
 def _random_blocks(n_layers: int) -> list[Any]:
