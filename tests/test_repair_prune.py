@@ -157,7 +157,7 @@ def test_compensate_is_repairs_deprecated_name_and_keeps_its_keys() -> None:
         PruneSpec.model_validate({"arms": arms, "compensate": "mean", "repair": "lstsq"})
     lstsq = PruneSpec.model_validate({"arms": arms, "repair": "lstsq"})
     assert lstsq.refits(lstsq.arms[0]) and lstsq.biased(lstsq.arms[0])
-    assert lstsq.lstsq_of(lstsq.arms[0]).damping == 0.01
+    assert lstsq.lstsq_of(lstsq.arms[0]).damping == 0.1
     bare = PruneSpec.model_validate(
         {"arms": arms, "repair": "lstsq", "lstsq": {"intercept": False}}
     )

@@ -556,9 +556,11 @@ class PruneSelect(Section):
 class PruneLstsq(Section):
     """The least-squares repair's settings (`repair = "lstsq"`; docs/prune.md, "Repair")."""
 
-    damping: float = Field(0.01, ge=0.0, le=1e6)
+    damping: float = Field(0.1, ge=0.0, le=1e6)
     """lambda / mean(diag H_KK): how far the re-fitted kept columns are pulled back towards the
-    original ones (SparseGPT's relative dampening; 0: plain least squares)."""
+    original ones (SparseGPT's relative dampening; 0: plain least squares). The default is the
+    better of 0.1 and 0.01 at the default text (4k tokens) on SmolLM2-135M; with 32k tokens 0.01
+    was better (docs/results/smollm2-135m-repair-text)."""
     inputs: Literal["unpruned", "sequential"] = "unpruned"
     """Whose activations every layer is re-fitted on: "unpruned", the unpruned model's (one
     calibration pass for every layer and unit of a seed); "sequential", the model's whose
