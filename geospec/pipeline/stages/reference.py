@@ -52,8 +52,7 @@ class Reference:
             if source.on_hub:  # a commit's files never change: the id and commit are the key
                 return digest("reference-hub", source.location, source.revision, *dtype)
             path = source.path
-            stamp = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in _files(path)]
-            return digest("reference-checkpoint", str(path.resolve()), stamp, *dtype)
+            return digest("reference-checkpoint", str(path.resolve()), _stamps(path), *dtype)
         return digest(
             "reference",
             section(self.model),
@@ -131,9 +130,9 @@ def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module
     device = resolve_device(run.device, run.dist.local_rank)  # under torchrun: this rank's GPU
     if reference.checkpoint is not None:
         source = checkpoint_source(run.spec_dir, reference)
-        local = [] if source.on_hub else _files(source.path)
+        local = () if source.on_hub else _stamps(source.path)
         trust, dtype = reference.trust_remote_code, reference.dtype
-        wanted: tuple[object, ...] = (str(source), str(device), trust, dtype, _stamps(local))
+        wanted: tuple[object, ...] = (str(source), str(device), trust, dtype, local)
 
         def load() -> tuple[nn.Module, int]:
             from geospec.engine.pretrained import hidden_width, load_pretrained
@@ -143,7 +142,7 @@ def load_reference(run: RunContext, reference: ReferenceSpec) -> tuple[nn.Module
 
     else:
         directory = run.run_dir / REFERENCE_DIR
-        wanted = (str(directory), str(device), _stamps(_files(directory)))
+        wanted = (str(directory), str(device), _stamps(directory))
 
         def load() -> tuple[nn.Module, int]:
             from geospec.engine.checkpoint import load_model
@@ -171,14 +170,10 @@ def checkpoint_source(spec_dir: Path, reference: ReferenceSpec) -> Source:
     return locate(reference.checkpoint, reference.revision, spec_dir, "reference.checkpoint")
 
 
-def _stamps(files: list[Path]) -> tuple[tuple[str, int, int], ...]:
+def _stamps(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """Each file of a local checkpoint (the file, or a directory's files): path, size, mtime."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-
-
-def _files(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
 
 
 def compute_dtype(run: RunContext, requested: str, reference: ReferenceSpec, field: str) -> str:
