@@ -13,7 +13,7 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge
 
-from geospec.measure.cut import compensation_bias, ffn_cut, kept_neurons
+from geospec.measure.cut import compensation_bias, ffn_cut, kept_neurons, output_matrix
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.prune.apply import pruned
@@ -23,7 +23,6 @@ from geospec.prune.repair import (
     calibration_moments,
     load_refits,
     one_pass_refits,
-    output_matrix,
     refit,
     save_refits,
     sequential_refits,

@@ -88,13 +88,13 @@ def _is_linear(module: nn.Module) -> bool:
 
 def ffn_width(ffn: nn.Module) -> int:
     """The number of hidden neurons of ``ffn``."""
+    return int(output_matrix(ffn).shape[1])
+
+
+def output_matrix(ffn: nn.Module) -> torch.Tensor:
+    """The FFN's output projection as d_model x width (GPT-2's Conv1D stores it transposed)."""
     layout = ffn_layout(ffn)
-    return int(_output_matrix(getattr(ffn, layout.output), layout).shape[1])
-
-
-def _output_matrix(module: nn.Module, layout: FFNLayout) -> torch.Tensor:
-    """The output projection as d_model x width."""
-    weight = _weight(module)
+    weight = _weight(getattr(ffn, layout.output))
     return weight.t() if layout.transposed else weight
 
 
@@ -139,7 +139,7 @@ def neuron_weights(
         weight = _weight(getattr(ffn, name))
         rows = weight.t() if layout.transposed else weight
         inputs += list(rows.split(width)) if layout.fused else [rows]
-    output = _output_matrix(getattr(ffn, layout.output), layout)
+    output = output_matrix(ffn)
     if second_moment is not None:
         if tuple(second_moment.shape) != (width, width):
             raise CutError(f"layer {layer}: second moments of shape "
@@ -253,7 +253,6 @@ def compensation_bias(
 ) -> torch.Tensor:
     """The bias a cut keeping ``keep`` adds to the output projection with ``compensate``: the
     sum over the removed neurons j of ``compensate[j] * W_out[:, j]`` (float64, (d_model,))."""
-    layout = ffn_layout(ffn)
     width = ffn_width(ffn)
     values = torch.as_tensor(compensate).detach()
     if tuple(values.shape) != (width,):
@@ -264,7 +263,7 @@ def compensation_bias(
         raise CutError("compensation values must be finite")
     removed = torch.ones(width, dtype=torch.bool)
     removed[_kept_index(keep, width)] = False
-    matrix = _output_matrix(getattr(ffn, layout.output), layout).detach()
+    matrix = output_matrix(ffn).detach()
     removed = removed.to(matrix.device)
     columns = matrix[:, removed].to(torch.float64)
     return columns @ values.to(matrix.device, torch.float64)[removed]

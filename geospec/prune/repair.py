@@ -46,7 +46,14 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from geospec.measure.cut import CutError, ffn_cut, ffn_layout, ffn_width, kept_neurons
+from geospec.measure.cut import (
+    CutError,
+    ffn_cut,
+    ffn_layout,
+    ffn_width,
+    kept_neurons,
+    output_matrix,
+)
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, next_token_loss
 
@@ -70,13 +77,6 @@ class Refit(NamedTuple):
 
     weight: torch.Tensor
     bias: torch.Tensor | None
-
-
-def output_matrix(ffn: nn.Module) -> torch.Tensor:
-    """The FFN's output projection as d_model x width (GPT-2's Conv1D stores it transposed)."""
-    layout = ffn_layout(ffn)
-    weight = getattr(ffn, layout.output).weight
-    return weight.t() if layout.transposed else weight
 
 
 def moments_bytes(width: int) -> int:
@@ -105,7 +105,7 @@ def moments_of(
         def accumulate(module: nn.Module, args: tuple[Any, ...]) -> None:
             flat = args[0].detach().reshape(-1, args[0].shape[-1]).to(dtype)
             second = (flat.T @ flat).to("cpu", torch.float64)
-            total = flat.to(torch.float64).sum(dim=0).cpu()
+            total = flat.sum(dim=0, dtype=torch.float64).cpu()
             held = sums[i]
             held[0] = second if held[0] is None else held[0].add_(second)
             held[1] = total if held[1] is None else held[1].add_(total)
