@@ -38,10 +38,10 @@ from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.prune.repair import (
     calibration_moments,
-    moments_bytes,
     one_pass_refits,
     sequential_refits,
 )
+from geospec.shapes.repair import moments_bytes
 
 
 def peak_rise(call: Callable[[], object]) -> tuple[float, int, object]:

@@ -79,11 +79,6 @@ class Refit(NamedTuple):
     bias: torch.Tensor | None
 
 
-def moments_bytes(width: int) -> int:
-    """The bytes one layer's :class:`Moments` take (float64)."""
-    return 8 * (width * width + width)
-
-
 #: The dtype each batch's product a^T a is formed in before it joins the float64 sum: float32
 #: (a batch's ~1k tokens summed in float32, ~1e-6 relative, then accumulated in float64) runs
 #: float32 matrix kernels, several times float64's speed on a CPU (benchmarks/repair.py
@@ -157,7 +152,7 @@ def calibration_moments(
     products: torch.dtype | None = None,
 ) -> list[Moments]:
     """Every layer's :class:`Moments` on the unpruned ``model``'s activations over ``batches``
-    (one pass; its memory is :func:`moments_bytes` per layer)."""
+    (one pass; its memory is :func:`geospec.shapes.repair.moments_bytes` per layer)."""
     with torch.no_grad(), moments_of([site.ffn for site in sites], products) as found:
         for inputs, _ in batches:
             logits_of(model, inputs)

@@ -68,6 +68,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
+def moments_bytes(width: int) -> int:
+    """The bytes one layer's float64 moments take: E[a a^T] and E[a]."""
+    return 8 * (width * width + width)
+
+
 def repair_estimate(
     n_layers: int,
     width: int,
@@ -81,8 +86,7 @@ def repair_estimate(
     """The repair of ``n_layers`` FFNs of ``width`` neurons to ``kept`` from ``windows``
     calibration windows of ``seq_len`` tokens run ``batch_size`` at a time, its moments from
     ``inputs`` ("unpruned" or "sequential")."""
-    one_layer = 8 * (width * width + width)
-    moments = one_layer * (n_layers if inputs == "unpruned" else 1)
+    moments = moments_bytes(width) * (n_layers if inputs == "unpruned" else 1)
     batch_tokens = batch_size * seq_len
     solve = 8 * ((kept + 1) ** 2 * 2 + (width + d_model) * (kept + 1))
     transient = 8 * batch_tokens * width + 8 * width * width + solve
