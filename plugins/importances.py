@@ -183,24 +183,30 @@ class StructuredOBS(Importance):
         hessian[:width, :width].diagonal().add_(damp if damp > 0 else self.params.damping)
         hessian[:width, width] = hessian[width, :width] = stats.mean
         hessian[width, width] = 1.0
+        # The inverse and the weights are kept over the alive neurons and the bias (last) only:
+        # removing a group is the Schur complement of its block, so each step's downdate costs
+        # the alive count squared rather than the whole width's (about a third of the work over
+        # a layer, and 1/4 of the memory from half-way on).
         inverse = torch.cholesky_inverse(torch.linalg.cholesky(hessian))
         weight = torch.zeros(ffn.output.shape[0], width + 1, dtype=torch.float64)
         weight[:, :width] = ffn.output.double()
         group = self.params.group or max(1, width // 128)
-        alive = torch.ones(width, dtype=torch.bool)
+        alive = torch.arange(width)  # the global index of each alive neuron, in order
         step = torch.zeros(width, dtype=torch.float64)
         removed = 0
         while removed < width - 1:
-            index = torch.nonzero(alive).flatten()
-            cost = weight[:, index].square().sum(dim=0) / inverse.diagonal()[index]
-            take = min(group, len(index) - 1)
-            chosen = index[torch.argsort(cost, stable=True)[:take]]
+            count = len(alive)
+            cost = weight[:, :count].square().sum(dim=0) / inverse.diagonal()[:count]
+            take = min(group, count - 1)
+            chosen = torch.argsort(cost, stable=True)[:take]
+            kept = torch.ones(count + 1, dtype=torch.bool)
+            kept[chosen] = False
             block = inverse[chosen][:, chosen]
-            rows = inverse[chosen]  # (take, width + 1)
-            weight -= weight[:, chosen] @ torch.linalg.solve(block, rows)
-            inverse -= rows.T @ torch.linalg.solve(block, rows)
-            step[chosen] = torch.arange(removed, removed + take, dtype=torch.float64)
-            alive[chosen] = False
+            rows = inverse[chosen][:, kept]  # (take, alive after the step + 1)
+            weight = weight[:, kept] - weight[:, chosen] @ torch.linalg.solve(block, rows)
+            inverse = inverse[kept][:, kept] - rows.T @ torch.linalg.solve(block, rows)
+            step[alive[chosen]] = torch.arange(removed, removed + take, dtype=torch.float64)
+            alive = alive[kept[:count]]
             removed += take
         step[alive] = width - 1
         return step

@@ -150,12 +150,17 @@ def calibration_moments(
     sites: Sequence[FFNSite],
     batches: Sequence[Batch],
     products: torch.dtype | None = None,
+    advance: Callable[[], None] | None = None,
 ) -> list[Moments]:
     """Every layer's :class:`Moments` on the unpruned ``model``'s activations over ``batches``
-    (one pass; its memory is :func:`geospec.shapes.repair.moments_bytes` per layer)."""
+    (one pass; its memory is :func:`geospec.shapes.repair.moments_bytes` per layer);
+    ``advance`` is called after each batch (a progress line: on a wide model the products take
+    minutes)."""
     with torch.no_grad(), moments_of([site.ffn for site in sites], products) as found:
         for inputs, _ in batches:
             logits_of(model, inputs)
+            if advance is not None:
+                advance()
         return found()
 
 

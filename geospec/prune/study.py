@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -80,6 +80,7 @@ def calibrated(
     blocks: bool,
     batches: bool,
     bos: int | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> Scored:
     """Calibration sample ``seed``'s work (:class:`Scored`): one calibration pass records what
     the arms need, and each importance scores the neurons from it."""
@@ -101,12 +102,15 @@ def calibrated(
         from geospec.prune.repair import calibration_moments, window_batches
 
         inputs = window_batches(train_tokens, starts, seq_len, calibration.batch_size, device, bos)
-        moments = calibration_moments(model, sites, inputs)
+        moments = calibration_moments(
+            model, sites, inputs, advance=_lines(say, f"calibration sample {seed}: moments", inputs)
+        )
     scores, orders = {}, {}
     for key, importance in importances.items():
         scores[key], orders[key] = neuron_scores(
             model, sites, importance, train_tokens, starts, seq_len, calibration.batch_size,
             stats=found.stats, bos=bos, moments=moments,
+            advance=_lines(say, f"calibration sample {seed}: {key} scores, layers", sites),
         )  # fmt: skip
     means = [s.mean for s in found.stats] if compensate and found.stats is not None else None
     windows = (
@@ -115,6 +119,16 @@ def calibrated(
         else None
     )
     return Scored(scores, orders, means, found.blocks, windows, moments)
+
+
+def _lines(say: Callable[[str], None] | None, what: str, work: Sized) -> Callable[[], None] | None:
+    """A step's progress lines (``what: done/total, eta`` every 10 s) where it has a ``say``:
+    the scores and moments of a wide model take minutes."""
+    from geospec.engine.progress import LogProgress
+
+    if say is None:
+        return None
+    return LogProgress(say, f"prune: {what}", len(work), interval=10).advance
 
 
 class Cut(NamedTuple):
@@ -296,7 +310,7 @@ def prune_units(
             scored[seed] = calibrated(
                 model, sites, importances, train_tokens, inputs.seq_len, prune, seed,
                 compensate=compensate, blocks=blocks_needed,
-                batches=bool(searches or evolves or prune.sweeps), bos=inputs.bos,
+                batches=bool(searches or evolves or prune.sweeps), bos=inputs.bos, say=say,
             )  # fmt: skip
         return scored[seed]
 
@@ -329,7 +343,9 @@ def prune_units(
             say(f"prune: calibration moments of seed {seed} for the least-squares repair "
                 f"({windows} windows)")  # fmt: skip
             batches = repair_inputs(seed, windows)
-            moments[(seed, windows)] = calibration_moments(model, sites, batches)
+            moments[(seed, windows)] = calibration_moments(
+                model, sites, batches, advance=_lines(say, "prune: moments, batches", batches)
+            )
         return moments[(seed, windows)]
 
     def kept_by(unit: Unit, unit_widths: Sequence[int]) -> Cut:
