@@ -54,6 +54,7 @@ from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
 from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores, pruned
+from geospec.prune.evolve import Evolution
 from geospec.prune.search import CalibrationFitness, calibration_batches
 from geospec.shapes.pruned import pruned_dims
 
@@ -207,8 +208,9 @@ def main() -> None:
         teacher_mb[name] = sum(t.numel() * t.element_size() for t in teacher.values()) / 2**20
         scorers[name] = Recorded(scorer)
     first = scorers[ways[0]]
-    draws = schedule.stage_windows(first)
-    levels = schedule.levels(dims, width)
+    evolution = Evolution(schedule.params)
+    draws = evolution.stage_windows(first)
+    levels = evolution.levels(dims, width)
     parent = list(create_plugin("schedule", {"kind": "uniform"}).widths_from(dims, {}, {}))
     steps: dict[str, list[dict[str, Any]]] = {name: [] for name in ways}
     seconds, cpu = dict.fromkeys(ways, 0.0), dict.fromkeys(ways, 0.0)
@@ -219,7 +221,7 @@ def main() -> None:
             before = len(scorers[name].calls)
             started, used = time.perf_counter(), time.process_time()
             with computing(dtype, "cpu"):
-                step = schedule.generation(parent, generation, scorers[name], draws, levels)
+                step = evolution.generation(parent, generation, scorers[name], draws, levels)
             seconds[name] += time.perf_counter() - started
             cpu[name] += time.process_time() - used
             step["calls"] = scorers[name].calls[before:]

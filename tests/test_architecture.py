@@ -23,7 +23,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ROOT / "geospec"
 BUILTINS = ROOT / "plugins"
-PUBLIC_PLUGIN_API = {"geospec", "geospec.kinds", "geospec.plugin", "geospec.errors"}
+PUBLIC_PLUGIN_API = {
+    "geospec",
+    "geospec.kinds",
+    "geospec.plugin",
+    "geospec.errors",
+    "geospec.prune.evolve",  # the search the evolve schedule runs, torch-free
+}
 STAGE_ORDER = [
     "reference",
     "probe",

@@ -32,6 +32,7 @@ from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
 from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores, pruned
+from geospec.prune.evolve import Evolution
 from geospec.prune.search import CalibrationFitness, SealedSearchState, calibration_batches
 from geospec.report.plots import prune_plot
 
@@ -432,7 +433,8 @@ def tracked_truth(setting: tuple, path: Path, **params: Any) -> list[float]:
         "stages": [{"tokens": 30, "survivors": 2}, {"tokens": 90, "survivors": 1}],
     }
     schedule = create_plugin("schedule", table | params)
-    rows = schedule.tracked_windows(fitness_of(setting), 6)  # the last stage's 90 tokens
+    evolution = Evolution(schedule.params)
+    rows = evolution.tracked_windows(fitness_of(setting), 6)  # the last stage's 90 tokens
     parents = [[32, 32, 32]] + [step["widths"] for step in trajectory(path)]
     return [direct_kl(setting, widths, rows) for widths in parents]
 
