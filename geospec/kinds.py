@@ -381,10 +381,12 @@ class CutLosses(Protocol):
 
 class Fitness(Protocol):
     """How far the model being pruned, cut to each candidate's widths (layer l keeping its
-    ``widths[l]`` best neurons by the arm's importance, no compensation), is from the unpruned
-    model on chosen calibration windows (training split, never eval text): the mean per-token
-    KL divergence of its next-token distribution from the unpruned model's, or its mean
-    next-token loss. Lower is better. What a search allocation (``evolve``) scores."""
+    ``widths[l]`` best neurons by the arm's importance, repaired as the arm's ``repair`` says
+    but always from the unpruned model's inputs: none, mean compensation, or the least-squares
+    re-fit), is from the unpruned model on chosen calibration windows (training split, never
+    eval text): the mean per-token KL divergence of its next-token distribution from the
+    unpruned model's, or its mean next-token loss. Lower is better. What a search allocation
+    (``evolve``) scores."""
 
     windows: int
     """How many calibration windows there are to choose from."""

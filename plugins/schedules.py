@@ -1012,14 +1012,17 @@ class Evolve(ScoreAllocation):
     """An evolutionary search of the allocation on the calibration text, as EvoPress
     (Sieberling et al., 2025) runs it: one level per layer, a level ``step`` multiples of
     neurons, the layer keeping its best neurons by the arm's importance at every level (nested
-    levels). A generation draws ``offspring`` mutations of the parent, each ``min(U{1,3},
-    U{1,3})`` swaps (one layer a step down, another a step up, so the budget stays exact; an
-    offspring equal to its parent or to another is drawn again), and selects in ``stages``:
-    each stage scores the candidates left on freshly drawn calibration windows and keeps the
-    best; the parent joins the last stage, scored again, and is replaced only by an offspring
-    that beats it there. The fitness is the mean per-token KL divergence from the unpruned
-    model's next-token distribution (or the calibration loss), on the prune's calibration
-    windows (training split, never eval text): :class:`~geospec.kinds.Search`.
+    levels), repaired as the arm's ``repair`` says (mean compensation, or the least-squares
+    re-fit from the unpruned model's inputs, each level solved once; the winner is then
+    repaired as the arm says, sequentially where it says so). A generation draws
+    ``offspring`` mutations of the parent, each ``min(U{1,3}, U{1,3})`` swaps (one layer a step
+    down, another a step up, so the budget stays exact; an offspring equal to its parent or to
+    another is drawn again), and selects in ``stages``: each stage scores the candidates left
+    on freshly drawn calibration windows and keeps the best; the parent joins the last stage,
+    scored again, and is replaced only by an offspring that beats it there. The fitness is the
+    mean per-token KL divergence from the unpruned model's next-token distribution (or the
+    calibration loss), on the prune's calibration windows (training split, never eval text):
+    :class:`~geospec.kinds.Search`.
 
     It starts from ``start`` (a schedule that needs no profile, score or arm: uniform,
     protect, a taper, manual) or from the widths of any other prune arm (``start_arm``: a

@@ -11,11 +11,18 @@ from the base model's output of layer l - 1: the prefix is never computed again.
 layers share state other than the residual stream fails
 :func:`~geospec.measure.suffix.suffix_problem` and gets full forward passes instead (the same
 numbers, slower).
+
+A search's levels (a layer at a width) are the arm's importance order cut, or, with the arm's
+repair set, repaired as the arm repairs (:class:`RepairedLevels`): mean compensation, or the
+least-squares re-fit from the unpruned model's moments, one pass for every layer (as DarwinLM
+builds its database of levels), each level's re-fit a solve on the kept neurons' block of those
+moments, solved once and kept within :data:`~geospec.shapes.repair.LEVEL_CACHE_BYTES`.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -30,11 +37,13 @@ from geospec.artifacts import json_problem, read_json
 from geospec.atomic import atomic_write_json
 from geospec.digests import sealed
 from geospec.disk import writing
-from geospec.measure.cut import cut_modules, ffn_replaced, zeroed_neurons
+from geospec.measure.cut import cut_modules, ffn_replaced, kept_neurons, zeroed_neurons
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, next_token_loss
 from geospec.measure.suffix import SuffixRunner, suffix_problem
+from geospec.prune.repair import Moments, Refit, layer_refit
 from geospec.prune.units import stop_reason
+from geospec.shapes.repair import LEVEL_CACHE_BYTES
 
 
 def calibration_batches(
@@ -178,6 +187,93 @@ def lumped_kl(model: nn.Module, inputs: torch.Tensor, teacher: torch.Tensor) -> 
     return (top + rest).sum()
 
 
+class RepairedLevels:
+    """Each level (a layer at a width) a search visits, cut to the ``width`` best neurons of
+    ``orders[layer]`` and repaired as the arm repairs, from the unpruned model's calibration
+    text: with ``means`` (each layer's signed mean activations) mean compensation; with
+    ``moments`` (each layer's :class:`~geospec.prune.repair.Moments` from one pass of the
+    unpruned model) the least-squares re-fit with ``damping`` and ``intercept``
+    (:func:`~geospec.prune.repair.layer_refit`: the same numbers as
+    :func:`~geospec.prune.repair.one_pass_refits` gives that layer in any allocation).
+
+    A re-fit is solved the first time its level is asked for and kept, in the output
+    projection's dtype, while the kept ones take at most ``bound`` bytes: beyond it the least
+    recently used are dropped (asked again, solved again: the same numbers, so the bound costs
+    time, never a different fitness). The counts say what the search cost."""
+
+    def __init__(
+        self,
+        sites: Sequence[FFNSite],
+        orders: Sequence[Sequence[int]],
+        *,
+        means: Sequence[torch.Tensor] | None = None,
+        moments: Sequence[Moments] | None = None,
+        damping: float = 0.0,
+        intercept: bool = True,
+        bound: int = LEVEL_CACHE_BYTES,
+    ) -> None:
+        if (means is None) == (moments is None):
+            raise ValueError("repaired levels are mean-compensated or re-fitted: one of the two")
+        self.sites, self.orders, self.means, self.moments = sites, orders, means, moments
+        self.damping, self.intercept, self.bound = damping, intercept, bound
+        self._kept: OrderedDict[tuple[int, int], Refit] = OrderedDict()
+        self.held = 0
+        """The bytes the kept re-fits take now."""
+        self.peak = 0
+        """The most bytes they took at once."""
+        self.solved = 0
+        """Re-fits solved (a level dropped and asked again counts again)."""
+        self.reused = 0
+        """Levels asked for whose re-fit was kept."""
+
+    def describe(self) -> str:
+        """What the levels are, for the prune's progress line."""
+        if self.moments is None:
+            return "mean-compensated levels"
+        return (
+            f"least-squares levels from the unpruned model's inputs (damping {self.damping:g}"
+            f"{'' if self.intercept else ', no intercept'}; at most {_mib(self.bound)} kept)"
+        )
+
+    def modules(self, layer: int, width: int) -> dict[str, nn.Module]:
+        """Layer ``layer``'s projections at ``width`` neurons, repaired
+        (:func:`~geospec.measure.cut.cut_modules`)."""
+        ffn = self.sites[layer].ffn
+        keep = kept_neurons(self.orders[layer], width)
+        if self.means is not None:
+            return cut_modules(ffn, keep, compensate=self.means[layer])
+        return cut_modules(ffn, keep, refit=self.refit(layer, width))
+
+    def refit(self, layer: int, width: int) -> Refit:
+        """Layer ``layer``'s re-fit at ``width`` neurons: kept, or solved now."""
+        assert self.moments is not None
+        key = (layer, width)
+        if key in self._kept:
+            self.reused += 1
+            self._kept.move_to_end(key)
+            return self._kept[key]
+        keep = kept_neurons(self.orders[layer], width)
+        found = layer_refit(
+            self.sites[layer].ffn, self.moments[layer], keep, self.damping, self.intercept
+        )
+        self.solved += 1
+        self._kept[key] = found
+        self.held += _bytes(found)
+        while self.held > self.bound:  # this one too, if it alone is more than the bound
+            _, dropped = self._kept.popitem(last=False)
+            self.held -= _bytes(dropped)
+        self.peak = max(self.peak, self.held)
+        return found
+
+
+def _bytes(refit: Refit) -> int:
+    return sum(t.numel() * t.element_size() for t in refit if t is not None)
+
+
+def _mib(count: int) -> str:
+    return f"{count / 2**20:,.0f} MiB"
+
+
 class CalibrationFitness:
     """:class:`geospec.kinds.Fitness` of ``model`` on the calibration windows of ``batches``
     (the prune's calibration sample: training text), the neurons of layer l kept in the order
@@ -200,7 +296,10 @@ class CalibrationFitness:
     ``top_k`` (the KL only): the KL over the unpruned model's ``top_k`` most likely tokens at
     each position with the rest lumped into one bucket (:func:`lumped_kl`), the teacher kept
     as those tokens alone (positions x (2 top_k + 1) floats a window, under its own keys in
-    ``teacher``)."""
+    ``teacher``).
+
+    ``levels``: each layer at each width repaired as they say (:class:`RepairedLevels`; true
+    widths only), in place of the plain cut."""
 
     def __init__(
         self,
@@ -213,12 +312,15 @@ class CalibrationFitness:
         teacher: dict[Any, torch.Tensor] | None = None,
         cut: str = "true",
         top_k: int | None = None,
+        levels: RepairedLevels | None = None,
     ) -> None:
         if kind not in ("kl", "loss"):
             raise ValueError(f"fitness is 'kl' or 'loss', not {kind!r}")
         if cut not in ("true", "zero"):
             raise ValueError(f"cut is 'true' or 'zero', not {cut!r}")
-        self.cut = cut
+        if levels is not None and cut != "true":
+            raise ValueError("repaired levels are cut to their true widths, not zeroed")
+        self.cut, self.levels = cut, levels
         self._narrowed: dict[tuple[int, int], dict[str, nn.Module]] = {}  # during a call
         self.model, self.sites, self.orders, self.kind = model, sites, orders, kind
         self.inputs = torch.cat([inputs for inputs, _ in batches])
@@ -274,8 +376,11 @@ class CalibrationFitness:
                     stack.enter_context(zeroed_neurons(ffn, list(self.orders[layer][width:])))
                     continue
                 if (layer, width) not in self._narrowed:
-                    kept = list(self.orders[layer][:width])
-                    self._narrowed[(layer, width)] = cut_modules(ffn, kept)
+                    self._narrowed[(layer, width)] = (
+                        cut_modules(ffn, list(self.orders[layer][:width]))
+                        if self.levels is None
+                        else self.levels.modules(layer, width)
+                    )
                 stack.enter_context(ffn_replaced(ffn, self._narrowed[(layer, width)], width))
             yield
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
     from geospec.prune.repair import Moments, Refit
+    from geospec.prune.search import RepairedLevels
     from geospec.prune.shipped import ShipSettings
 
 #: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
@@ -375,6 +376,24 @@ def prune_units(
         refits = unit_refits(path, key_of(inputs.key, unit), len(sites), compute, say)
         return Cut(orders, refits=refits)
 
+    def levels_of(name: str, seed: int) -> RepairedLevels | None:
+        """The levels arm ``name``'s search visits, repaired as the arm repairs (None: cut),
+        from calibration sample ``seed`` and the unpruned model's inputs (for the
+        least-squares repair, one pass whatever ``inputs`` its winner is repaired from)."""
+        from geospec.prune.search import RepairedLevels
+
+        arm = next(a for a in prune.arms if a.name == name)
+        orders = scored_for(seed).orders[arm_importance[name]]
+        if prune.compensates(arm):
+            return RepairedLevels(sites, orders, means=scored_for(seed).means)
+        if not prune.refits(arm):
+            return None
+        lstsq = prune.lstsq_of(arm)
+        found = moments_for(seed, lstsq.windows or prune.calibration.windows)
+        return RepairedLevels(
+            sites, orders, moments=found, damping=lstsq.damping, intercept=lstsq.intercept
+        )
+
     def write_model(
         unit: Unit,
         unit_dir: Path,
@@ -432,6 +451,7 @@ def prune_units(
                     model, sites, work.orders[arm_importance[name]], work.batches or [],
                     teachers.setdefault(unit.seed, {}), prune, run_dir,
                     Unit(unit.keep, name, unit.seed), inputs.key, say,
+                    levels=functools.partial(levels_of, name, unit.seed),
                 )  # fmt: skip
             widths[(unit.seed, unit.keep)] = allocate(
                 allocated, dims[unit.keep], profiles[unit.seed], [],
@@ -628,10 +648,12 @@ def evolve_search(
     unit: Unit,
     stage_key: str,
     say: Callable[[str], None],
+    levels: Callable[[], RepairedLevels | None] | None = None,
 ) -> Search:
     """An ``evolve`` arm's search for ``unit``: its fitness on the calibration windows
-    ``batches`` (the unpruned model's log-probabilities shared through ``teacher``), its state
-    in the unit's ``search.json`` under the unit's key."""
+    ``batches`` (the unpruned model's log-probabilities shared through ``teacher``; each
+    level repaired as ``levels`` gives them, asked when the search starts, or cut), its state
+    in the unit's ``search.json`` under the unit's key (which holds the arm's repair)."""
     from geospec.kinds import Search
     from geospec.prune.search import CalibrationFitness, SealedSearchState
 
@@ -640,12 +662,16 @@ def evolve_search(
     name = f"{unit.arm} at keep {unit.keep:g}, seed {unit.seed}"
     path = unit.directory(run_dir) / SEARCH_FILE
     state = SealedSearchState(path, key_of(stage_key, unit), say, name, generations)
-    say(f"prune: searching {name}: {generations} generations, the unpruned model's "
-        f"log-probabilities on {len(batches)} calibration batches first")  # fmt: skip
 
     def fitness(kind: str, top_k: int | None = None) -> CalibrationFitness:
+        repaired = None if levels is None else levels()
+        over = "cut levels" if repaired is None else repaired.describe()
+        say(f"prune: searching {name}: {generations} generations over {over}, the unpruned "
+            f"model's log-probabilities on {len(batches)} calibration batches first")  # fmt: skip
         size = prune.calibration.batch_size
-        return CalibrationFitness(model, sites, orders, batches, kind, size, teacher, top_k=top_k)
+        return CalibrationFitness(
+            model, sites, orders, batches, kind, size, teacher, top_k=top_k, levels=repaired
+        )
 
     return Search(fitness, state)
 

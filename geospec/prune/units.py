@@ -61,12 +61,14 @@ def arm_keys(
     common: Sequence[object],
     profiles: Mapping[str, Sequence[float]],
     block_arms: Collection[str],
+    repaired_searches: Collection[str] = (),
 ) -> dict[str, str]:
     """Each arm's key: the prune section as the stage's key sees it (``keyed``) with only the
     arm and the arms it reads (its baseline itself) and no keep fractions or calibration seeds
     (a unit's key names its own), the stage's other key parts (``common``:
-    the reference, data, model and dtype keys), and of ``profiles`` and ``block_arms`` (the
-    arms that read every block's linears) only those of these arms."""
+    the reference, data, model and dtype keys), and of ``profiles``, ``block_arms`` (the
+    arms that read every block's linears) and ``repaired_searches`` (:func:`repaired_searches`)
+    only those of these arms."""
     from geospec.digests import digest
     from geospec.plugin import create_plugin
     from geospec.spec.resolve import prune_profiles
@@ -92,7 +94,11 @@ def arm_keys(
         )
         read = {name: list(profiles[name]) for name in prune_profiles(alone) if name in profiles}
         blocks = sorted(name for name in block_arms if name in closure)
-        keys[arm.name] = digest("prune-arm", alone.key_form(), *common, read, blocks)
+        levels = sorted(name for name in repaired_searches if name in closure)
+        keys[arm.name] = digest(
+            "prune-arm", alone.key_form(), *common, read, blocks,
+            *([{"repaired levels": levels}] if levels else []),
+        )  # fmt: skip
     return keys
 
 
@@ -128,6 +134,22 @@ def block_arms(prune: PruneSpec) -> list[str]:
     ]
 
 
+def repaired_searches(prune: PruneSpec) -> list[str]:
+    """The searches (``evolve``) whose levels are repaired, their arm's repair set: their keys
+    name it, so that a unit or search state of the same spec from before levels were repaired
+    (a search over cut levels) is not reused; a prune without them keeps its key."""
+    from geospec.kinds import ScoreAllocation
+    from geospec.plugin import create_plugin
+
+    found = []
+    for arm in prune.arms:
+        schedule = create_plugin("schedule", arm.schedule)
+        searches = isinstance(schedule, ScoreAllocation) and schedule.reads_search
+        if searches and prune.repair_of(arm) != "none":
+            found.append(arm.name)
+    return found
+
+
 def prune_key(
     prune: PruneSpec,
     common: Sequence[object],
@@ -144,13 +166,16 @@ def prune_key(
 
     keyed = keyed_prune(prune)
     blocks = block_arms(prune)
+    levels = repaired_searches(prune)
     key = digest(
         "prune", keyed.key_form(), *common,
         {name: list(values) for name, values in sorted(profiles.items())},
         *redrawn, *([blocks] if blocks else []), *computed_in,
+        *([{"repaired levels": levels}] if levels else []),
     )  # fmt: skip
     # a unit is keyed by its own arm's key: adding an arm computes only its units
-    return PruneKey(key, arm_keys(keyed, [*common, *redrawn, *computed_in], profiles, blocks))
+    arms = arm_keys(keyed, [*common, *redrawn, *computed_in], profiles, blocks, levels)
+    return PruneKey(key, arms)
 
 
 def unit_key(stage_key: str, unit: Unit) -> str:

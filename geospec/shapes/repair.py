@@ -10,6 +10,11 @@ adds a float64 copy of one layer's hidden activations and its product, and each 
 the (kept + 1)^2 system, its factor and the d_model x (kept + 1) right-hand side. Its time is
 one forward pass over its windows (the sequential walk: about one and a half) and the moments'
 products, 2 x tokens x width^2 floating-point operations per layer.
+
+An ``evolve`` search over repaired levels holds every layer's moments from one pass (whatever
+``inputs`` the winner is repaired from) and the re-fits of the levels it has visited, at most
+:data:`LEVEL_CACHE_BYTES` (:func:`levels_bytes`); each level it visits first costs a solve
+(:func:`level_operations`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ from geospec.disk import size
 #: cores, 1.16 TFLOP in 8 s beyond the calibration pass they ride on; rounded down): the rate
 #: validate's time estimate assumes.
 PRODUCT_RATE = 100e9
+
+#: The most bytes a search keeps of its repaired levels' re-fits
+#: (:class:`geospec.prune.search.RepairedLevels`): beyond it the least recently used are dropped
+#: and, visited again, solved again (the same numbers). 1 GiB holds SmolLM2-135M's levels within
+#: about 20 widths of its parent in every layer at keep 1/2 (a level there: 576 x 768 float32).
+LEVEL_CACHE_BYTES = 2**30
+
+#: Float64 operations per second of a level's solve (the right-hand side's product and the
+#: Cholesky solve), on the machine this project is developed on (benchmarks/search.py on
+#: SmolLM2-135M, 2 shared cores; rounded down): the rate validate's estimate assumes.
+SOLVE_RATE = 10e9
 
 
 @dataclass(frozen=True)
@@ -38,10 +54,14 @@ class RepairEstimate:
     operations: float
     """Floating-point operations of the moments' products (2 x tokens x width^2 per layer)."""
     inputs: str
+    levels: int = 0
+    """What a search over repaired levels keeps of them, at most (0: no search)."""
+    level_operations: float = 0.0
+    """The float64 operations of one level's solve, at the widest kept width."""
 
     @property
     def total(self) -> int:
-        return self.moments + self.transient + self.states
+        return self.moments + self.transient + self.states + self.levels
 
     def seconds(self, rate: float = PRODUCT_RATE) -> float:
         return self.operations / rate
@@ -53,14 +73,26 @@ class RepairEstimate:
         return "calibration seed" if self.inputs == "unpruned" else "unit"
 
     def describe(self) -> str:
-        held = "every layer's, one pass" if self.inputs == "unpruned" else "one layer's at a time"
+        held = (
+            "every layer's, one pass"
+            if self.inputs == "unpruned" or self.levels
+            else "one layer's at a time"
+        )
         states = f", residual stream {size(self.states)}" if self.states else ""
+        levels = f", the search's repaired levels {size(self.levels)}" if self.levels else ""
+        solves = (
+            f"; the search solves each level it visits once, up to "
+            f"{self.level_operations / 1e9:.1f} GFLOP ({self.level_operations / SOLVE_RATE:.2f} s "
+            f"at {SOLVE_RATE / 1e9:.0f} GFLOP/s)"
+            if self.levels
+            else ""
+        )
         return (
             f"{size(self.total)} beside the model and its forward pass (float64 moments "
-            f"{size(self.moments)}: {held}; batch and solve {size(self.transient)}{states}); about "
-            f"{self.operations / 1e9:.0f} GFLOP of products per {self.shared_by}, "
-            f"{_duration(self.seconds())} at {PRODUCT_RATE / 1e9:.0f} GFLOP/s beside one pass "
-            "of the model over its windows"
+            f"{size(self.moments)}: {held}; batch and solve {size(self.transient)}{states}"
+            f"{levels}); about {self.operations / 1e9:.0f} GFLOP of products per "
+            f"{self.shared_by}, {_duration(self.seconds())} at {PRODUCT_RATE / 1e9:.0f} GFLOP/s "
+            f"beside one pass of the model over its windows{solves}"
         )
 
 
@@ -73,6 +105,22 @@ def moments_bytes(width: int) -> int:
     return 8 * (width * width + width)
 
 
+def levels_bytes(n_layers: int, width: int, d_model: int, multiple: int) -> int:
+    """The bytes a search's repaired levels can take: the float32 re-fit (d_model x kept) and
+    float64 bias of every width, in multiples of ``multiple`` below ``width``, of every layer,
+    at most :data:`LEVEL_CACHE_BYTES`."""
+    kept = range(multiple, width, multiple)
+    every = n_layers * sum(4 * d_model * k + 8 * d_model for k in kept)
+    return min(every, LEVEL_CACHE_BYTES)
+
+
+def level_operations(width: int, d_model: int, kept: int) -> float:
+    """A level's solve at ``kept`` of ``width`` neurons, in float64 operations: the right-hand
+    side W [H[:, K], mu] (2 d_model width kept), the Cholesky factor (kept^3 / 3) and its solve
+    for d_model right-hand sides (2 d_model kept^2)."""
+    return 2.0 * d_model * width * kept + kept**3 / 3 + 2.0 * d_model * kept**2
+
+
 def repair_estimate(
     n_layers: int,
     width: int,
@@ -82,14 +130,22 @@ def repair_estimate(
     seq_len: int,
     batch_size: int,
     inputs: str,
+    search_multiple: int | None = None,
 ) -> RepairEstimate:
     """The repair of ``n_layers`` FFNs of ``width`` neurons to ``kept`` from ``windows``
     calibration windows of ``seq_len`` tokens run ``batch_size`` at a time, its moments from
-    ``inputs`` ("unpruned" or "sequential")."""
-    moments = moments_bytes(width) * (n_layers if inputs == "unpruned" else 1)
+    ``inputs`` ("unpruned" or "sequential"); with ``search_multiple``, beside it an ``evolve``
+    search over repaired levels ``search_multiple`` neurons apart (the moments of one pass and
+    the levels' re-fits held)."""
+    one_pass = inputs == "unpruned" or search_multiple is not None
+    moments = moments_bytes(width) * (n_layers if one_pass else 1)
     batch_tokens = batch_size * seq_len
     solve = 8 * ((kept + 1) ** 2 * 2 + (width + d_model) * (kept + 1))
     transient = 8 * batch_tokens * width + 8 * width * width + solve
     states = 4 * windows * seq_len * d_model if inputs == "sequential" else 0
     operations = 2.0 * windows * seq_len * width * width * n_layers
-    return RepairEstimate(moments, transient, states, operations, inputs)
+    if search_multiple is None:
+        return RepairEstimate(moments, transient, states, operations, inputs)
+    levels = levels_bytes(n_layers, width, d_model, search_multiple)
+    widest = level_operations(width, d_model, width - search_multiple)
+    return RepairEstimate(moments, transient, states, operations, inputs, levels, widest)

@@ -89,7 +89,9 @@ def repair_memory_problem(spec: Spec, free: int | None) -> str | None:
     for arms, estimate in repair_estimates(spec).items():
         if estimate.total > free:
             fix = (
-                'set prune.lstsq.inputs = "sequential" (one layer\'s moments at a time)'
+                'search cut levels (repair = "none" on the evolve arm) or use a larger machine'
+                if estimate.levels
+                else 'set prune.lstsq.inputs = "sequential" (one layer\'s moments at a time)'
                 if estimate.inputs == "unpruned"
                 else "lower prune.lstsq.windows or model.seq_len, or use a larger machine"
             )

@@ -288,28 +288,36 @@ def memory_lines(spec: Spec, widths: Mapping[str, Sequence[int]]) -> list[str]:
 
 def repair_estimates(spec: Spec) -> dict[str, RepairEstimate]:
     """The least-squares repair's estimate for each distinct way the prune's arms repair (their
-    inputs and calibration windows; the damping costs nothing), by the arms that repair so, at
-    the largest keep fraction (the largest system to solve)."""
+    inputs and calibration windows, and for a search its levels' spacing; the damping costs
+    nothing), by the arms that repair so, at the largest keep fraction (the largest system to
+    solve). A search (``evolve``) over re-fitted levels also holds every layer's moments from
+    one pass and its levels' re-fits."""
+    from geospec.kinds import ScoreAllocation
+    from geospec.plugin import create_plugin
     from geospec.shapes.pruned import pruned_width
     from geospec.shapes.repair import repair_estimate
 
     prune, m = spec.prune, spec.model
     if prune is None:
         return {}
-    ways: dict[tuple[str, int], list[str]] = {}
+    ways: dict[tuple[str, int, int | None], list[str]] = {}
     for arm in prune.arms:
         if prune.refits(arm):
             lstsq = prune.lstsq_of(arm)
-            ways.setdefault((lstsq.inputs, lstsq.windows or prune.calibration.windows), []).append(
-                arm.name
-            )
+            schedule = create_plugin("schedule", arm.schedule)
+            searching = isinstance(schedule, ScoreAllocation) and schedule.reads_search
+            spacing = int(getattr(schedule.params, "step", 1)) * m.multiple_of
+            way = (lstsq.inputs, lstsq.windows or prune.calibration.windows)
+            ways.setdefault((*way, spacing if searching else None), []).append(arm.name)
     kept = min(pruned_width(max(prune.fractions), m.ffn_width, m.multiple_of), m.ffn_width)
     batch = prune.calibration.batch_size
     return {
         ", ".join(arms): repair_estimate(
-            m.n_layers, m.ffn_width, m.d_model, kept, windows, m.seq_len, batch, inputs
+            m.n_layers, m.ffn_width, m.d_model, kept, windows, m.seq_len, batch, inputs, spacing
         )
-        for (inputs, windows), arms in sorted(ways.items())
+        for (inputs, windows, spacing), arms in sorted(
+            ways.items(), key=lambda way: (*way[0][:2], way[0][2] or 0)
+        )
     }
 
 
