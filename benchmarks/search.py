@@ -13,7 +13,12 @@ offspring on the same windows:
 - ``float32``: the KL over the whole vocabulary in float32 (the default; the reference);
 - ``bfloat16``: the same under ``compute_dtype = "bfloat16"`` (autocast, float32 weights);
 - ``<dtype>-top<K>``: the KL over the unpruned model's top K tokens with the rest lumped into
-  one bucket (``CalibrationFitness(top_k=K)``), in that dtype.
+  one bucket (``CalibrationFitness(top_k=K)``), in that dtype;
+- ``...-lstsq`` / ``...-mean`` (after any of those): over repaired levels (``RepairedLevels``),
+  each level re-fitted by least squares (``--damping``, with an intercept) from the unpruned
+  model's moments on the calibration windows, or mean-compensated, as ``evolve`` searches an
+  arm whose ``repair`` is set. The moments' one pass is timed apart (``moments_s``), not in the
+  generations; each level's first solve is in them.
 
 The unpruned model's log-probabilities are computed before the clock starts (each way its own,
 in its dtype). Prints per way the seconds per generation, the tokens scored per second against
@@ -31,6 +36,15 @@ parent were selected:
       same_parent: 2/2
 
 (SmolLM2-135M on 2 cores shared with other work: the clock and the CPU time both inflated.)
+
+A way over least-squares levels also prints what its levels cost: the levels solved and
+reused, the bytes their re-fits held at most (the cache's bound is 1 GiB), the seconds spent
+solving, and one level's solve at the uniform width timed alone (its float64 GFLOP/s, the rate
+``geospec validate`` assumes). With ``--sequential-check``, each generation's first-stage
+offspring of the first least-squares way are also scored with every layer re-fitted from
+scratch the sequential way (``sequential_refits`` on the candidate itself, then a full pass):
+the rank correlation with the one-pass levels and whether the same survivors would go on
+(``--sequential-candidates`` of them: each costs a walk of the model over the windows).
 
 A generation scores ``offspring x stage 1 + (survivors + parent) x later stages`` tokens (the
 defaults: about 10k); size the stages from that and from the fitness's noise.
@@ -55,8 +69,15 @@ from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
 from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores, pruned
 from geospec.prune.evolve import Evolution
-from geospec.prune.search import CalibrationFitness, calibration_batches
+from geospec.prune.repair import calibration_moments, layer_refit, sequential_refits
+from geospec.prune.search import (
+    CalibrationFitness,
+    RepairedLevels,
+    calibration_batches,
+    next_token_kl,
+)
 from geospec.shapes.pruned import pruned_dims
+from geospec.shapes.repair import LEVEL_CACHE_BYTES, level_operations
 
 
 def model_of(gguf: str | None, tiny: bool) -> torch.nn.Module:
@@ -110,7 +131,7 @@ class Recorded:
     def __init__(self, fitness: CalibrationFitness) -> None:
         self.fitness = fitness
         self.windows, self.window_tokens = fitness.windows, fitness.window_tokens
-        self.calls: list[tuple[list[list[int]], list[float]]] = []
+        self.calls: list[tuple[list[list[int]], list[float], list[int]]] = []
         self.seconds, self.tokens = 0.0, 0
 
     def __call__(
@@ -123,16 +144,45 @@ class Recorded:
         values = self.fitness(candidates, windows, base)
         self.seconds += time.perf_counter() - started
         self.tokens += len(candidates) * len(windows) * self.window_tokens
-        self.calls.append(([list(c) for c in candidates], values))
+        self.calls.append(([list(c) for c in candidates], values, sorted(windows)))
         return values
 
 
-def way_of(name: str) -> tuple[str, int | None]:
-    """``float32``, ``bfloat16`` or ``<dtype>-top<K>`` as (dtype, K)."""
-    dtype, _, top = name.partition("-top")
-    if dtype not in ("float32", "bfloat16"):
-        raise SystemExit(f"--ways: {name!r}: a way is float32, bfloat16 or <dtype>-top<K>")
-    return dtype, int(top) if top else None
+def way_of(name: str) -> tuple[str, int | None, str | None]:
+    """``<dtype>[-top<K>][-lstsq|-mean]`` as (dtype, K, the levels' repair)."""
+    import re
+
+    found = re.fullmatch(r"(float32|bfloat16)(?:-top(\d+))?(?:-(lstsq|mean))?", name)
+    if found is None:
+        raise SystemExit(
+            f"--ways: {name!r}: a way is float32 or bfloat16, then -top<K>, then -lstsq or -mean "
+            "(each optional)"
+        )
+    dtype, top, levels = found.groups()
+    return dtype, int(top) if top else None, levels
+
+
+def sequential_kl(
+    model: torch.nn.Module,
+    sites: Sequence[Any],
+    orders: Sequence[Sequence[int]],
+    batches: Sequence[Any],
+    widths: Sequence[int],
+    rows: Sequence[int],
+    teacher: dict[Any, torch.Tensor],
+    damping: float,
+) -> float:
+    """The mean per-token KL on calibration windows ``rows`` of the model pruned to ``widths``
+    and re-fitted from scratch the sequential way (every layer on the pruned and repaired
+    model's own inputs, over every calibration window)."""
+    refits = sequential_refits(model, sites, batches, orders, widths, damping)
+    inputs = torch.cat([x for x, _ in batches])[list(rows)]
+    with torch.no_grad(), pruned(sites, orders, widths, refits=refits):
+        total = sum(
+            float(next_token_kl(model, inputs[i : i + 1], teacher[row].unsqueeze(0)))
+            for i, row in enumerate(rows)
+        )
+    return total / (len(rows) * inputs.shape[1])
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -163,6 +213,15 @@ def main() -> None:
     parser.add_argument("--cut", default="true", help="true widths or zeroed activations")
     parser.add_argument("--seed", type=int, default=0, help="the search's seed (its draws)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (2: both cores)")
+    parser.add_argument("--damping", type=float, default=0.1, help="the least-squares levels'")
+    parser.add_argument(
+        "--sequential-check",
+        action="store_true",
+        help="score the first least-squares way's first-stage offspring re-fitted sequentially",
+    )
+    parser.add_argument(
+        "--sequential-candidates", type=int, default=8, help="how many of them (a walk each)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -197,12 +256,24 @@ def main() -> None:
     )
     scorers: dict[str, Recorded] = {}
     teacher_mb: dict[str, float] = {}
+    repaired: dict[str, RepairedLevels] = {}
+    moments, moments_s = None, 0.0
     for name in ways:
-        dtype, top_k = way_of(name)
+        dtype, top_k, repair = way_of(name)
         teacher: dict[Any, torch.Tensor] = {}
+        if repair is not None and moments is None:  # one pass of the unpruned model, shared
+            started = time.perf_counter()
+            moments = calibration_moments(model, sites, batches)
+            moments_s = time.perf_counter() - started
+        if repair == "lstsq":
+            repaired[name] = RepairedLevels(sites, orders, moments=moments, damping=args.damping)
+        elif repair == "mean":
+            assert moments is not None
+            repaired[name] = RepairedLevels(sites, orders, means=[m.mean for m in moments])
         scorer = CalibrationFitness(
-            model, sites, orders, batches, "kl", args.batch_size, teacher, args.cut, top_k
-        )
+            model, sites, orders, batches, "kl", args.batch_size, teacher, args.cut, top_k,
+            levels=repaired.get(name),
+        )  # fmt: skip
         with computing(dtype, "cpu"):
             scorer.prepare(range(scorer.windows))
         teacher_mb[name] = sum(t.numel() * t.element_size() for t in teacher.values()) / 2**20
@@ -217,7 +288,7 @@ def main() -> None:
     plain, plain_cpu = {"float32": 0.0, "bfloat16": 0.0}, {"float32": 0.0, "bfloat16": 0.0}
     for generation in range(args.generations):
         for name in ways:
-            dtype, _ = way_of(name)
+            dtype, _, _ = way_of(name)
             before = len(scorers[name].calls)
             started, used = time.perf_counter(), time.process_time()
             with computing(dtype, "cpu"):
@@ -272,6 +343,8 @@ def main() -> None:
         if name != ways[0]:
             pairs = list(zip(steps[ways[0]], steps[name], strict=True))
             rho = [spearman(a["calls"][0][1], b["calls"][0][1]) for a, b in pairs]
+            # over repaired levels the scores differ from the cut's by design: the agreement
+            # says how far repair changes the search's choices, not an approximation's error
             survivors = sum(
                 sorted(a["calls"][1][0]) == sorted(b["calls"][1][0]) if len(a["calls"]) > 1 else 1
                 for a, b in pairs
@@ -283,8 +356,80 @@ def main() -> None:
                 f"same_parent: {same}/{len(pairs)}",
             ]
         print(line + "\n  " + "  ".join(agreement))
+        if name in repaired:
+            print("  " + levels_line(repaired[name], moments_s))
+    if repaired and moments is not None:
+        kept = dims.ffn_width
+        solve_s = timed_solve(sites[0].ffn, moments[0], orders[0], kept, args.damping)
+        rate = level_operations(width, d_model, kept) / solve_s
+        print(
+            f"one level's solve at {kept} of {width} neurons: {solve_s * 1000:.0f} ms "
+            f"({rate / 1e9:.1f} GFLOP/s float64); the cache's bound "
+            f"{LEVEL_CACHE_BYTES / 2**20:.0f} MiB"
+        )
+    lstsq = [name for name in ways if way_of(name)[2] == "lstsq"]
+    if args.sequential_check and lstsq:
+        sequential_check(args, model, sites, orders, batches, scorers[lstsq[0]], steps[lstsq[0]])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"peak_rss_gb: {peak:.2f}")
+
+
+def levels_line(found: RepairedLevels, moments_s: float) -> str:
+    """What a way's repaired levels cost."""
+    return (
+        f"levels: {found.describe()}; solved: {found.solved}  reused: {found.reused}  "
+        f"held_mb: {found.held / 2**20:.0f}  peak_mb: {found.peak / 2**20:.0f}  "
+        f"solve_s: {found.seconds:.1f}  moments_s: {moments_s:.1f} (one pass, shared)"
+    )
+
+
+def timed_solve(
+    ffn: torch.nn.Module, moments: Any, order: Sequence[int], kept: int, damping: float
+) -> float:
+    """The best of three solves of one level at ``kept`` neurons, in seconds."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        layer_refit(ffn, moments, sorted(order[:kept]), damping)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def sequential_check(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    sites: Sequence[Any],
+    orders: Sequence[Sequence[int]],
+    batches: Sequence[Any],
+    scorer: Recorded,
+    steps: Sequence[dict[str, Any]],
+) -> None:
+    """Each generation's first-stage offspring (the first ``--sequential-candidates``) scored
+    with the sequential re-fit from scratch, against their one-pass levels' fitness: rank
+    correlation, the same survivors among them, the same best."""
+    teacher = scorer.fitness.teacher
+    survivors = int(args.stages.split(",")[0].split(":")[1])
+    rho, same, best, started = [], 0, 0, time.perf_counter()
+    for step in steps:
+        candidates, one_pass, rows = step["calls"][0]
+        candidates = candidates[: args.sequential_candidates]
+        one_pass = one_pass[: args.sequential_candidates]
+        walked = [
+            sequential_kl(model, sites, orders, batches, c, rows, teacher, args.damping)
+            for c in candidates
+        ]
+        rho.append(spearman(one_pass, walked))
+        top = sorted(range(len(candidates)), key=one_pass.__getitem__)
+        top_walked = sorted(range(len(candidates)), key=walked.__getitem__)
+        same += sorted(top[:survivors]) == sorted(top_walked[:survivors])
+        best += top[0] == top_walked[0]
+    print(
+        f"sequential re-fit from scratch vs one-pass levels, the first "
+        f"{args.sequential_candidates} offspring of the first stage of {len(steps)} "
+        f"generations: spearman {np.mean(rho):.3f} (min {min(rho):.3f}); same survivors "
+        f"{same}/{len(steps)}; same best {best}/{len(steps)} "
+        f"({time.perf_counter() - started:.0f} s)"
+    )
 
 
 if __name__ == "__main__":
