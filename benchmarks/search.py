@@ -46,6 +46,15 @@ scratch the sequential way (``sequential_refits`` on the candidate itself, then 
 the rank correlation with the one-pass levels and whether the same survivors would go on
 (``--sequential-candidates`` of them: each costs a walk of the model over the windows).
 
+``--levels-only`` runs no search (a minute, where the search takes many): it times the moments'
+one pass, plain transformers' float32 forward on the same windows, and one level's solve at the
+uniform width in every layer, then replays ``--generations`` generations of the search with the
+real mutations and stages on a stand-in fitness, the squared distance in levels to
+``--toward`` (comma-separated widths: where a real search went) plus noise (``--noise``, in
+squared levels), counting the levels its candidates visit: distinct, new per generation, and
+what their re-fits would hold. New levels x the solve's seconds is what repaired levels add to a
+generation, an estimate beside the float32 generation's measured seconds.
+
 A generation scores ``offspring x stage 1 + (survivors + parent) x later stages`` tokens (the
 defaults: about 10k); size the stages from that and from the fitness's noise.
 """
@@ -222,6 +231,9 @@ def main() -> None:
     parser.add_argument(
         "--sequential-candidates", type=int, default=8, help="how many of them (a walk each)"
     )
+    parser.add_argument("--levels-only", action="store_true", help="solves and a replay, no search")
+    parser.add_argument("--toward", help="--levels-only: the widths the replay walks towards")
+    parser.add_argument("--noise", type=float, default=4.0, help="--levels-only: the fitness's")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -246,6 +258,9 @@ def main() -> None:
     ]
     table = {"kind": "evolve", "offspring": args.offspring, "stages": stages, "seed": args.seed}
     schedule = create_plugin("schedule", table)
+    if args.levels_only:
+        levels_only(args, model, sites, orders, batches, dims, Evolution(schedule.params))
+        return
     ways = args.ways.split(",")
     print(
         f"{args.gguf or ('a tiny Llama' if args.tiny else 'random weights, SmolLM2 shape')}: "
@@ -372,6 +387,106 @@ def main() -> None:
         sequential_check(args, model, sites, orders, batches, scorers[lstsq[0]], steps[lstsq[0]])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(f"peak_rss_gb: {peak:.2f}")
+
+
+class Toward:
+    """A stand-in fitness: the squared distance in levels of ``step`` neurons from ``target``,
+    plus noise of variance ``noise`` drawn per candidate and call (as fresh windows move a real
+    fitness); it records every candidate it is asked about."""
+
+    def __init__(
+        self, target: Sequence[int], step: int, noise: float, windows: int, window_tokens: int
+    ) -> None:
+        self.target, self.step, self.noise = list(target), step, noise
+        self.windows, self.window_tokens = windows, window_tokens
+        self.rng = np.random.default_rng(0)
+        self.asked: list[list[int]] = []
+
+    def __call__(
+        self,
+        candidates: Sequence[Sequence[int]],
+        windows: Sequence[int],
+        base: Sequence[int] | None = None,
+    ) -> list[float]:
+        self.asked += [list(c) for c in candidates]
+        return [
+            sum(((w - t) / self.step) ** 2 for w, t in zip(c, self.target, strict=True))
+            + float(self.rng.normal(0, self.noise**0.5))
+            for c in candidates
+        ]
+
+
+def levels_only(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    sites: Sequence[Any],
+    orders: Sequence[Sequence[int]],
+    batches: Sequence[Any],
+    dims: Any,
+    evolution: Evolution,
+) -> None:
+    """The costs of repaired levels without a search: the moments' pass, plain forward, one
+    solve per layer, and the levels a replayed search visits (the module docstring)."""
+    config = model.config
+    width, d_model = config.intermediate_size, config.hidden_size
+    started = time.perf_counter()
+    moments = calibration_moments(model, sites, batches)
+    moments_s = time.perf_counter() - started
+    tokens = sum(targets.numel() for _, targets in batches)
+    with torch.no_grad():
+        started = time.perf_counter()
+        eval_loss(model, batches)
+        forward = tokens / (time.perf_counter() - started)
+    kept = dims.ffn_width
+    solves = [
+        timed_solve(site.ffn, found, order, kept, args.damping)
+        for site, found, order in zip(sites, moments, orders, strict=True)
+    ]
+    solve_s = float(np.median(solves))
+    rate = level_operations(width, d_model, kept) / solve_s
+    print(
+        f"moments_s: {moments_s:.1f} (one pass over {tokens} tokens)  plain transformers "
+        f"forward: {forward:.0f} tokens/s\nsolve at {kept} of {width} neurons: median "
+        f"{solve_s * 1000:.0f} ms, max {max(solves) * 1000:.0f} ms over {len(solves)} layers "
+        f"({rate / 1e9:.1f} GFLOP/s float64; {solve_s * forward:.0f} tokens of plain forward)",
+        flush=True,
+    )
+    low, high, size = evolution.levels(dims, width)
+    uniform = [kept] * len(sites)
+    target = [int(w) for w in args.toward.split(",")] if args.toward else uniform
+    # as many windows as every stage may draw: the replay scores none of them
+    fitness = Toward(target, size, args.noise, 10_000, args.seq_len - 1)
+    draws = evolution.stage_windows(fitness)
+    parent, seen, new, accepted = uniform, set(), [], 0
+    for generation in range(args.generations):
+        before = len(fitness.asked)
+        step = evolution.generation(parent, generation, fitness, draws, (low, high, size))
+        visited = {
+            (layer, w) for c in fitness.asked[before:] for layer, w in enumerate(c) if w < width
+        }
+        new.append(len(visited - seen))
+        seen |= visited
+        accepted += step["accepted"]
+        parent = step["widths"]
+    held = sum(4 * d_model * w + 8 * d_model for _, w in seen)
+    moved = sum(abs(a - b) for a, b in zip(parent, target, strict=True)) // size
+    per_layer: dict[int, int] = {}
+    for layer, _ in seen:
+        per_layer[layer] = per_layer.get(layer, 0) + 1
+    widest = max(per_layer.values(), default=0)
+    towards = "--toward" if args.toward else "uniform"
+    print(
+        f"replay of {args.generations} generations towards {towards} (noise {args.noise:g}): "
+        f"{accepted} accepted, {moved} levels from the target at the "
+        f"end; {len(seen)} distinct levels ({len(seen) / len(sites):.1f} a layer, at most "
+        f"{widest} in one), all kept: {held / 2**20:.0f} MiB (bound "
+        f"{LEVEL_CACHE_BYTES / 2**20:.0f} MiB)\nnew levels a generation: first {new[0]}, "
+        f"2-10 {np.mean(new[1:10]):.1f}, 11-{args.generations} {np.mean(new[10:]):.1f}; "
+        f"solving them adds {new[0] * solve_s:.1f} s to the first generation, "
+        f"{np.mean(new[1:10]) * solve_s:.1f} s to each of 2-10, "
+        f"{np.mean(new[10:]) * solve_s:.2f} s to each later one; "
+        f"{len(seen) * solve_s / 60:.1f} min in all"
+    )
 
 
 def levels_line(found: RepairedLevels, moments_s: float) -> str:

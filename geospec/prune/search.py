@@ -225,6 +225,8 @@ class RepairedLevels:
         """Re-fits solved (a level dropped and asked again counts again)."""
         self.reused = 0
         """Levels asked for whose re-fit was kept."""
+        self.seconds = 0.0
+        """The time spent solving."""
 
     def describe(self) -> str:
         """What the levels are, for the prune's progress line."""
@@ -253,9 +255,11 @@ class RepairedLevels:
             self._kept.move_to_end(key)
             return self._kept[key]
         keep = kept_neurons(self.orders[layer], width)
+        started = time.perf_counter()
         found = layer_refit(
             self.sites[layer].ffn, self.moments[layer], keep, self.damping, self.intercept
         )
+        self.seconds += time.perf_counter() - started
         self.solved += 1
         self._kept[key] = found
         self.held += _bytes(found)

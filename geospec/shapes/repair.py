@@ -31,13 +31,15 @@ PRODUCT_RATE = 100e9
 
 #: The most bytes a search keeps of its repaired levels' re-fits
 #: (:class:`geospec.prune.search.RepairedLevels`): beyond it the least recently used are dropped
-#: and, visited again, solved again (the same numbers). 1 GiB holds SmolLM2-135M's levels within
-#: about 20 widths of its parent in every layer at keep 1/2 (a level there: 576 x 768 float32).
+#: and, visited again, solved again (the same numbers). 1 GiB holds about 20 of SmolLM2-135M's
+#: levels in every layer at keep 1/2 (a level there: 576 x 768 float32); a replayed
+#: 150-generation search visited about 7 a layer, 368 MiB (``benchmarks/search.py --levels-only``).
 LEVEL_CACHE_BYTES = 2**30
 
 #: Float64 operations per second of a level's solve (the right-hand side's product and the
-#: Cholesky solve), on the machine this project is developed on (benchmarks/search.py on
-#: SmolLM2-135M, 2 shared cores; rounded down): the rate validate's estimate assumes.
+#: Cholesky solve), on the machine this project is developed on (``benchmarks/search.py
+#: --levels-only`` on SmolLM2-135M, 2 cores shared with a study: median 87 ms, 25 GFLOP/s, the
+#: slowest layer 200 ms; rounded down to the slowest): the rate validate's estimate assumes.
 SOLVE_RATE = 10e9
 
 
