@@ -37,6 +37,7 @@ from geospec.digests import file_digest
 from geospec.disk import writing
 from geospec.engine.corpus import Corpus
 from geospec.engine.progress import DataProgress
+from geospec.engine.split import split_fractions
 from geospec.engine.tokenizer import build_tokenizer, vocab_size
 from geospec.errors import GeospecError, UsageError
 from geospec.locks import file_lock
@@ -149,25 +150,6 @@ def _read_meta(directory: Path) -> dict[str, Any]:
 
 def token_dtype(vocab: int) -> np.dtype[Any]:
     return np.dtype(np.uint16) if vocab <= 1 << 16 else np.dtype(np.uint32)
-
-
-def split_fractions(indices: np.ndarray, seed: int) -> np.ndarray:
-    """A uniform number in [0, 1) per document index: splitmix64 of the index keyed by the seed.
-
-    Document i goes to validation when its number is below ``val_fraction``; the assignment depends
-    only on (seed, i), so it is the same however the documents are batched or streamed.
-    """
-    with np.errstate(over="ignore"):
-        key = _splitmix64(np.array([seed], dtype=np.uint64))[0]
-        z = _splitmix64(indices.astype(np.uint64) ^ key)
-    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 #: A local pretrained tokenizer's files, hashed into the token cache's key (a directory holds
