@@ -21,7 +21,7 @@ deterministically to geospec/data beside Austen and Shakespeare.
 Licence: CPython's source and its documentation are distributed under the Python Software
 Foundation License Version 2 (PSF-2.0), which permits copying and redistribution provided the
 licence and PSF's copyright notice are retained: geospec/data/LICENSE-PSF.txt is the licence as
-the interpreter ships it, and geospec/data/NOTICE.md says what each bundled corpus is and under
+the interpreter ships it, and geospec/data/corpora.md says what each bundled corpus is and under
 which terms. Both files are gzip-compressed with no name and no timestamp, so the same
 interpreter and documentation package give the same bytes; the manifest (bundled-corpora.json)
 records both versions, every module and page, and each file's SHA-256. The committed files were

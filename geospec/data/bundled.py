@@ -2,7 +2,7 @@
 
 Names only, no reading (that is :mod:`geospec.engine.corpus` and :mod:`geospec.engine.mix`), so
 that the spec's messages and ``geospec validate`` can say what a ``bundled:`` name is without
-numpy. Where each corpus comes from and its licence: NOTICE.md beside this file.
+numpy. Where each corpus comes from and its licence: corpora.md beside this file.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
   (:mod:`~geospec.engine.mix`).
 - ``bundled:austen`` / ``bundled:shakespeare`` / ``bundled:python-code`` /
   ``bundled:python-docs``: text shipped in the package (:mod:`geospec.data.bundled`, its licences
-  in geospec/data/NOTICE.md), cut into documents at chapter (Austen), scene (Shakespeare),
+  in geospec/data/corpora.md), cut into documents at chapter (Austen), scene (Shakespeare),
   module (code) or page (docs) headings.
 - ``files``: ``.txt`` (documents are blank-line separated blocks; or whole files, or the pieces
   between a separator: ``data.txt_documents``), ``.json``/``.jsonl`` and
