@@ -226,8 +226,16 @@ def test_pieces_are_about_the_piece_size(mixes: dict[int, list[Piece]]) -> None:
 def test_the_default_is_named_in_keys_and_explicit_sources_key_as_before() -> None:
     """A spec without [data] keys as the mix, not as the Austen default it once had (no source
     in the key); a spec naming its source keys exactly as before (the key is its fields)."""
+    from geospec.data import bundled
+
     assert DataSpec().key_form()["source"] == "bundled:mix"
     assert DataSpec().key_form() == DataSpec(source="bundled:mix").key_form()
+    before = DataSpec().key_form()
+    for name, other in (("MIX_CHARACTERS", dict.fromkeys(bundled.MIX_CHARACTERS, 10**6)),
+                        ("PIECE_CHARACTERS", 1_000), ("MIX_LAYOUT", 2)):  # fmt: skip
+        with pytest.MonkeyPatch.context() as patch:  # another mix is another text: another key
+            patch.setattr(bundled, name, other)
+            assert DataSpec().key_form() != before, name
     from geospec.spec.sections import Section
 
     austen = DataSpec(source="bundled:austen")

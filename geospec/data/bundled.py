@@ -52,6 +52,15 @@ MIX_CHARACTERS: dict[str, int] = dict.fromkeys(BUNDLED, 2_000_000)
 #: this many characters (a document's last piece may be shorter), so that a few windows of any
 #: stretch of the mix hold every kind.
 PIECE_CHARACTERS = 2_000
+#: The version of how geospec.engine.mix lays the pieces out: raised with any change to it.
+MIX_LAYOUT = 1
+
+
+def mix_recipe() -> dict[str, object]:
+    """What makes the mix's text besides the files: run keys hold it, so a mix made otherwise
+    (other shares, other pieces, another layout: :data:`MIX_LAYOUT` counts them) is never taken
+    for this one."""
+    return {"characters": MIX_CHARACTERS, "piece": PIECE_CHARACTERS, "layout": MIX_LAYOUT}
 
 
 def bundled_names() -> list[str]:

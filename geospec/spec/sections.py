@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from geospec.data.bundled import DEFAULT_CORPUS
+from geospec.data.bundled import DEFAULT_CORPUS, mix_recipe
 from geospec.hub import HUB_ID
 from geospec.plugin import (
     GeometryRef,
@@ -256,10 +256,12 @@ class DataSpec(Section):
         """As :meth:`Section.key_form`, with the default corpus named: keys made when the
         default was Austen hold no source, so a run that relied on that default never reuses
         its work for the mix (an explicit source is kept as written: those keys are
-        unchanged)."""
+        unchanged); the mix's recipe with it."""
         dumped = super().key_form()
         if self.files is None and self.source is None:
             dumped["source"] = DEFAULT_CORPUS
+        if dumped["source"] == DEFAULT_CORPUS:
+            dumped["mix"] = mix_recipe()
         return dumped
 
 
