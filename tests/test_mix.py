@@ -319,3 +319,21 @@ def test_the_default_eval_is_the_mix_held_out_apart_from_the_selection_windows(
     with pytest.raises(UsageError, match=re.escape(f"after the {windows - 4} eval windows of "
                                                    "'bundled:mix'")):  # fmt: skip
         select_batches(crowded, data, 256, token_data, "cpu")
+
+
+def test_every_committed_study_names_its_text() -> None:
+    """The specs of the studies under docs/results name [data]'s text and their eval corpora,
+    so the default's change leaves their keys (and so their results) as they were."""
+    import tomllib
+
+    studies = [path.name for path in (ROOT / "docs" / "results").iterdir() if path.is_dir()]
+    specs = [ROOT / "specs" / f"{name}.toml" for name in studies]
+    assert len([spec for spec in specs if spec.is_file()]) >= 15
+    for spec in specs:
+        if not spec.is_file():
+            continue
+        raw = tomllib.loads(spec.read_text())
+        data = raw.get("data", {})
+        assert "source" in data or "files" in data, spec.name
+        if "prune" in raw:
+            assert "corpora" in raw["prune"].get("eval", {}), spec.name
