@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import functools
 import gzip
 import hashlib
 import lzma
@@ -36,8 +37,11 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from geospec.data.bundled import BUNDLED, BUNDLED_PREFIX, MIX, MIX_CHARACTERS, bundled_names
-from geospec.engine.mix import mix_pieces
+from geospec.engine.mix import Piece, mix_pieces
+from geospec.engine.split import split_fractions
 from geospec.errors import UsageError
 from geospec.spec.sections import DataSpec
 
@@ -148,12 +152,23 @@ class Corpus:
         if pending:
             yield pending
 
+    @functools.cached_property
+    def _mix(self) -> list[Piece]:
+        documents = {name: bundled_documents(name) for name in MIX_CHARACTERS}
+        return mix_pieces(documents, MIX_CHARACTERS, self.data.split_seed, self.data.val_fraction)
+
+    def held_out(self, indices: np.ndarray) -> np.ndarray:
+        """Which of the documents at ``indices`` (places among the non-empty documents, in
+        corpus order) the validation split holds: those whose seeded hash falls below
+        ``val_fraction`` (:func:`~geospec.engine.split.split_fractions`), or in the mix the
+        pieces of the documents its parts hold out (:mod:`~geospec.engine.mix`)."""
+        if self.bundled == MIX:
+            return np.array([piece.held_out for piece in self._mix], dtype=bool)[indices]
+        return split_fractions(indices, self.data.split_seed) < self.data.val_fraction
+
     def _texts(self) -> Iterator[str]:
         if self.bundled == MIX:
-            documents = {name: bundled_documents(name) for name in MIX_CHARACTERS}
-            d = self.data
-            for piece in mix_pieces(documents, MIX_CHARACTERS, d.split_seed, d.val_fraction):
-                yield piece.text
+            yield from (piece.text for piece in self._mix)
             return
         if not self.files:
             yield from self._hub_texts()

@@ -5,21 +5,24 @@ stretch of it, and of its held-out part, holds each kind in about its share.
 1. Pieces: each corpus's documents (chapters, scenes, modules, pages) are cut at blank lines, a
    piece ending at the first blank line at or past ``PIECE_CHARACTERS`` characters (a
    document's last piece may be shorter): every piece is its corpus's text, verbatim.
-2. Shares: of a corpus's n pieces, m evenly spaced ones are taken (piece i where
-   floor((i + 1) m / n) > floor(i m / n)), m = n x its characters in the mix / all of its
-   characters, rounded: text from all through the corpus (every novel, play, package, page).
-3. Held out: [data]'s split holds out position i of the mix where ``split_fractions(i,
-   split_seed) < val_fraction`` (:mod:`~geospec.engine.split`, what the token cache applies).
-   Those positions get as many pieces, each corpus its share of them (largest remainders),
-   drawn with ``split_seed``; the other positions get the rest. So the validation split (the
-   selection windows, the eval's) is the mix too, and holds no piece the training split holds.
-4. Interleave: each part (held out, training) is laid out in order of its pieces' progress
-   through their corpus's characters in that part (the characters up to a piece's middle over
-   all of them), ties in the corpus order: in every prefix of a part, each corpus's characters
-   are its share of the prefix's to within about two pieces.
+2. Held out: a piece is held out when its document is one that corpus's own split holds out
+   under [data]'s ``split_seed`` and ``val_fraction`` (``split_fractions`` of the document's
+   index, :mod:`~geospec.engine.split`: what ``bundled:austen`` and the others hold out read
+   alone). So the mix's training split holds no text of any part's validation split: calibrating
+   on the mix and scoring ``bundled:shakespeare`` (or the mix) never shares text, and another
+   seed holds out other documents.
+3. Shares: of a corpus's training pieces, evenly spaced ones are taken (m of n: piece i where
+   floor((i + 1) m / n) > floor(i m / n)) to make ``1 - val_fraction`` of its characters in the
+   mix, and of its held-out pieces ``val_fraction`` of them (all of them where its held-out
+   documents hold fewer): text from all through the corpus (every novel, play, package, page).
+4. Interleave: each split's pieces are laid out in order of their progress through their
+   corpus's characters in that split (the characters up to a piece's middle over all of them),
+   ties in the corpus order, and the two splits are merged alike: in every prefix of a split,
+   each corpus's characters are its share of the prefix's to within about two pieces.
 
-The mix is a function of the bundled files and of [data]'s ``split_seed`` and ``val_fraction``:
-the same in every process, another held-out sample for another seed.
+The token cache asks the corpus which documents are held out (:meth:`Corpus.held_out
+<geospec.engine.corpus.Corpus.held_out>`): for the mix, these pieces. The mix is a function of
+the bundled files and of [data]'s ``split_seed`` and ``val_fraction``, the same in every process.
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ BLANK_LINE = "\n\n"
 
 @dataclass(frozen=True)
 class Piece:
-    """A stretch of one bundled corpus: its name, the piece's place among all of its pieces,
-    and its text."""
+    """A stretch of one bundled corpus: its name, the piece's place among all of that corpus's
+    pieces, its text, and whether its document is held out."""
 
     corpus: str
     index: int
     text: str
+    held_out: bool
 
 
 def cut(document: str, size: int = PIECE_CHARACTERS) -> list[str]:
@@ -61,17 +65,6 @@ def cut(document: str, size: int = PIECE_CHARACTERS) -> list[str]:
 def evenly_spaced(n: int, m: int) -> list[int]:
     """``m`` of the indices ``0 .. n - 1``, spread evenly (all of them where ``m >= n``)."""
     return [i for i in range(n) if (i + 1) * m // n > i * m // n] if m < n else list(range(n))
-
-
-def shares(total: int, weights: Sequence[int]) -> list[int]:
-    """``total`` split in proportion to ``weights``, in whole numbers that add up to it (the
-    largest remainders round up; ties to the earlier weight)."""
-    exact = [total * w / sum(weights) for w in weights]
-    counts = [int(e) for e in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda k: (counts[k] - exact[k], k))
-    for k in by_remainder[: total - sum(counts)]:
-        counts[k] += 1
-    return counts
 
 
 def interleave(parts: Sequence[Sequence[Piece]]) -> list[Piece]:
@@ -94,23 +87,22 @@ def mix_pieces(
     val_fraction: float,
     size: int = PIECE_CHARACTERS,
 ) -> list[Piece]:
-    """The mix of ``documents`` (each corpus's, by name), about ``characters[name]`` of each,
-    laid out for [data]'s split by ``split_seed`` and ``val_fraction`` (the module's steps)."""
-    chosen: list[list[Piece]] = []
+    """The mix of ``documents`` (each corpus's non-empty documents, by name), about
+    ``characters[name]`` of each, its held-out pieces those of the documents [data]'s split
+    holds out of that corpus (the module's steps)."""
+    splits: dict[bool, list[list[Piece]]] = {False: [], True: []}
     for name, wanted in characters.items():
-        texts = [p for document in documents[name] for p in cut(document, size) if p.strip()]
-        available = sum(len(text) for text in texts)
-        taken = evenly_spaced(len(texts), round(len(texts) * wanted / available))
-        chosen.append([Piece(name, i, texts[i]) for i in taken])
-    positions = sum(len(pieces) for pieces in chosen)
-    held = split_fractions(np.arange(positions), split_seed) < val_fraction
-    rng = np.random.default_rng(split_seed)
-    held_out: list[list[Piece]] = []
-    training: list[list[Piece]] = []
-    counts = shares(int(held.sum()), [len(pieces) for pieces in chosen])
-    for pieces, count in zip(chosen, counts, strict=True):
-        drawn = set(rng.choice(len(pieces), size=count, replace=False).tolist())
-        held_out.append([p for i, p in enumerate(pieces) if i in drawn])
-        training.append([p for i, p in enumerate(pieces) if i not in drawn])
-    held_order, training_order = iter(interleave(held_out)), iter(interleave(training))
-    return [next(held_order) if h else next(training_order) for h in held]
+        held = split_fractions(np.arange(len(documents[name])), split_seed) < val_fraction
+        pieces = [
+            (bool(held[i]), text)
+            for i, document in enumerate(documents[name])
+            for text in cut(document, size)
+            if text.strip()
+        ]
+        for part, share in ((False, 1 - val_fraction), (True, val_fraction)):
+            indices = [j for j, (h, _) in enumerate(pieces) if h == part]
+            available = sum(len(pieces[j][1]) for j in indices)
+            count = round(len(indices) * wanted * share / available) if available else 0
+            taken = [indices[t] for t in evenly_spaced(len(indices), count)]
+            splits[part].append([Piece(name, j, pieces[j][1], part) for j in taken])
+    return interleave([interleave(splits[False]), interleave(splits[True])])

@@ -2,7 +2,8 @@
 
 The token cache (:mod:`~geospec.engine.token_data`) puts document i into the validation split
 when :func:`split_fractions` gives it a number below ``data.val_fraction``; the mix
-(:mod:`~geospec.engine.mix`) lays its held-out pieces where the split will hold out.
+(:mod:`~geospec.engine.mix`) holds out the pieces of the documents each of its parts holds out
+so.
 """
 
 from __future__ import annotations
