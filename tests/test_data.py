@@ -306,7 +306,7 @@ def _documents_of(corpus: Corpus) -> list[str]:
     return [d for batch in corpus.batches() for d in batch]
 
 
-@pytest.mark.parametrize("name", ["austen", "shakespeare"])
+@pytest.mark.parametrize("name", ["austen", "shakespeare", "python-code", "python-docs"])
 def test_bundled_corpora_read_as_datasets_read_them(name: str, tmp_path: Path) -> None:
     from geospec.engine.corpus import BUNDLED, bundled_path
 

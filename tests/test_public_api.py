@@ -219,6 +219,10 @@ def test_wheel_ships_specs_data_and_shims(tmp_path: Path) -> None:
     assert {
         "geospec/data/__init__.py",
         "geospec/data/austen.txt.gz",
+        "geospec/data/python-code.txt.gz",  # the mix's parts, with their licence and notice
+        "geospec/data/python-docs.txt.gz",
+        "geospec/data/LICENSE-PSF.txt",
+        "geospec/data/corpora.md",
         "geospec/moved.py",  # the shims of geospec.specfile and the other old homes
     } <= names
     # every subpackage of the checkout is in the wheel (pyproject lists them by hand)

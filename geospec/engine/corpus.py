@@ -1,7 +1,11 @@
 """Where documents come from: the bundled corpora, local files or a hub dataset.
 
-- ``bundled:austen`` / ``bundled:shakespeare``: public-domain text shipped in the package, cut into
-  documents at chapter (Austen) or scene (Shakespeare) headings.
+- ``bundled:mix`` (the default): the bundled corpora below interleaved in equal shares
+  (:mod:`~geospec.engine.mix`).
+- ``bundled:austen`` / ``bundled:shakespeare`` / ``bundled:python-code`` /
+  ``bundled:python-docs``: text shipped in the package (:mod:`geospec.data.bundled`, its licences
+  in geospec/data/corpora.md), cut into documents at chapter (Austen), scene (Shakespeare),
+  module (code) or page (docs) headings.
 - ``files``: ``.txt`` (documents are blank-line separated blocks; or whole files, or the pieces
   between a separator: ``data.txt_documents``), ``.json``/``.jsonl`` and
   ``.parquet`` (one document per row, from ``data.text_field``); compressed files (gzip, bz2, xz,
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import functools
 import gzip
 import hashlib
 import lzma
@@ -32,15 +37,14 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
+from geospec.data.bundled import BUNDLED, BUNDLED_PREFIX, MIX, MIX_CHARACTERS, bundled_names
+from geospec.engine.mix import Piece, mix_pieces
+from geospec.engine.split import split_fractions
 from geospec.errors import UsageError
 from geospec.spec.sections import DataSpec
 
-BUNDLED_PREFIX = "bundled:"
-#: name -> (file in geospec/data, regex whose matches start a new document)
-BUNDLED: dict[str, tuple[str, str]] = {
-    "austen": ("austen.txt.gz", r"(?m)^(?=(?:CHAPTER|Chapter) [0-9IVXLC]+\.?[ \t]*$)"),
-    "shakespeare": ("shakespeare.txt.gz", r"(?m)^(?=### )"),
-}
 BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".zstd")
 #: compressed text read without datasets (zstd needs a package: datasets reads it)
@@ -51,10 +55,17 @@ CHUNK = 10 << 20
 
 
 def bundled_path(name: str) -> Path:
+    """The file of a bundled corpus (the mix has none: it is made of the others)."""
     if name not in BUNDLED:
-        known = ", ".join(f"{BUNDLED_PREFIX}{n}" for n in BUNDLED)
+        known = ", ".join(bundled_names())
         raise UsageError(f"data.source: unknown bundled corpus {name!r}; available: {known}")
-    return Path(str(resources.files("geospec") / "data" / BUNDLED[name][0]))
+    return Path(str(resources.files("geospec") / "data" / BUNDLED[name].file))
+
+
+def bundled_documents(name: str) -> list[str]:
+    """A bundled corpus's non-empty documents, as ``bundled:NAME`` reads them."""
+    with gzip.open(bundled_path(name), "rt", encoding="utf-8") as handle:
+        return [d for d in re.split(BUNDLED[name].documents, handle.read()) if d.strip()]
 
 
 def _builder(path: Path) -> str:
@@ -99,6 +110,8 @@ class Corpus:
                     )
                 _builder(path)
                 self.files.append(path)
+        elif self.bundled == MIX:  # its files' digests key the tokens
+            self.files.extend(bundled_path(name) for name in MIX_CHARACTERS)
         elif self.bundled is not None:
             self.files.append(bundled_path(self.bundled))
         self._hub_documents: int | None = None
@@ -139,7 +152,24 @@ class Corpus:
         if pending:
             yield pending
 
+    @functools.cached_property
+    def _mix(self) -> list[Piece]:
+        documents = {name: bundled_documents(name) for name in MIX_CHARACTERS}
+        return mix_pieces(documents, MIX_CHARACTERS, self.data.split_seed, self.data.val_fraction)
+
+    def held_out(self, indices: np.ndarray) -> np.ndarray:
+        """Which of the documents at ``indices`` (places among the non-empty documents, in
+        corpus order) the validation split holds: those whose seeded hash falls below
+        ``val_fraction`` (:func:`~geospec.engine.split.split_fractions`), or in the mix the
+        pieces of the documents its parts hold out (:mod:`~geospec.engine.mix`)."""
+        if self.bundled == MIX:
+            return np.array([piece.held_out for piece in self._mix], dtype=bool)[indices]
+        return split_fractions(indices, self.data.split_seed) < self.data.val_fraction
+
     def _texts(self) -> Iterator[str]:
+        if self.bundled == MIX:
+            yield from (piece.text for piece in self._mix)
+            return
         if not self.files:
             yield from self._hub_texts()
             return
@@ -161,7 +191,7 @@ class Corpus:
             # text mode: universal newlines ("\r\n" and "\r" become "\n"), as in datasets
             with opener(path, "rt", encoding="utf-8") as handle:
                 if self.bundled:
-                    yield from re.split(BUNDLED[self.bundled][1], handle.read())
+                    yield from re.split(BUNDLED[self.bundled].documents, handle.read())
                 elif self.data.txt_documents == "file":
                     yield handle.read()
                 elif self.data.txt_documents == "separator":

@@ -2,10 +2,11 @@
 
 :func:`prepare_data` reads the corpus (:mod:`~geospec.engine.corpus`), assigns every document to
 the train or validation split by a seeded hash of its index (deterministic, independent of batching
-and of streaming), builds the tokenizer (:mod:`~geospec.engine.tokenizer`; a BPE is trained on the
-training split only), and writes each split as one flat array of token ids with an end-of-text
-token after every document: ``train.bin`` / ``val.bin`` (uint16 when the vocabulary fits, else
-uint32), with ``tokenizer.json`` and ``meta.json`` beside them.
+and of streaming; the mix's pieces by the documents they come from: ``Corpus.held_out``), builds
+the tokenizer (:mod:`~geospec.engine.tokenizer`; a BPE is trained on the training split only),
+and writes each split as one flat array of token ids with an end-of-text token after every
+document: ``train.bin`` / ``val.bin`` (uint16 when the vocabulary fits, else uint32), with
+``tokenizer.json`` and ``meta.json`` beside them.
 
 The result lives in ``cache_dir/<key>/`` where the key hashes the data section and the content of
 local files, so every arm and seed of a run reads byte-identical validation tokens, and a changed
@@ -37,6 +38,7 @@ from geospec.digests import file_digest
 from geospec.disk import writing
 from geospec.engine.corpus import Corpus
 from geospec.engine.progress import DataProgress
+from geospec.engine.split import split_fractions  # noqa: F401 (its home before 0.2.0)
 from geospec.engine.tokenizer import build_tokenizer, vocab_size
 from geospec.errors import GeospecError, UsageError
 from geospec.locks import file_lock
@@ -149,25 +151,6 @@ def _read_meta(directory: Path) -> dict[str, Any]:
 
 def token_dtype(vocab: int) -> np.dtype[Any]:
     return np.dtype(np.uint16) if vocab <= 1 << 16 else np.dtype(np.uint32)
-
-
-def split_fractions(indices: np.ndarray, seed: int) -> np.ndarray:
-    """A uniform number in [0, 1) per document index: splitmix64 of the index keyed by the seed.
-
-    Document i goes to validation when its number is below ``val_fraction``; the assignment depends
-    only on (seed, i), so it is the same however the documents are batched or streamed.
-    """
-    with np.errstate(over="ignore"):
-        key = _splitmix64(np.array([seed], dtype=np.uint64))[0]
-        z = _splitmix64(indices.astype(np.uint64) ^ key)
-    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53)
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 #: A local pretrained tokenizer's files, hashed into the token cache's key (a directory holds
@@ -293,11 +276,12 @@ def prepare_data(
     return TokenData.open(final)
 
 
-def _documents(corpus: Corpus, seed: int, fraction: float) -> Iterator[tuple[list[str], ...]]:
-    """(train documents, validation documents) per batch of the corpus."""
+def _documents(corpus: Corpus) -> Iterator[tuple[list[str], ...]]:
+    """(train documents, validation documents) per batch of the corpus (which are held out:
+    :meth:`Corpus.held_out`, the seeded hash of each document's index)."""
     start = 0
     for batch in corpus.batches():
-        is_val = split_fractions(np.arange(start, start + len(batch)), seed) < fraction
+        is_val = corpus.held_out(np.arange(start, start + len(batch)))
         start += len(batch)
         yield (
             [t for t, v in zip(batch, is_val, strict=True) if not v],
@@ -333,12 +317,11 @@ def _build(
     key: str,
     reporter: DataProgress | None = None,
 ) -> None:
-    seed, fraction = data.split_seed, data.val_fraction
     state = _resume_state(work, key)
     if state is None:
 
         def training_texts() -> Iterable[str]:
-            for train_docs, _ in _documents(corpus, seed, fraction):
+            for train_docs, _ in _documents(corpus):
                 yield from train_docs
 
         built, eot = build_tokenizer(data.tokenizer, training_texts(), spec_dir)
@@ -361,7 +344,7 @@ def _build(
             outputs[name] = files.enter_context(open(path, "ab"))
         if reporter is not None:
             reporter.start(sum(documents.values()), sum(tokens.values()), dtype.itemsize)
-        for index, split_docs in enumerate(_documents(corpus, seed, fraction)):
+        for index, split_docs in enumerate(_documents(corpus)):
             if index < state["batches"]:
                 continue  # written before the build was stopped
             for name, docs in zip(SPLITS, split_docs, strict=True):

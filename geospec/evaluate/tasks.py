@@ -59,7 +59,7 @@ def validation_documents(val_fraction: float = 0.05, split_seed: int = 0) -> lis
     import numpy as np
 
     from geospec.engine.corpus import Corpus
-    from geospec.engine.token_data import split_fractions
+    from geospec.engine.split import split_fractions
     from geospec.spec.sections import DataSpec
 
     data = DataSpec(source="bundled:austen", val_fraction=val_fraction, split_seed=split_seed)

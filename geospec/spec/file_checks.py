@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from geospec.data.bundled import BUNDLED_PREFIX, bundled_names
 from geospec.hub import spec_path
 from geospec.spec.checkpoint_shape import (
     CheckpointFacts,
@@ -242,19 +243,27 @@ def _gguf_tokens(path: Path) -> int | None:
 
 
 def _corpus_problems(spec: Spec, spec_dir: Path) -> list[str]:
-    """Eval corpora of [prune] that name a file (relative to the spec file) that is not there."""
-    if spec.prune is None:
-        return []
+    """A ``bundled:`` name that is no bundled corpus ([data]'s source, an eval corpus), and eval
+    corpora of [prune] that name a file (relative to the spec file) that is not there."""
+    names = bundled_names()
+    known = ", ".join(names)
     problems = []
+    if (source := spec.data.corpus or "").startswith(BUNDLED_PREFIX) and source not in names:
+        problems.append(f"data.source: no bundled corpus {source!r}; the bundled ones: {known}")
+    if spec.prune is None:
+        return problems
     for i, corpus in enumerate(spec.prune.eval.corpora):
-        if corpus.startswith("bundled:") or corpus == spec.data.source:
+        if corpus.startswith(BUNDLED_PREFIX) and corpus not in names:
+            problems.append(
+                f"prune.eval.corpora[{i}]: no bundled corpus {corpus!r}; the bundled ones: {known}"
+            )
+        if corpus.startswith(BUNDLED_PREFIX) or corpus == spec.data.source:
             continue
         path = spec_path(corpus, spec_dir)
         if not path.exists():
             problems.append(
                 f"prune.eval.corpora[{i}]: {path} does not exist; give a .txt or .jsonl file "
-                "(relative to the spec file) or a bundled corpus (bundled:austen, "
-                "bundled:shakespeare)"
+                f"(relative to the spec file) or a bundled corpus ({known})"
             )
     return problems
 

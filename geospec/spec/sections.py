@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from geospec.data.bundled import DEFAULT_CORPUS, mix_recipe
 from geospec.hub import HUB_ID
 from geospec.plugin import (
     GeometryRef,
@@ -198,7 +199,11 @@ class DataSpec(Section):
     """Where text comes from and how it becomes tokens."""
 
     source: str | None = None
-    """'bundled:austen' (the default), 'bundled:shakespeare', or a Hugging Face hub dataset name."""
+    """'bundled:mix' (the default: novels, drama, code and modern prose in equal shares, its
+    validation split the same mix), one bundled corpus ('bundled:austen', 'bundled:shakespeare',
+    'bundled:python-code', 'bundled:python-docs'), or a Hugging Face hub dataset name. Until
+    0.2.0 the default was 'bundled:austen': a spec that relied on it now reads the mix (write
+    source = "bundled:austen" to keep Austen)."""
     files: list[str] | None = None
     """Local .txt/.jsonl/.parquet files (relative to the spec file); replaces source."""
     hub_config: str | None = None
@@ -245,7 +250,19 @@ class DataSpec(Section):
         """The dataset source in effect (None when local files are used)."""
         if self.files is not None:
             return None
-        return self.source or "bundled:austen"
+        return self.source or DEFAULT_CORPUS
+
+    def key_form(self) -> dict[str, Any]:
+        """As :meth:`Section.key_form`, with the default corpus named: keys made when the
+        default was Austen hold no source, so a run that relied on that default never reuses
+        its work for the mix (an explicit source is kept as written: those keys are
+        unchanged); the mix's recipe with it."""
+        dumped = super().key_form()
+        if self.files is None and self.source is None:
+            dumped["source"] = DEFAULT_CORPUS
+        if dumped["source"] == DEFAULT_CORPUS:
+            dumped["mix"] = mix_recipe()
+        return dumped
 
 
 class ReferenceSpec(Section):
@@ -521,10 +538,13 @@ class PruneEval(Section):
     """Where the pruned models' perplexity is measured: held-out windows of each corpus."""
 
     corpora: list[Annotated[str, Field(min_length=1)]] = Field(
-        default_factory=lambda: ["bundled:austen"], min_length=1
+        default_factory=lambda: [DEFAULT_CORPUS], min_length=1
     )
-    """Bundled corpora ('bundled:austen', 'bundled:shakespeare') or text files (relative to the
-    spec file), tokenized like [data]; the validation split of each (never calibration text)."""
+    """Bundled corpora ('bundled:mix', the default; 'bundled:austen', 'bundled:shakespeare',
+    'bundled:python-code', 'bundled:python-docs') or text files (relative to the spec file),
+    tokenized like [data]; the validation split of each (never calibration text). Where one
+    is [data]'s own text (the mix by default) its first windows are scored and the selection
+    windows are its last ones, checked apart."""
     windows: int = Field(32, ge=1, le=1_000_000)
     """Validation windows of model.seq_len tokens per corpus (the first ones)."""
     batch_size: int = Field(4, ge=1, le=65536)

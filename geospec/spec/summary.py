@@ -9,6 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from geospec.data.bundled import BUNDLED, BUNDLED_PREFIX, MIX, mix_description
 from geospec.shapes.model_size import count_params, total_ffn_params
 from geospec.spec.resolve import (
     declared_vocab_size,
@@ -17,7 +18,7 @@ from geospec.spec.resolve import (
     probes,
     prunes_only,
 )
-from geospec.spec.sections import PretrainedTokenizer, PruneSpec, Spec
+from geospec.spec.sections import DataSpec, PretrainedTokenizer, PruneSpec, Spec
 
 if TYPE_CHECKING:
     from geospec.shapes.memory import HealingEstimate
@@ -57,6 +58,7 @@ def spec_summary(spec: Spec) -> Group:
         f"{spec.reference.seed}: the uniform arm's run for that seed is reused)"
     )
     head.add_row("reference", reference)
+    head.add_row("data", Text(data_row(spec.data)))
     budget = f"{spec.train.steps} steps" if spec.train.steps else f"{spec.train.tokens:,} tokens"
     if not spec.probe_only:
         t = spec.train
@@ -151,6 +153,22 @@ def spec_summary(spec: Spec) -> Group:
     for arm in spec.prune.arms:
         pruning.add_row(arm.name, Text(plugin_call(arm.schedule.model_dump(mode="json"))))
     return Group(head, *shown, pruning)
+
+
+def data_row(data: DataSpec) -> str:
+    """Where the text comes from (what a default reads, by name) and how much is held out."""
+    held_out = f"; {data.val_fraction * 100:g}% held out (split_seed {data.split_seed})"
+    if data.files is not None:
+        return f"files {', '.join(data.files)}{held_out}"
+    corpus = data.corpus or ""
+    name = corpus.removeprefix(BUNDLED_PREFIX)
+    if name == MIX:
+        default = " (the default)" if data.source is None else ""
+        return f"{corpus}{default}: {mix_description()}{held_out}"
+    if corpus.startswith(BUNDLED_PREFIX) and name in BUNDLED:
+        return f"{corpus}: {BUNDLED[name].about}{held_out}"
+    config = f", config {data.hub_config}" if data.hub_config else ""
+    return f"hub dataset {corpus}{config}, split {data.hub_split}{held_out}"
 
 
 def repair_clause(prune: PruneSpec) -> str:
