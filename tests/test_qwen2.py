@@ -809,3 +809,29 @@ def test_a_qwen2_repair_without_an_intercept_exports_and_scores_what_it_recorded
         logits = model(input_ids=x).logits
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
     assert float(loss) == pytest.approx(arm["loss"]["docs.jsonl"]["0"], rel=1e-5)
+
+
+def test_a_recommended_qwen2_refit_with_an_intercept_and_no_export_finishes_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """With prune.export = false the re-fit's intercept is allowed (no model is written), but
+    What to ship measures the recommended model's files: that measurement must not fail the
+    whole prune after every unit is computed (as it did on Qwen2.5-Coder-0.5B); it records that
+    no file can be written and the report's line says why and names the fix."""
+    arms = [
+        {"name": "uniform", "schedule": {"kind": "uniform"}},
+        {"name": "protect", "schedule": {"kind": "protect", "first": 1}},
+    ]
+    spec = prune_spec(tmp_path, arms=arms, export=False, repair="lstsq",
+                      select={"windows": 2, "runtime": False})  # fmt: skip
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    record = json.loads((tmp_path / "run" / "prune.json").read_text())
+    shipped = record["budgets"][0]["recommended"]["shipped"]
+    assert shipped["safetensors_bytes"] is None
+    assert "qwen2 MLP has no bias" in shipped["unexportable"]
+    report = (tmp_path / "run" / "prune" / "report.md").read_text()
+    (line,) = [x for x in report.splitlines() if "as files: none written" in x]
+    assert "intercept = false" in line
+    result = CliRunner().invoke(cli, ["prune", str(spec)])  # the record is reused, not redone
+    assert result.exit_code == 0 and "measuring what the recommended" not in result.output

@@ -207,8 +207,8 @@ def compensation_biases(model: nn.Module, sites: Sequence[FFNSite]) -> dict[str,
     if problem is not None:
         raise UsageError(
             f"prune.export: the pruned model's FFN output projections carry a bias "
-            f"(prune.repair) but {problem}; set prune.export = false or prune.repair "
-            '= "none"'
+            f"(prune.repair) but {problem}; re-fit without one (prune.lstsq = {{ intercept = "
+            'false }), or set prune.repair = "none" or prune.export = false'
         )
     names = {id(module): name for name, module in model.named_modules()}
     zeros = {}

@@ -258,7 +258,10 @@ def measure(
         model = model_dir
         if model is None:
             model = scratch / "model"
-            write_model(model)
+            try:
+                write_model(model)
+            except UsageError as error:  # a bias its family cannot hold: say so, keep the run
+                return unexportable(unit, settings, str(error))
         record: dict[str, Any] = {
             "arm": unit.arm,
             "seed": unit.seed,
@@ -276,6 +279,24 @@ def measure(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return record
+
+
+def unexportable(unit: Unit, settings: ShipSettings, why: str) -> dict[str, Any]:
+    """The record of a recommended model no export can write (a re-fitted intercept on a family
+    whose MLP has no bias): no files, and the writer's one line as the reason, which the
+    report's What to ship line shows instead of sizes (not a failure of the whole prune, found
+    only after every unit was computed)."""
+    return {
+        "arm": unit.arm,
+        "seed": unit.seed,
+        "keep": unit.keep,
+        "export_dtype": settings.export_dtype,
+        "safetensors_bytes": None,
+        "unexportable": why,
+        "gguf": {"skipped": NO_GGUF},
+        "score": {"skipped": NO_GGUF_SCORE},
+        "speed": {"skipped": NO_GGUF},
+    }
 
 
 def _gguf(model: Path, target: Path, settings: ShipSettings, plan: Plan) -> dict[str, Any]:

@@ -245,7 +245,8 @@ def prune_units(
     if problem is not None:  # said before any unit is computed, not at the first export
         raise UsageError(
             f"prune.repair = {prune.repair_of(exported[0])!r} ({exported[0].name}): {problem}; "
-            'set prune.export = false or prune.repair = "none"'
+            "re-fit without one (prune.lstsq = { intercept = false }), or set prune.repair = "
+            '"none" or prune.export = false'
         )
     # each distinct importance is scored once per calibration seed; an arm reads its own
     arm_importance = {arm.name: importance_key(prune.importance_of(arm)) for arm in prune.arms}

@@ -351,6 +351,8 @@ def shipped_line(shipped: Mapping[str, Any]) -> str:
     from geospec.prune.shipped import NO_GGUF, NO_GGUF_SCORE
 
     dtype = shipped.get("export_dtype")
+    if shipped.get("unexportable"):
+        return f"as files: none written ({shipped['unexportable']})"
     parts = [
         f"as files (calibration seed {shipped['seed']}'s cut): safetensors "
         f"{size(int(shipped['safetensors_bytes']))}" + (f" ({dtype})" if dtype else "")
