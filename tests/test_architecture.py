@@ -94,10 +94,10 @@ def test_the_core_never_imports_the_builtin_plugins() -> None:
 
 def test_the_builtins_import_only_the_public_plugin_api() -> None:
     offenders = {}
-    for path in sorted(BUILTINS.glob("*.py")):
+    for path in sorted(BUILTINS.rglob("*.py")):
         used = {i for i in imports(path) if i.split(".")[0] == "geospec"}
         if used - PUBLIC_PLUGIN_API:
-            offenders[path.name] = sorted(used - PUBLIC_PLUGIN_API)
+            offenders[str(path.relative_to(BUILTINS))] = sorted(used - PUBLIC_PLUGIN_API)
     assert offenders == {}
 
 
