@@ -10,10 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geospec.artifacts import json_problem, read_json, read_json_or_none
-from geospec.atomic import atomic_write_json
-from geospec.digests import digest
-from geospec.layout import (
+from geospec.rundir.artifacts import json_problem, read_json, read_json_or_none
+from geospec.rundir.layout import (
     DEMAND_FILE,
     DIAGNOSTICS_FILE,
     PRUNE_FILE,
@@ -21,6 +19,8 @@ from geospec.layout import (
     RUN_KEY_FILE,
     STAGES_FILE,
 )
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import digest
 
 #: The train stage's key in a spec that trains no arm (``probe_only``): the same for every such
 #: spec, so a run directory says by it alone that nothing was to be trained.
