@@ -6,6 +6,7 @@ training directory's run key, and whether a run trains nothing."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,18 @@ def read_demand(run_dir: Path) -> dict[str, Any] | None:
 def read_prune(run_dir: Path) -> dict[str, Any] | None:
     """The run's prune.json, or None when the prune stage has not written a sound one."""
     return _sound_record(Path(run_dir) / PRUNE_FILE, PRUNE_KEYS)
+
+
+def stored_measurement(
+    record: Mapping[str, Any] | None, compute_key: str | None, fields: Sequence[str]
+) -> dict[str, Any] | None:
+    """The measurement (``fields``) of an optional stage's stored ``record`` where it was taken
+    with the settings of ``compute_key`` (the record's ``keys["compute"]``): a stage whose key
+    changed only in what is derived from its measurement writes its record again without
+    measuring again. None where there is no record or it was measured otherwise."""
+    if record is None or record.get("keys", {}).get("compute") != compute_key:
+        return None
+    return {field: record[field] for field in fields}
 
 
 @dataclass(frozen=True)
