@@ -47,7 +47,35 @@ class ProfileParams(PluginParams):
     is resampled to this model's: widths from a shallower reference's profiles."""
 
 
-class Geometric(Schedule):
+class Solved(Schedule):
+    """A schedule that is a solver's problem built from measured profiles (this run's, or another
+    run's file: ``params.profiles``): :meth:`problem` builds it, and the solver plugin
+    (``params.solver``) solves it with the exact budget, checks the model and sets the bounds."""
+
+    params: ProfileParams | Calibrated.Params
+
+    def profiles_file(self) -> str | None:
+        return self.params.profiles
+
+    def check(self, dims: ModelDims) -> list[str]:
+        return self.solver().check(dims)
+
+    def solver(self) -> Solver:
+        return create_plugin("solver", self.params.solver)
+
+    def bounds(self, dims: ModelDims) -> tuple[int, int] | None:
+        # The solver's bounds do not depend on the work: any profile gives the same ones.
+        return self.solver().bounds(dims.width_problem([1.0] * dims.n_layers))
+
+    def problem(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> WidthProblem:
+        """The solver's problem at ``dims`` from ``profiles``."""
+        raise NotImplementedError
+
+    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+        return self.solver().solve(self.problem(dims, profiles))
+
+
+class Geometric(Solved):
     """Widths from a measured work profile: smooth, resample to the target depth, solve.
 
     The profile is validated (non-empty, finite, non-negative, not all zero), smoothed at the
@@ -67,21 +95,8 @@ class Geometric(Schedule):
         names = [p.profile, p.sensitivity, p.intrinsic_dimension]
         return list(dict.fromkeys(name for name in names if name is not None))
 
-    def profiles_file(self) -> str | None:
-        return self.params.profiles
-
-    def check(self, dims: ModelDims) -> list[str]:
-        return self.solver().check(dims)
-
     def smoother(self) -> Smoother:
         return create_plugin("smoother", self.params.smoother)
-
-    def solver(self) -> Solver:
-        return create_plugin("solver", self.params.solver)
-
-    def bounds(self, dims: ModelDims) -> tuple[int, int] | None:
-        # The solver's bounds do not depend on the work: any profile gives the same ones.
-        return self.solver().bounds(dims.width_problem([1.0] * dims.n_layers))
 
     def work(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[float]:
         """The per-layer work the solver receives (validated, smoothed, resampled)."""
@@ -97,7 +112,9 @@ class Geometric(Schedule):
         label = f"{name} after {smoother.kind_name()} smoothing"
         return resample_profile(check_profile(label, smoothed), dims.n_layers)
 
-    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
+    def problem(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> WidthProblem:
+        """The solver's problem: the work (:meth:`work`), with the exponents 2 / d_l from the
+        intrinsic dimensions and the sensitivities where the params name them."""
         p = self.params
         exponents = sensitivities = None
         if p.intrinsic_dimension is not None:
@@ -108,8 +125,7 @@ class Geometric(Schedule):
         if p.sensitivity is not None:
             lam = check_profile(p.sensitivity, _lookup(profiles, p.sensitivity))
             sensitivities = resample_profile(lam, dims.n_layers)
-        problem = dims.width_problem(self.work(dims, profiles), exponents, sensitivities)
-        return self.solver().solve(problem)
+        return dims.width_problem(self.work(dims, profiles), exponents, sensitivities)
 
 
 class Anti(Geometric):
@@ -157,7 +173,7 @@ class Permuted(Geometric):
         return [geometric[i] for i in self.permutation(dims.n_layers)]
 
 
-class Calibrated(Schedule):
+class Calibrated(Solved):
     """Widths from measured demand: minimise the sum of the layers' fitted errors at the budget.
 
     The demand stage cuts each layer's FFN of the reference model alone to several keep fractions
@@ -200,19 +216,6 @@ class Calibrated(Schedule):
     def required_profiles(self) -> list[str]:
         return list(dict.fromkeys([self.params.sensitivity, self.params.exponent]))
 
-    def profiles_file(self) -> str | None:
-        return self.params.profiles
-
-    def check(self, dims: ModelDims) -> list[str]:
-        return self.solver().check(dims)
-
-    def solver(self) -> Solver:
-        return create_plugin("solver", self.params.solver)
-
-    def bounds(self, dims: ModelDims) -> tuple[int, int] | None:
-        # The solver's bounds do not depend on the profiles: any gives the same ones.
-        return self.solver().bounds(dims.width_problem([1.0] * dims.n_layers))
-
     def problem(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> WidthProblem:
         """The solver's problem: lambda as the work, a as the per-layer exponents, both checked
         and resampled to the target depth."""
@@ -231,9 +234,6 @@ class Calibrated(Schedule):
         # say so about the profile rather than let the solver fail on its work.
         work = check_profile(f"{p.sensitivity} resampled to {n} layers", resample_profile(lam, n))
         return dims.width_problem(work, resample_profile(exponents, n))
-
-    def widths(self, dims: ModelDims, profiles: Mapping[str, Sequence[float]]) -> list[int]:
-        return self.solver().solve(self.problem(dims, profiles))
 
 
 def _lookup(profiles: Mapping[str, Sequence[float]], name: str) -> Sequence[float]:
