@@ -1,7 +1,8 @@
 """Names that moved: the old import path keeps working, with a warning naming the new one.
 
-Every module that used to hold public names (shown to users in an earlier README or docs page)
-and holds nothing else now is a row of :data:`OLD_MODULES`, not a file: ``import geospec``
+Every module that used to hold public names (shown to users in an earlier README or docs page,
+or a top-level module packaged since) and holds nothing else now is a row of
+:data:`OLD_MODULES`, not a file: ``import geospec``
 installs :class:`OldHomes`, which builds such a module when it is imported, so that ``from
 geospec.train import train_model`` still works after the engine moved to
 ``geospec.engine.train``. The name is imported from its new home on first use (keeping torch out
@@ -60,6 +61,42 @@ OLD_MODULES: dict[str, dict[str, str]] = {
     "geospec.solve.profiles": _all_to(
         "geospec.profiles",
         "PROFILES_KEY MAX_PROFILES_BYTES check_profile resample_profile read_profiles",
+    ),
+    # 0.2.0's top-level modules, packaged (docs/architecture.md, "Who owns what"): safe files on
+    # disk in `storage`, the run directory's names and records in `rundir`
+    "geospec.atomic": _all_to(
+        "geospec.storage.atomic",
+        "atomic_path atomic_open atomic_write_text atomic_write_json check_new_directory "
+        "atomic_directory",
+    ),
+    "geospec.disk": _all_to(
+        "geospec.storage.disk",
+        "FULL FULL_WORDS NEARLY_FULL free_bytes says_full out_of_space unplaced_out_of_space "
+        "writing size",
+    ),
+    "geospec.locks": _all_to(
+        "geospec.storage.locks",
+        "file_lock claim_path claim holder_record claim_holder holder_alive",
+    ),
+    "geospec.digests": _all_to(
+        "geospec.storage.digests",
+        "digest file_digest SEAL json_digest unsealed sealed seal_broken",
+    ),
+    "geospec.layout": _all_to(
+        "geospec.rundir.layout",
+        "STAGES_FILE RUN_FILE REFERENCE_DIR CLOUDS_DIR PROFILES_FILE MEASURES_FILE "
+        "DIAGNOSTICS_FILE DEMAND_FILE PRUNE_FILE PRUNE_DIR WIDTHS_FILE RESULTS_FILE REPORT_FILE "
+        "RUN_KEY_FILE FAILURE_FILE EVAL_FILE SUBMITTED_FILE PROBE_META_FILE UNIT_FILE "
+        "UNIT_MODEL_DIR HEAL_DIR HEALED_DIR HEALED_TRAIN_DIR SEARCH_FILE REPAIR_FILE SHIPPED_FILE "
+        "SHIPPED_LOSS_FILE arm_seed_dir prune_keep_dir prune_unit_dir",
+    ),
+    "geospec.artifacts": _all_to(
+        "geospec.rundir.artifacts", "read_json read_json_or_none json_problem"
+    ),
+    "geospec.records": _all_to(
+        "geospec.rundir.records",
+        "PROBE_ONLY_TRAIN_KEY MEASURED_KEYS DIAGNOSTICS_KEYS DEMAND_KEYS PRUNE_KEYS "
+        "read_diagnostics read_demand read_prune StageLog stored_run_key trains_nothing",
     ),
 }
 

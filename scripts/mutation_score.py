@@ -475,9 +475,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         "for 1 < x <= 2 log(expm1(x)) neither overflows nor cancels: both branches give "
         "log(e^x - 1) to within 4.1e-16 relative (measured over 10^5 points)"
     ),
-    # plugins/schedules.py
+    # plugins/schedules/profiles.py
     (
-        "plugins/schedules.py",
+        "plugins/schedules/profiles.py",
         "return self.solver().bounds(dims.width_problem([1.0] * dims.n_layers))",
         "return self.solver().bounds(dims.width_problem([2.0] * dims.n_layers))",
     ): "the solver's bounds do not depend on the work (any profile gives the same ones)",

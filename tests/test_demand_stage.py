@@ -302,7 +302,7 @@ def test_a_model_whose_ffn_cannot_be_cut_is_one_line(tmp_path: Path) -> None:
 def test_a_demand_json_fitted_by_an_earlier_geospec_is_fitted_again(measured: Path) -> None:
     """Written (and sealed) before the fits recorded exponent_at_bound: the measurement is
     reused, the fits are computed again."""
-    from geospec.digests import sealed, unsealed
+    from geospec.storage.digests import sealed, unsealed
 
     path = measured / "run" / "demand.json"
     before = json.loads(path.read_text())

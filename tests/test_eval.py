@@ -239,7 +239,7 @@ def test_evaluated_runs_are_not_evaluated_again(evaluated: Path, tmp_path: Path)
 
 
 def test_status_says_which_trained_runs_are_evaluated(evaluated: Path, tmp_path: Path) -> None:
-    from geospec.digests import SEAL, sealed
+    from geospec.storage.digests import SEAL, sealed
 
     run_dir = tmp_path / "run"
     shutil.copytree(evaluated / "run", run_dir)

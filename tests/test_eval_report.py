@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from scipy import stats
 
-from geospec.atomic import atomic_write_json
-from geospec.digests import sealed
 from geospec.errors import SpecError
 from geospec.evaluate.harness import scores_of
-from geospec.layout import EVAL_FILE, RUN_KEY_FILE, arm_seed_dir
 from geospec.report.evaluation import eval_results
 from geospec.report.markdown import eval_rows
+from geospec.rundir.layout import EVAL_FILE, RUN_KEY_FILE, arm_seed_dir
 from geospec.spec.loading import validate_spec
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import sealed
 from geospec.testing import minimal_spec
 
 TASK = "lastword"

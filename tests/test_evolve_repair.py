@@ -18,11 +18,11 @@ from test_evolve import EVOLVE, setting  # noqa: F401  (the tiny Llama's fixture
 from test_prune import invoke, prune_spec
 
 from geospec.cli import cli
-from geospec.layout import REPAIR_FILE
 from geospec.measure.sensitivity import logits_of
 from geospec.prune.apply import pruned
 from geospec.prune.repair import calibration_moments, one_pass_refits
 from geospec.prune.search import CalibrationFitness, RepairedLevels
+from geospec.rundir.layout import REPAIR_FILE
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -181,9 +181,9 @@ def test_validate_counts_the_repaired_levels(tmp_path: Path) -> None:
     """A search over least-squares levels holds every layer's moments from one pass (whatever
     inputs its winner is repaired from) and its levels' re-fits: validate says both, and a
     machine without room for them is told to search cut levels."""
-    from geospec.disk import size
     from geospec.spec.file_checks import repair_memory_problem
     from geospec.spec.loading import load_spec
+    from geospec.storage.disk import size
 
     evolve = {"kind": "evolve"} | EVOLVE
     arms = [

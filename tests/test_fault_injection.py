@@ -614,8 +614,8 @@ def _drop_a_measure(data: Any) -> None:
 def test_a_damaged_measures_json_is_said_and_measure_all_resolved_again(
     tmp_path: Path, damage: Callable[[Path], None], said: str
 ) -> None:
-    from geospec.layout import MEASURES_FILE
     from geospec.pipeline.run_dir import pin_measures
+    from geospec.rundir.layout import MEASURES_FILE
     from geospec.spec.loading import validate_spec
     from geospec.testing import minimal_spec
 
@@ -653,7 +653,7 @@ def _change_bytes(data: Any) -> None:
 
 
 def _change_bytes_and_seal(data: Any) -> None:
-    from geospec.digests import sealed
+    from geospec.storage.digests import sealed
 
     _change_bytes(data)
     data.update(sealed(data))
@@ -664,7 +664,7 @@ def _change_score(data: Any) -> None:
 
 
 def _drop_score_and_seal(data: Any) -> None:
-    from geospec.digests import sealed
+    from geospec.storage.digests import sealed
 
     del data["score"]
     data.update(sealed(data))

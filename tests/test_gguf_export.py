@@ -319,7 +319,7 @@ def test_a_units_gguf_export_follows_its_gguf_sources_type_and_says_its_size_aga
 ) -> None:
     """A unit pruned from a Q4_1 GGUF file is exported in Q4_1 when no --dtype is given, and its
     line gives the file's size against the source file's; --dtype chooses another type."""
-    from geospec.disk import size
+    from geospec.storage.disk import size
 
     without_llama_cpp(monkeypatch)
     unit = hand_made_prune_unit(tmp_path, tokenizer_dir)

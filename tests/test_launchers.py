@@ -24,10 +24,10 @@ from geospec import hookimpl
 from geospec.cli import cli
 from geospec.errors import OutOfSpace, UsageError
 from geospec.kinds import Launch, Launcher, RunOutcome
-from geospec.layout import FAILURE_FILE
-from geospec.locks import claim_path
 from geospec.pipeline.run_dir import read_failure, record_failure
 from geospec.plugin import PluginParams, Register
+from geospec.rundir.layout import FAILURE_FILE
+from geospec.storage.locks import claim_path
 from geospec.testing import registered
 
 pytestmark = pytest.mark.torch
@@ -151,7 +151,7 @@ def test_a_failed_pool_run_is_reported_and_recorded_and_the_others_finish(
 HOLD = """
 import sys, time
 from pathlib import Path
-from geospec.locks import claim
+from geospec.storage.locks import claim
 with claim(Path(sys.argv[1])) as granted:
     print(granted, flush=True)
     time.sleep(600)
@@ -409,7 +409,7 @@ def test_a_preempted_slurm_job_is_requeued_by_submitit_and_ends_with_the_uninter
     tmp_path: Path,
 ) -> None:
     pytest.importorskip("submitit")
-    from geospec.locks import claim_holder
+    from geospec.storage.locks import claim_holder
 
     def spec(directory: Path, launch: str) -> Path:
         return write(

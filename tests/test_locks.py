@@ -1,5 +1,5 @@
-"""Claims on training directories (geospec.locks): exclusive, kept across emptying, released by
-the kernel when the holder dies."""
+"""Claims on training directories (geospec.storage.locks): exclusive, kept across emptying, released
+by the kernel when the holder dies."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from geospec.locks import claim, claim_holder, file_lock
+from geospec.storage.locks import claim, claim_holder, file_lock
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from geospec.locks import claim
+from geospec.storage.locks import claim
 with claim(Path(sys.argv[1])) as granted:
     print(granted, flush=True)
     time.sleep(600)

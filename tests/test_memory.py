@@ -259,8 +259,8 @@ def test_validate_shows_each_arms_memory_and_the_issues_huge_model(tmp_path: Pat
     from click.testing import CliRunner
 
     from geospec.cli import cli
-    from geospec.disk import size
     from geospec.shapes.model_size import count_params
+    from geospec.storage.disk import size
 
     model = {"n_layers": 512, "d_model": 16384, "n_heads": 128, "ffn_width": 65536,
              "seq_len": 2048, "multiple_of": 64}  # fmt: skip

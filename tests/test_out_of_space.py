@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from small_spec import small_spec
 
-from geospec.atomic import atomic_path, atomic_write_json
 from geospec.errors import OutOfSpace
-from geospec.layout import FAILURE_FILE
 from geospec.pipeline.run_dir import record_failure
+from geospec.rundir.layout import FAILURE_FILE
+from geospec.storage.atomic import atomic_path, atomic_write_json
 
 
 class Tmpfs:

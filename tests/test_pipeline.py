@@ -20,7 +20,7 @@ from processes import alive, process_tree
 from safetensors.torch import load_file
 
 from geospec.cli import cli
-from geospec.locks import claim
+from geospec.storage.locks import claim
 
 pytestmark = pytest.mark.torch
 

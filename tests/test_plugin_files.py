@@ -18,11 +18,11 @@ import tomlkit
 from click.testing import CliRunner, Result
 
 from geospec.cli import cli
-from geospec.layout import MEASURES_FILE
 from geospec.pipeline.run_dir import pin_measures
 from geospec.pipeline.status import status
 from geospec.registry.files import PLUGIN_FILES_ENV
 from geospec.registry.loading import reset_default_registries
+from geospec.rundir.layout import MEASURES_FILE
 from geospec.spec.loading import validate_spec
 from geospec.testing import minimal_spec
 

@@ -1041,7 +1041,7 @@ def test_a_probe_only_run_with_arms_reports_no_pending_runs(pruned_run: Path) ->
     """The probe-only spec of the module's prune lists arms (their widths are solved): status
     counts no run as pending and the report has no partial-run note nor untrained rows; a run
     directory from before run.json said probe_only is recognised by its train stage's key."""
-    from geospec.records import PROBE_ONLY_TRAIN_KEY
+    from geospec.rundir.records import PROBE_ONLY_TRAIN_KEY
 
     run_dir = pruned_run / "run"
     invoke("run", str(pruned_run / "spec.toml"))

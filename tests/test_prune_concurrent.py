@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from test_prune import invoke, prune_spec
 
-from geospec.digests import unsealed
+from geospec.storage.digests import unsealed
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 

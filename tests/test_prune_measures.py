@@ -14,14 +14,14 @@ import pytest
 import tomlkit
 from rich.text import Text
 
-from geospec.digests import sealed
-from geospec.layout import MEASURES_FILE
 from geospec.pipeline.run_dir import LIMITED, pin_measures
 from geospec.pipeline.status import status
 from geospec.registry.loading import get_registries
+from geospec.rundir.layout import MEASURES_FILE
 from geospec.spec.loading import validate_spec
 from geospec.spec.resolve import measures, probes, registered_measures
 from geospec.spec.sections import Spec
+from geospec.storage.digests import sealed
 from geospec.testing import minimal_spec, registered
 
 UNIFORM = {"name": "uniform", "schedule": {"kind": "uniform"}}

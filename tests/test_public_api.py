@@ -225,9 +225,12 @@ def test_wheel_ships_specs_data_and_shims(tmp_path: Path) -> None:
         "geospec/data/corpora.md",
         "geospec/moved.py",  # the shims of geospec.specfile and the other old homes
     } <= names
-    # every subpackage of the checkout is in the wheel (pyproject lists them by hand)
+    # every subpackage of the checkout is in the wheel (pyproject lists them by hand), the
+    # builtin plugins' (plugins/ ships as geospec_plugins) too
     for init in (root / "geospec").rglob("__init__.py"):
         assert init.relative_to(root).as_posix() in names, init
+    for init in (root / "plugins").rglob("__init__.py"):
+        assert f"geospec_plugins/{init.relative_to(root / 'plugins').as_posix()}" in names, init
 
 
 def test_every_command_taking_a_spec_accepts_a_shipped_name() -> None:

@@ -13,8 +13,8 @@ import transformers as hf
 from test_prune import invoke, plain_loss, prune_spec
 
 import geospec
-from geospec.layout import REPAIR_FILE
 from geospec.prune.repair import load_refits
+from geospec.rundir.layout import REPAIR_FILE
 from geospec.spec.sections import PruneSpec
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]

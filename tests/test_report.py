@@ -12,7 +12,6 @@ from click.testing import CliRunner
 from scipy import stats
 
 from geospec.cli import cli
-from geospec.digests import sealed
 from geospec.errors import UsageError
 from geospec.report.results import (
     build_results,
@@ -23,6 +22,7 @@ from geospec.report.results import (
 from geospec.report.write import write_report
 from geospec.shapes.model_size import Shape, count_params
 from geospec.stats import MIN_RELIABILITY, comparison
+from geospec.storage.digests import sealed
 
 LOSSES = {
     "uniform": {0: 4.80, 1: 4.83, 2: 4.79},

@@ -266,8 +266,8 @@ def test_what_to_ship_gives_the_bytes_of_the_safetensors_the_export_writes(
     """From a checkpoint directory: per keep fraction the recommended model's safetensors bytes
     are those of the files --export best@KEEP writes (os.path.getsize); no GGUF size, the
     reason said, in prune.json, the keep fraction's shipped.json and the report's line."""
-    from geospec.digests import unsealed
     from geospec.prune.shipped import NO_GGUF
+    from geospec.storage.digests import unsealed
 
     run = selected / "run"
     record = json.loads((run / "prune.json").read_text())
@@ -391,7 +391,7 @@ def test_what_to_ship_gives_the_sizes_of_the_files_the_export_writes(
     assert abs(score["difference"]) < 0.05  # Q8_0: within the width of 8-bit rounding
     assert shipped["safetensors_bytes"] == files_bytes(directory) > 0
     assert shipped["speed"] == {"skipped": "llama-cpp-python is not installed"}
-    from geospec.disk import size
+    from geospec.storage.disk import size
 
     ratio = os.path.getsize(target) / os.path.getsize(from_gguf / "q.gguf")
     report = (run / "prune" / "report.md").read_text()

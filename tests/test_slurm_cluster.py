@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from small_spec import small_spec
 
 from geospec.cli import cli
-from geospec.locks import claim_holder
+from geospec.storage.locks import claim_holder
 
 pytestmark = [
     pytest.mark.slurm,

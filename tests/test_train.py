@@ -49,10 +49,10 @@ from geospec.engine.train import (
 )
 from geospec.errors import GeospecError, UsageError
 from geospec.kinds import Geometry, Statistic
-from geospec.locks import claim
 from geospec.plugin import PluginParams
 from geospec.spec.loading import load_spec
 from geospec.spec.sections import Spec, TrainSpec
+from geospec.storage.locks import claim
 from geospec.testing import registered
 
 pytestmark = pytest.mark.torch

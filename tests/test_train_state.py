@@ -15,7 +15,6 @@ import pytest
 import torch
 from rich.console import Console
 
-from geospec.digests import digest
 from geospec.engine.cadence import Cadence
 from geospec.engine.checkpoint import read_checkpoint, tensor_digest
 from geospec.engine.distributed import DistContext
@@ -36,6 +35,7 @@ from geospec.spec.sections import (
     TrainSpec,
     marked,
 )
+from geospec.storage.digests import digest
 
 pytestmark = pytest.mark.torch
 

@@ -15,8 +15,8 @@ from typing import Any
 import click
 
 from geospec.cli.console import escape, stderr
-from geospec.disk import unplaced_out_of_space
 from geospec.errors import GeospecError
+from geospec.storage.disk import unplaced_out_of_space
 from geospec.version import __version__
 
 #: Command name -> "module:function"; each module is imported only when its command runs.

@@ -28,9 +28,9 @@ def demand(
     fitted to lambda_l ((w/W)^-a_l - 1); writes demand.json and plots/demand.png into the run
     directory and prints the fits and which profiles track the demand. No arm is trained.
     """
-    from geospec.layout import DEMAND_FILE
-    from geospec.records import read_demand
     from geospec.report.terminal import print_demand
+    from geospec.rundir.layout import DEMAND_FILE
+    from geospec.rundir.records import read_demand
 
     run_optional_stage(
         "demand", spec_path, overrides, from_stage, out,

@@ -27,9 +27,9 @@ def diagnose(
     and prints per-layer residual norms, intrinsic dimensions and sensitivities, the correlations
     of the work profiles and the least additive layer pairs. No arm is trained.
     """
-    from geospec.layout import DIAGNOSTICS_FILE
-    from geospec.records import read_diagnostics
     from geospec.report.terminal import print_diagnostics
+    from geospec.rundir.layout import DIAGNOSTICS_FILE
+    from geospec.rundir.records import read_diagnostics
 
     run_optional_stage(
         "diagnose", spec_path, overrides, from_stage, out,

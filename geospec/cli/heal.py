@@ -82,8 +82,8 @@ def heal(
     from geospec.pipeline.healing import heal_exported
     from geospec.prune.exports import export_prune_unit
     from geospec.prune.units import Unit
-    from geospec.records import read_prune
     from geospec.report.prune import corpus_labels
+    from geospec.rundir.records import read_prune
     from geospec.spec.loading import load_spec
 
     check_target(to, fmt, padded, dtype)

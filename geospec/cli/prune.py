@@ -108,10 +108,10 @@ def prune(
     recorded as it finishes, and a later `geospec prune SPEC` reuses them and computes the rest
     (prune.json and the comparison wait for every unit).
     """
-    from geospec.atomic import atomic_write_text
-    from geospec.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
-    from geospec.records import read_prune
     from geospec.report.prune import prune_markdown, what_to_ship, with_unit_scores
+    from geospec.rundir.layout import PRUNE_DIR, PRUNE_FILE, REPORT_FILE
+    from geospec.rundir.records import read_prune
+    from geospec.storage.atomic import atomic_write_text
 
     if (export_unit is None) != (to is None) or (
         (seed is not None or padded or fmt != "hf" or dtype is not None) and export_unit is None
@@ -144,8 +144,8 @@ def prune(
         click.echo(f"prune: the chosen units are in {run_dir / PRUNE_DIR}; no {PRUNE_FILE} yet")
     if wanted is not None and to is not None:
         from geospec.cli.console import stderr
-        from geospec.layout import prune_unit_dir
         from geospec.prune.exports import export_padded, export_with_tokenizer
+        from geospec.rundir.layout import prune_unit_dir
 
         keep, arm, chosen = wanted
         unit = prune_unit_dir(run_dir, keep, arm, chosen)
@@ -231,7 +231,7 @@ def _best_keep(spec_path: Path, export: str, choice: Choice) -> float:
 
 def _recommended(run_dir: Path, keep: float) -> str:
     """The arm prune.json recommends at ``keep``."""
-    from geospec.records import read_prune
+    from geospec.rundir.records import read_prune
 
     record = read_prune(run_dir)
     budgets = [] if record is None else [b for b in record["budgets"] if b["keep"] == keep]
@@ -243,7 +243,7 @@ def _recommended(run_dir: Path, keep: float) -> str:
 
 def check_target(to: Path, fmt: str, padded: bool, dtype: str | None) -> None:
     """--to, --format, --padded and --dtype checked before anything runs (one line, exit 2)."""
-    from geospec.atomic import check_new_directory
+    from geospec.storage.atomic import check_new_directory
 
     if padded and fmt == "gguf":
         raise UsageError("--padded is for --format hf; a GGUF file holds the true widths")

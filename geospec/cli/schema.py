@@ -21,6 +21,6 @@ def schema(output: Path | None) -> None:
     if output is None:
         click.echo(text)
     else:
-        from geospec.atomic import atomic_write_text
+        from geospec.storage.atomic import atomic_write_text
 
         atomic_write_text(output, text + "\n")

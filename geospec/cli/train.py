@@ -30,8 +30,8 @@ def _parse_widths(text: str) -> list[int]:
 
 def arm_widths(spec: Spec, arm: str, given: str | None) -> list[int]:
     """The FFN widths to train ``arm`` with, checked against the model's depth and budget."""
-    from geospec.artifacts import json_problem, read_json
-    from geospec.layout import WIDTHS_FILE
+    from geospec.rundir.artifacts import json_problem, read_json
+    from geospec.rundir.layout import WIDTHS_FILE
     from geospec.solve.widths import compute_widths, width_problems
 
     names = [a.name for a in spec.arms]
@@ -105,11 +105,11 @@ def train(
     from geospec.cli.console import warn_broken_plugins
     from geospec.engine.distributed import context, process_group
     from geospec.engine.model import config_from_spec
-    from geospec.layout import arm_seed_dir
     from geospec.pipeline.context import RunContext
     from geospec.pipeline.keys import arm_run_key
     from geospec.pipeline.tracking import TrackAs
     from geospec.pipeline.training import TrainingJob, train_into
+    from geospec.rundir.layout import arm_seed_dir
     from geospec.spec.loading import load_spec
 
     warn_broken_plugins()

@@ -15,8 +15,8 @@ from rich.table import Table
 
 from geospec.cli.console import plugin_option, set_option, spec_argument, warn_broken_plugins
 from geospec.errors import UsageError
-from geospec.layout import RUN_FILE, WIDTHS_FILE
 from geospec.profiles import read_profiles
+from geospec.rundir.layout import RUN_FILE, WIDTHS_FILE
 from geospec.shapes.model_size import ffn_params
 from geospec.solve.widths import WidthsResult, compute_widths, write_widths
 from geospec.spec.sections import Spec

@@ -32,9 +32,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from geospec.atomic import atomic_path, atomic_write_json
-from geospec.digests import file_digest
-from geospec.disk import writing
 from geospec.engine.model import GPT, GPTConfig
 from geospec.engine.run_files import (
     CONFIG_FILE,
@@ -45,6 +42,9 @@ from geospec.engine.run_files import (
     STATE_FILE,
 )
 from geospec.errors import GeospecError, UsageError
+from geospec.storage.atomic import atomic_path, atomic_write_json
+from geospec.storage.digests import file_digest
+from geospec.storage.disk import writing
 
 TIED_KEY = "lm_head.weight"
 

@@ -279,9 +279,9 @@ def on_main(compute: Callable[[], T], ctx: DistContext) -> T:
 
 @contextlib.contextmanager
 def claim_on_main(directory: Path, ctx: DistContext) -> Iterator[bool]:
-    """Rank 0 claims a training directory (geospec.locks) for as long as the block runs; every
-    rank learns whether it got it, so all of them train it or all of them leave it."""
-    from geospec.locks import claim
+    """Rank 0 claims a training directory (geospec.storage.locks) for as long as the block runs;
+    every rank learns whether it got it, so all of them train it or all of them leave it."""
+    from geospec.storage.locks import claim
 
     if not ctx.is_main:
         yield bool(broadcast_object(None, ctx))

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer
 
-from geospec.atomic import check_new_directory
-from geospec.disk import writing
 from geospec.engine.model import GPT, LAYERNORM_EPS, RMSNORM_EPS, GPTConfig
 from geospec.errors import UsageError
+from geospec.storage.atomic import check_new_directory
+from geospec.storage.disk import writing
 from geospec.version import __version__
 
 GPT2 = "gpt2"

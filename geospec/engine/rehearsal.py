@@ -84,8 +84,8 @@ def dry_run_vocab(spec: Spec) -> int:
 
 def dry_run_widths(spec: Spec) -> dict[str, tuple[list[int], bool]]:
     """Every arm's widths and whether they come from a stand-in profile."""
-    from geospec.artifacts import json_problem, read_json
-    from geospec.layout import WIDTHS_FILE
+    from geospec.rundir.artifacts import json_problem, read_json
+    from geospec.rundir.layout import WIDTHS_FILE
     from geospec.solve.widths import compute_widths
 
     m = spec.model

@@ -33,16 +33,16 @@ from typing import IO, Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from geospec.atomic import atomic_write_json
-from geospec.digests import file_digest
-from geospec.disk import writing
 from geospec.engine.corpus import Corpus
 from geospec.engine.progress import DataProgress
 from geospec.engine.split import split_fractions  # noqa: F401 (its home before 0.2.0)
 from geospec.engine.tokenizer import build_tokenizer, vocab_size
 from geospec.errors import GeospecError, UsageError
-from geospec.locks import file_lock
 from geospec.spec.sections import BPETokenizer, DataSpec
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import file_digest
+from geospec.storage.disk import writing
+from geospec.storage.locks import file_lock
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val")
@@ -170,9 +170,9 @@ def tokenizer_digests(data: DataSpec, spec_dir: Path | None) -> list[str]:
     which its commit names, nor for the bundled and trained ones, which the section names): the
     same path holding another tokenizer (a checkpoint replaced, two projects' ``./model``)
     must not reuse the tokens of the first."""
-    from geospec.digests import file_digest
     from geospec.hub import locate
     from geospec.spec.sections import PretrainedTokenizer
+    from geospec.storage.digests import file_digest
 
     spec = data.tokenizer
     if not isinstance(spec, PretrainedTokenizer):

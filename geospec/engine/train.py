@@ -42,7 +42,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from geospec.atomic import atomic_write_json
 from geospec.engine import distributed
 from geospec.engine.batches import StepBatches, TrainOrder, validation_windows, window_tensors
 from geospec.engine.cadence import Cadence
@@ -83,6 +82,7 @@ from geospec.shapes.memory import (
 )
 from geospec.shapes.model_size import Shape
 from geospec.spec.sections import TrainSpec
+from geospec.storage.atomic import atomic_write_json
 
 __all__ = [
     "TrainObserver",

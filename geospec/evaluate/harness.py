@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geospec.digests import file_digest, json_digest
 from geospec.errors import UsageError
 from geospec.evaluate.tasks import TASKS_DIR
 from geospec.spec.sections import EvalSpec
+from geospec.storage.digests import file_digest, json_digest
 
 #: Entries of lm-eval's per-task results that are no metric.
 NOT_METRICS = {"name", "alias", "sample_len", "samples"}

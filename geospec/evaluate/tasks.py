@@ -83,7 +83,7 @@ def load_austen_lastword(**_: Any) -> Any:
 
 def write_austen_lastword(path: Path = AUSTEN_LASTWORD_FILE) -> int:
     """Write the task's examples from the corpus; returns how many."""
-    from geospec.atomic import atomic_write_text
+    from geospec.storage.atomic import atomic_write_text
 
     rows = list(last_word_passages(validation_documents()))
     atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))

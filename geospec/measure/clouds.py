@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from geospec.atomic import atomic_path, atomic_write_json
-from geospec.digests import file_digest
 from geospec.errors import UsageError
-from geospec.layout import PROBE_META_FILE
+from geospec.rundir.layout import PROBE_META_FILE
+from geospec.storage.atomic import atomic_path, atomic_write_json
+from geospec.storage.digests import file_digest
 
 if TYPE_CHECKING:
     import torch

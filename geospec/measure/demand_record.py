@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec.artifacts import json_problem, read_json
-from geospec.records import DEMAND_KEYS
+from geospec.rundir.artifacts import json_problem, read_json
+from geospec.rundir.records import DEMAND_KEYS
 from geospec.spec.sections import DEMAND_PROFILES
 from geospec.stats import finite
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from rich.console import Console
 
 from geospec.errors import UsageError
-from geospec.layout import STAGES_FILE
 from geospec.pipeline.context import INCOMPLETE, Done, RunContext, Stage, Upstream
 from geospec.pipeline.run_dir import pin_measures, prepare_run_dir, write_run_metadata
 from geospec.pipeline.stages.demand import DemandStage
@@ -36,7 +35,8 @@ from geospec.pipeline.stages.reference import Reference, release_reference
 from geospec.pipeline.stages.report import Report
 from geospec.pipeline.stages.solve import Solve
 from geospec.pipeline.stages.train import Train
-from geospec.records import StageLog
+from geospec.rundir.layout import STAGES_FILE
+from geospec.rundir.records import StageLog
 from geospec.spec.sections import Spec
 
 STAGE_TYPES: tuple[type[Stage], ...] = (

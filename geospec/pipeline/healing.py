@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec.artifacts import read_json
 from geospec.errors import GeospecError
+from geospec.rundir.artifacts import read_json
 from geospec.spec.sections import PruneHeal
 
 if TYPE_CHECKING:
@@ -114,13 +114,10 @@ def heal_exported(
     compensation bias). A healing of the same unit key and settings is reused."""
     import torch
 
-    from geospec.atomic import atomic_write_json
-    from geospec.digests import digest, sealed
     from geospec.engine.checkpoint import load_model
     from geospec.engine.distributed import context
     from geospec.engine.imported import import_llama, load_into_llama
     from geospec.engine.pretrained import hidden_width
-    from geospec.layout import HEALED_DIR, HEALED_TRAIN_DIR, UNIT_FILE, UNIT_MODEL_DIR
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
     from geospec.pipeline.context import RunContext
@@ -131,6 +128,9 @@ def heal_exported(
     from geospec.prune.study import export_unit
     from geospec.prune.true_width import load_pruned, read_widths
     from geospec.prune.units import finished_unit, has_model
+    from geospec.rundir.layout import HEALED_DIR, HEALED_TRAIN_DIR, UNIT_FILE, UNIT_MODEL_DIR
+    from geospec.storage.atomic import atomic_write_json
+    from geospec.storage.digests import digest, sealed
 
     assert spec.prune is not None
     prune, unit_dir = spec.prune, unit.directory(run_dir)

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from geospec.digests import digest
 from geospec.spec.sections import Bookkeeping, DataSpec, ModelSpec, Section, TrainSpec, marked
+from geospec.storage.digests import digest
 
 
 def section(model: Any) -> Any:

@@ -1,7 +1,7 @@
 """The run directory as the pipeline keeps it: who owns a training directory, failure records,
 the launcher's submissions, the run's metadata and ``measure = "all"`` pinned when a run begins.
 The records the report reads too (the stage keys, the optional stages' records, a training
-directory's key) are :mod:`geospec.records`'s, below both.
+directory's key) are :mod:`geospec.rundir.records`'s, below both.
 
 Layout (docs/pipeline.md): ``spec.resolved.toml``, ``plugins.json``, ``env.json``, ``run.json``,
 ``stages.json``, ``reference/``, ``clouds/``, ``profiles.json``, ``diagnostics.json``,
@@ -24,12 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec.artifacts import json_problem, read_json, read_json_or_none
-from geospec.atomic import atomic_write_json, atomic_write_text
-from geospec.digests import file_digest, sealed
 from geospec.engine.run_files import MODEL_FILE, RESULT_FILE, TRAINER_FILES
 from geospec.errors import GeospecError, UsageError, last_line
-from geospec.layout import (
+from geospec.moved import moved_names
+from geospec.rundir.artifacts import json_problem, read_json, read_json_or_none
+from geospec.rundir.layout import (
     EVAL_FILE,
     FAILURE_FILE,
     MEASURES_FILE,
@@ -37,8 +36,9 @@ from geospec.layout import (
     RUN_KEY_FILE,
     SUBMITTED_FILE,
 )
-from geospec.moved import moved_names
-from geospec.records import stored_run_key
+from geospec.rundir.records import stored_run_key
+from geospec.storage.atomic import atomic_write_json, atomic_write_text
+from geospec.storage.digests import file_digest, sealed
 from geospec.version import __version__
 
 if TYPE_CHECKING:
@@ -408,7 +408,7 @@ def environment() -> dict[str, Any]:
 __getattr__ = moved_names(
     __name__,
     {
-        name: "geospec.records"
+        name: "geospec.rundir.records"
         for name in ("read_diagnostics", "read_demand", "read_prune", "trains_nothing")
     },
 )  # fmt: skip

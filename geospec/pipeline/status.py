@@ -2,9 +2,9 @@
 
 Read from the run directory alone, without torch and without taking any lock: ``stages.json``
 and the stages' artifacts; for each training directory its ``result.json`` (done), the holder
-record of its claim (:func:`geospec.locks.claim_holder`: running, or a stale claim whose holder
-died), ``failure.json`` (failed, with the last error line) and ``metrics.jsonl`` (the step a run
-has reached and its speed); ``launch/submitted.json`` for the runs the last train stage left
+record of its claim (:func:`geospec.storage.locks.claim_holder`: running, or a stale claim whose
+holder died), ``failure.json`` (failed, with the last error line) and ``metrics.jsonl`` (the step
+a run has reached and its speed); ``launch/submitted.json`` for the runs the last train stage left
 queued on a scheduler (submitted, with the job), and ``eval.json`` where the spec evaluates the
 arms. A spec that trains nothing (probe-only, pruning) has no runs: ``trains`` is false and the
 train stage is skipped. The JSON form (:func:`status`) is stable: scripts may rely on its keys.
@@ -17,10 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from geospec.artifacts import json_problem
 from geospec.engine.run_files import METRICS_FILE, RESULT_FILE
 from geospec.errors import UsageError
-from geospec.layout import (
+from geospec.pipeline.run_dir import (
+    measure_all_note,
+    pinned_measures,
+    read_failure,
+    read_submissions,
+)
+from geospec.rundir.artifacts import json_problem
+from geospec.rundir.layout import (
     EVAL_FILE,
     REPORT_FILE,
     RUN_FILE,
@@ -28,14 +34,8 @@ from geospec.layout import (
     STAGES_FILE,
     arm_seed_dir,
 )
-from geospec.locks import claim_holder, holder_alive
-from geospec.pipeline.run_dir import (
-    measure_all_note,
-    pinned_measures,
-    read_failure,
-    read_submissions,
-)
-from geospec.records import StageLog, trains_nothing
+from geospec.rundir.records import StageLog, trains_nothing
+from geospec.storage.locks import claim_holder, holder_alive
 
 #: The pipeline's stages in order (as geospec.pipeline.executor.STAGES, without importing it).
 STAGE_NAMES = (

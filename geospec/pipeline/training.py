@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from geospec.atomic import atomic_path
 from geospec.engine.run_files import RESULT_FILE
 from geospec.errors import Preempted
-from geospec.layout import FAILURE_FILE, RUN_KEY_FILE
 from geospec.pipeline.run_dir import is_trained, own_training_dir, record_failure
+from geospec.rundir.layout import FAILURE_FILE, RUN_KEY_FILE
+from geospec.storage.atomic import atomic_path
 
 if TYPE_CHECKING:
     import torch

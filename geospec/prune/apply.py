@@ -242,13 +242,13 @@ def export_pruned(
     the weights' (None: the model's own)."""
     from transformers import AutoModelForCausalLM
 
-    from geospec.atomic import atomic_directory, check_new_directory
     from geospec.prune.true_width import (
         export_config,
         parameter_counts,
         save_true_width,
         width_key,
     )
+    from geospec.storage.atomic import atomic_directory, check_new_directory
 
     check_new_directory(directory, str(directory))
     zero_biases = compensation_biases(model, sites)

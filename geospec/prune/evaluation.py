@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geospec.artifacts import json_problem, read_json
-from geospec.digests import digest
-from geospec.layout import EVAL_FILE, UNIT_FILE, UNIT_MODEL_DIR
 from geospec.prune.units import Unit, unit_key, units_of, written_mark
+from geospec.rundir.artifacts import json_problem, read_json
+from geospec.rundir.layout import EVAL_FILE, UNIT_FILE, UNIT_MODEL_DIR
 from geospec.spec.sections import PruneSpec
+from geospec.storage.digests import digest
 
 #: The fields every scored unit's eval.json holds.
 UNIT_EVAL_FIELDS = ("key", "unit_key", "tasks")

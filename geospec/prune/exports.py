@@ -35,7 +35,7 @@ def is_prune_unit(directory: Path) -> bool:
 
 def unit_model(unit: Path) -> Path:
     """The unit's exported model directory, or one line saying why there is none."""
-    from geospec.artifacts import json_problem
+    from geospec.rundir.artifacts import json_problem
 
     if not unit.is_dir():  # a keep, arm or seed the prune does not have: not "unfinished"
         prune = unit.parents[2]
@@ -178,13 +178,13 @@ def export_padded(unit: Path, to: Path, model_dir: Path | None = None) -> str:
     unit's tokenizer beside it. The one line the command prints, with what the padding costs."""
     import torch
 
-    from geospec.atomic import atomic_directory, check_new_directory
     from geospec.engine.pretrained import hidden_width
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
     from geospec.prune.apply import export_pruned
     from geospec.prune.true_width import load_pruned, read_widths
     from geospec.prune.units import EXPORTED_FILE
+    from geospec.storage.atomic import atomic_directory, check_new_directory
 
     source = model_dir or unit_model(unit)
     check_new_directory(to, f"--to {to}")
@@ -212,9 +212,9 @@ def export_with_tokenizer(unit: Path, to: Path, model_dir: Path | None = None) -
     """A prune unit's exported model as a new directory ``to`` with the run's tokenizer saved
     beside it (``AutoTokenizer`` reads it; a GGUF source's chat template comes with it), as
     ``geospec prune --export`` writes it. The one line the command prints."""
-    from geospec.atomic import atomic_directory, check_new_directory
     from geospec.prune.true_width import read_widths
     from geospec.prune.units import EXPORTED_FILE
+    from geospec.storage.atomic import atomic_directory, check_new_directory
 
     model = model_dir or unit_model(unit)
     check_new_directory(to, f"--to {to}")

@@ -83,8 +83,8 @@ def write_gguf(
     ``tokenizer.json``. ``dtype``: one of :data:`DTYPES` for the matrices (norms and biases
     stay f32); a quantized type is written by llama.cpp's quantizer where llama-cpp-python is
     installed, else by gguf-py (a K-quant without llama-cpp-python is one line)."""
-    from geospec.atomic import atomic_path
     from geospec.prune.true_width import load_pruned
+    from geospec.storage.atomic import atomic_path
 
     dtype = check_dtype(dtype)
     writes = quantizer(dtype)

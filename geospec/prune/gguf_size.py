@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geospec.disk import size
+from geospec.storage.disk import size
 
 
 @dataclass(frozen=True)

@@ -279,7 +279,7 @@ def save_refits(path: Path, key: str, refits: Sequence[Refit | None]) -> None:
     of every tensor's bytes."""
     from safetensors.torch import save_file
 
-    from geospec.atomic import atomic_path
+    from geospec.storage.atomic import atomic_path
 
     tensors: dict[str, torch.Tensor] = {}
     for layer, found in enumerate(refits):

@@ -33,17 +33,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geospec.artifacts import json_problem, read_json
-from geospec.atomic import atomic_write_json
-from geospec.digests import sealed
-from geospec.disk import writing
 from geospec.measure.cut import cut_modules, ffn_replaced, kept_neurons, zeroed_neurons
 from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, next_token_loss
 from geospec.measure.suffix import SuffixRunner, suffix_problem
 from geospec.prune.repair import Moments, Refit, layer_refit
 from geospec.prune.units import stop_reason
+from geospec.rundir.artifacts import json_problem, read_json
 from geospec.shapes.repair import LEVEL_CACHE_BYTES
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import sealed
+from geospec.storage.disk import writing
 
 
 def calibration_batches(

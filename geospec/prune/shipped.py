@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec.artifacts import json_problem, read_json
-from geospec.atomic import atomic_write_json
-from geospec.digests import digest, sealed, unsealed
 from geospec.errors import UsageError
-from geospec.layout import SHIPPED_FILE, prune_keep_dir
+from geospec.rundir.artifacts import json_problem, read_json
+from geospec.rundir.layout import SHIPPED_FILE, prune_keep_dir
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import digest, sealed, unsealed
 
 if TYPE_CHECKING:
     from geospec.prune.units import Unit

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec.artifacts import json_problem, read_json
-from geospec.atomic import atomic_write_json
-from geospec.digests import sealed
-from geospec.layout import SHIPPED_LOSS_FILE
+from geospec.rundir.artifacts import json_problem, read_json
+from geospec.rundir.layout import SHIPPED_LOSS_FILE
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import sealed
 
 if TYPE_CHECKING:
     from geospec.prune.shipped import Plan, ShipSettings

@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from geospec.atomic import atomic_write_json
-from geospec.digests import sealed
-from geospec.disk import writing
-from geospec.layout import HEAL_DIR, REPAIR_FILE, SEARCH_FILE, UNIT_FILE, UNIT_MODEL_DIR
-from geospec.locks import claim
 from geospec.prune.units import EXPORTED_FILE, Unit, finished_unit, gather, has_model, units_of
 from geospec.prune.units import unit_key as key_of
+from geospec.rundir.layout import HEAL_DIR, REPAIR_FILE, SEARCH_FILE, UNIT_FILE, UNIT_MODEL_DIR
 from geospec.spec.sections import PruneSpec
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import sealed
+from geospec.storage.disk import writing
+from geospec.storage.locks import claim
 
 if TYPE_CHECKING:
     import numpy as np
@@ -624,7 +624,8 @@ def shown_alone(heal: Healer, advance: StageAdvance) -> Healer:
 
 def waiting_note(unit: Unit, say: Callable[[str], None]) -> Callable[[Any], None]:
     """What a prune says when another process holds ``unit``'s claim, told the holder's record
-    (:func:`geospec.locks.claim_holder`: None, or one without a pid, when it cannot be read)."""
+    (:func:`geospec.storage.locks.claim_holder`: None, or one without a pid, when it cannot be
+    read)."""
     import socket
 
     def waiting(holder: dict[str, Any] | None) -> None:
@@ -682,7 +683,7 @@ def searched_path(path: Path) -> dict[str, Any]:
     the last stage's windows, whether the parent was replaced, the parent's widths after it,
     the tokens scored; with patience, the parent's fitness on the tracked windows) and why it
     stopped (``stopped``: by "patience" or "generations", at which generation)."""
-    from geospec.artifacts import read_json
+    from geospec.rundir.artifacts import read_json
 
     state = read_json(path)["state"]
     return {key: state[key] for key in ("trajectory", "stopped") if key in state}
@@ -789,10 +790,10 @@ def export_unit(
     has_model`), last: a directory without the mark is written again (a full disk: one line).
     ``unit_dir``: the unit whose run names the tokenizer (None: ``directory``'s parent, where a
     unit keeps its ``model/``)."""
-    from geospec.atomic import atomic_write_text
     from geospec.prune.apply import export_pruned
     from geospec.prune.exports import save_run_tokenizer
     from geospec.prune.units import export_mark
+    from geospec.storage.atomic import atomic_write_text
 
     shutil.rmtree(directory, ignore_errors=True)  # from other inputs: the unit is recomputed
     with writing(directory):

@@ -182,7 +182,7 @@ def save_true_width(
     :func:`geospec.prune.apply.compensation_biases`) are stored beside its weights and its
     config says ``mlp_bias = True``. ``dtype``: the floating-point tensors' (None: the model's
     own), which the config then declares."""
-    from geospec.atomic import atomic_directory
+    from geospec.storage.atomic import atomic_directory
     from geospec.version import __version__
 
     widths = [int(w) for w in widths]

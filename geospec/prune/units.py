@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geospec.artifacts import json_problem, read_json
-from geospec.digests import seal_broken, unsealed
 from geospec.kinds import ModelDims
-from geospec.layout import UNIT_FILE, UNIT_MODEL_DIR, prune_unit_dir
+from geospec.rundir.artifacts import json_problem, read_json
+from geospec.rundir.layout import UNIT_FILE, UNIT_MODEL_DIR, prune_unit_dir
 from geospec.spec.sections import PruneSpec
+from geospec.storage.digests import seal_broken, unsealed
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,9 @@ def arm_keys(
     the reference, data, model and dtype keys), and of ``profiles``, ``block_arms`` (the
     arms that read every block's linears) and ``repaired_searches`` (:func:`repaired_searches`)
     only those of these arms."""
-    from geospec.digests import digest
     from geospec.plugin import create_plugin
     from geospec.spec.resolve import prune_profiles
+    from geospec.storage.digests import digest
 
     reads = {a.name: create_plugin("schedule", a.schedule).required_arms() for a in keyed.arms}
     keys = {}
@@ -162,7 +162,7 @@ def prune_key(
     ``profiles`` the arms read, with ``prune.allocation_seeds`` the measure, diagnose and demand
     keys (``redrawn``), the arms that read block linears, and the dtype keys
     (``computed_in``)."""
-    from geospec.digests import digest
+    from geospec.storage.digests import digest
 
     keyed = keyed_prune(prune)
     blocks = block_arms(prune)
@@ -181,7 +181,7 @@ def prune_key(
 def unit_key(stage_key: str, unit: Unit) -> str:
     """A unit's key: its arm's (:class:`PruneKey`; a plain stage key stands for every arm's),
     the unit's budget, arm and calibration seed."""
-    from geospec.digests import digest
+    from geospec.storage.digests import digest
 
     arms = getattr(stage_key, "arms", {})
     return digest("prune-unit", arms.get(unit.arm, stage_key), unit.keep, unit.arm, unit.seed)

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from geospec.artifacts import json_problem
-from geospec.layout import EVAL_FILE, arm_seed_dir
-from geospec.records import stored_run_key
+from geospec.rundir.artifacts import json_problem
+from geospec.rundir.layout import EVAL_FILE, arm_seed_dir
+from geospec.rundir.records import stored_run_key
 from geospec.stats import comparison, finite, holm, summarize
 
 

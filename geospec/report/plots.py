@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from geospec.atomic import atomic_path
 from geospec.report.diagnostics import number
+from geospec.storage.atomic import atomic_path
 
 
 def pyplot() -> Any:

@@ -141,9 +141,9 @@ def with_unit_scores(prune: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     and arm ``"eval": {"<task>/<metric>": {"<seed>": value}}``, and ``"eval"`` at the top
     (``metrics``, ``higher_is_better`` per metric, ``lm_eval`` versions, ``samples`` per task)
     when any unit is scored. Without scores, the record unchanged."""
-    from geospec.layout import prune_unit_dir
     from geospec.prune.evaluation import read_unit_scores
     from geospec.report.evaluation import add_scores
+    from geospec.rundir.layout import prune_unit_dir
 
     found = dict(prune)
     higher: dict[str, bool | None] = {}
@@ -347,8 +347,8 @@ def shipped_line(shipped: Mapping[str, Any]) -> str:
     the file's score beside the float32 model's, its llama.cpp speed against the source's (best
     and median, with the machine's load), or why a piece is missing. Records from before a piece
     was measured leave it out."""
-    from geospec.disk import size
     from geospec.prune.shipped import NO_GGUF, NO_GGUF_SCORE
+    from geospec.storage.disk import size
 
     dtype = shipped.get("export_dtype")
     if shipped.get("unexportable"):

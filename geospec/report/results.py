@@ -43,12 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geospec.artifacts import json_problem, read_json, read_json_or_none
 from geospec.engine.run_files import CONFIG_FILE, METRICS_FILE, RESULT_FILE
 from geospec.errors import GeospecError, UsageError
-from geospec.layout import PROFILES_FILE, RUN_FILE, WIDTHS_FILE, arm_seed_dir
-from geospec.records import trains_nothing
 from geospec.report.evaluation import eval_results
+from geospec.rundir.artifacts import json_problem, read_json, read_json_or_none
+from geospec.rundir.layout import PROFILES_FILE, RUN_FILE, WIDTHS_FILE, arm_seed_dir
+from geospec.rundir.records import trains_nothing
 from geospec.shapes.model_size import Shape, count_params, total_ffn_params
 from geospec.solve.widths import bounds_problems
 from geospec.stats import (

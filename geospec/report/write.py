@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from geospec.artifacts import read_json
-from geospec.atomic import atomic_write_json, atomic_write_text
-from geospec.digests import sealed
-from geospec.layout import REPORT_FILE, RESULTS_FILE, RUN_FILE
-from geospec.records import read_demand, read_diagnostics, read_prune
 from geospec.report.results import build_results
+from geospec.rundir.artifacts import read_json
+from geospec.rundir.layout import REPORT_FILE, RESULTS_FILE, RUN_FILE
+from geospec.rundir.records import read_demand, read_diagnostics, read_prune
+from geospec.storage.atomic import atomic_write_json, atomic_write_text
+from geospec.storage.digests import sealed
 
 #: Figures the diagnose stage draws; the report shows those that exist.
 DIAGNOSTIC_PLOTS = ("plots/diagnostics.png", "plots/additivity.png")

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from geospec.disk import size
 from geospec.errors import UsageError
 from geospec.shapes.model_size import Shape, attention_params, count_params, ffn_params, norm_params
+from geospec.storage.disk import size
 
 
 class Batching(Protocol):

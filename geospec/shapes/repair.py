@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from geospec.disk import size
+from geospec.storage.disk import size
 
 #: The moments' products per second on the machine this project is developed on (each batch's
 #: a^T a in float32, summed in float64: benchmarks/repair.py on SmolLM2-135M, 8k tokens, 2 shared

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geospec.atomic import atomic_write_json
 from geospec.errors import GeospecError, PluginError, UsageError
 from geospec.profiles import check_profile, read_profiles
 from geospec.shapes.model_size import total_ffn_params
 from geospec.spec.checks import dependency_cycle
 from geospec.spec.resolve import model_dims
 from geospec.spec.sections import ArmSpec, ModelSpec
+from geospec.storage.atomic import atomic_write_json
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,7 @@ def repair_memory_problem(spec: Spec, free: int | None) -> str | None:
 
 
 def _free(free: int) -> str:
-    from geospec.disk import size
+    from geospec.storage.disk import size
 
     return f"this machine has {size(free)} free"
 
@@ -310,7 +310,7 @@ def loading_memory_problem(spec: Spec) -> str | None:
     free = host_available()
     if free is None or weights * copies + cast <= free:
         return None
-    from geospec.disk import size
+    from geospec.storage.disk import size
 
     needs = f"{size(weights * copies + cast)} ({params:,} parameters in {dtype}"
     if copies == 2:

@@ -22,16 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from geospec.atomic import atomic_write_json
-from geospec.digests import sealed
 from geospec.errors import GeospecError
-from geospec.layout import DEMAND_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
 from geospec.pipeline.stages.probe import Probe, clouds_key, drop_stale_record
 from geospec.pipeline.stages.reference import compute_dtype, dtype_key, reference_computing
-from geospec.records import MEASURED_KEYS, read_demand
+from geospec.rundir.layout import DEMAND_FILE
+from geospec.rundir.records import MEASURED_KEYS, read_demand, stored_measurement
 from geospec.spec.sections import DemandSpec, Spec
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import sealed
 
 if TYPE_CHECKING:
     from torch import nn
@@ -97,9 +97,8 @@ class DemandStage:
         from geospec.report.plots import demand_plot
 
         previous = read_demand(run.run_dir) if reuse else None
-        if previous is not None and previous.get("keys", {}).get("compute") == keys["compute"]:
-            measured = {key: previous[key] for key in MEASURED_KEYS}
-        else:
+        measured = stored_measurement(previous, keys["compute"], MEASURED_KEYS)
+        if measured is None:
             measured = self.measure_reference(run)
         settings = self.demand.model_dump(mode="json", exclude={"enabled"})
         keep, pair_keep = self.demand.keep, self.demand.pair_keep

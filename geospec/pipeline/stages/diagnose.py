@@ -22,18 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from geospec.artifacts import json_problem
-from geospec.atomic import atomic_write_json
-from geospec.digests import sealed
 from geospec.errors import GeospecError
-from geospec.layout import CLOUDS_DIR, DIAGNOSTICS_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest
 from geospec.pipeline.stages.probe import Probe, drop_stale_record
 from geospec.pipeline.stages.reference import compute_dtype, dtype_key, reference_computing
-from geospec.records import DIAGNOSTICS_KEYS, read_diagnostics
+from geospec.rundir.artifacts import json_problem
+from geospec.rundir.layout import CLOUDS_DIR, DIAGNOSTICS_FILE
+from geospec.rundir.records import DIAGNOSTICS_KEYS, read_diagnostics, stored_measurement
 from geospec.spec.resolve import measures
 from geospec.spec.sections import DiagnoseSpec, MeasureSpec, Spec
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import sealed
 
 if TYPE_CHECKING:
     import torch
@@ -92,9 +92,8 @@ class Diagnose:
         from geospec.report.plots import diagnostic_plots
 
         previous = read_diagnostics(run.run_dir) if reuse else None
-        if previous is not None and previous.get("keys", {}).get("compute") == keys["compute"]:
-            measured = {k: previous[k] for k in ("loss", "layers", "additivity")}
-        else:
+        measured = stored_measurement(previous, keys["compute"], ("loss", "layers", "additivity"))
+        if measured is None:
             measured = self.measure_reference(run)
         settings = self.diagnose.model_dump(mode="json", exclude={"enabled"})
         scale_sensitive = scale_sensitive_profiles(self.entries)

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from geospec.artifacts import json_problem, read_json
-from geospec.layout import EVAL_FILE, arm_seed_dir
 from geospec.pipeline.context import INCOMPLETE, Plan, RunContext, Upstream
 from geospec.pipeline.keys import arm_run_key, digest, section
 from geospec.pipeline.run_dir import is_trained
+from geospec.rundir.artifacts import json_problem, read_json
+from geospec.rundir.layout import EVAL_FILE, arm_seed_dir
 from geospec.spec.sections import DataSpec, EvalSpec, ModelSpec, PruneSpec, Spec, TrainSpec
 
 if TYPE_CHECKING:
@@ -199,8 +199,8 @@ class Eval:
     ) -> None:
         """Write ``out/eval.json`` (sealed: the eval key, what was scored, the settings and the
         scores) and say the scores."""
-        from geospec.atomic import atomic_write_json
-        from geospec.digests import sealed
+        from geospec.storage.atomic import atomic_write_json
+        from geospec.storage.digests import sealed
 
         assert self.evaluation is not None
         record = {

@@ -22,15 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from geospec.artifacts import json_problem, read_json
-from geospec.atomic import atomic_write_json
-from geospec.digests import sealed
-from geospec.layout import CLOUDS_DIR, PROFILES_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import digest, section
+from geospec.rundir.artifacts import json_problem, read_json
+from geospec.rundir.layout import CLOUDS_DIR, PROFILES_FILE
 from geospec.spec.resolve import measures
 from geospec.spec.sections import MeasureSpec, Spec
 from geospec.stats import MIN_RELIABILITY
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import sealed
 
 Profiles = dict[str, list[float]]
 #: A measure's plugins, as keys and profiles.json see them: ``{"statistic": ..., "geometry":

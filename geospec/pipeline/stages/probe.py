@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from geospec.layout import CLOUDS_DIR, PROBE_META_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section
 from geospec.pipeline.stages.reference import compute_dtype, dtype_key
+from geospec.rundir.layout import CLOUDS_DIR, PROBE_META_FILE
 from geospec.spec.resolve import probes
 from geospec.spec.sections import DataSpec, ProbeSpec, ReferenceSpec, Spec
 

@@ -21,10 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from geospec.artifacts import json_problem, read_json
-from geospec.atomic import atomic_write_json
-from geospec.digests import sealed
-from geospec.layout import PRUNE_FILE
 from geospec.pipeline.context import INCOMPLETE, Plan, RunContext, Upstream
 from geospec.pipeline.healing import healer
 from geospec.pipeline.keys import data_key
@@ -50,7 +46,9 @@ from geospec.prune.units import (
     recommended_arms,
     units_of,
 )
-from geospec.records import PRUNE_KEYS
+from geospec.rundir.artifacts import json_problem, read_json
+from geospec.rundir.layout import PRUNE_FILE
+from geospec.rundir.records import PRUNE_KEYS
 from geospec.spec.resolve import measures, prune_profiles
 from geospec.spec.sections import (
     DataSpec,
@@ -59,6 +57,8 @@ from geospec.spec.sections import (
     ReferenceSpec,
     Spec,
 )
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import sealed
 
 if TYPE_CHECKING:
     from geospec.prune.units import Unit

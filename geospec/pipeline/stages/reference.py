@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, ClassVar
 from geospec.engine.run_files import RESULT_FILE
 from geospec.errors import UsageError
 from geospec.hub import Source, locate
-from geospec.layout import REFERENCE_DIR
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import data_key, digest, section, training_settings
 from geospec.pipeline.run_dir import finished_model_problem
 from geospec.pipeline.tracking import TrackAs
 from geospec.pipeline.training import TrainingJob, train_into
+from geospec.rundir.layout import REFERENCE_DIR
 from geospec.spec.sections import DataSpec, ModelSpec, ReferenceSpec, Spec, TrainSpec
 
 if TYPE_CHECKING:

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from geospec.artifacts import json_problem, read_json
-from geospec.layout import REPORT_FILE, RESULTS_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import digest, section
 from geospec.pipeline.status import STAGE_NAMES
+from geospec.rundir.artifacts import json_problem, read_json
+from geospec.rundir.layout import REPORT_FILE, RESULTS_FILE
 from geospec.spec.sections import ReportSpec, Spec
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from geospec.artifacts import read_json_or_none
-from geospec.atomic import atomic_write_json
-from geospec.digests import SEAL, seal_broken, sealed, unsealed
 from geospec.errors import GeospecError
-from geospec.layout import WIDTHS_FILE
 from geospec.pipeline.context import Plan, RunContext, Upstream
 from geospec.pipeline.keys import digest
+from geospec.rundir.artifacts import read_json_or_none
+from geospec.rundir.layout import WIDTHS_FILE
 from geospec.solve.widths import WidthsResult, compute_widths
 from geospec.spec.sections import ArmSpec, ModelSpec, Spec
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import SEAL, seal_broken, sealed, unsealed
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,13 @@ from typing import Any, ClassVar
 
 from geospec.errors import GeospecError, Preempted, UsageError
 from geospec.kinds import Launch, Launcher, TrainingRun
-from geospec.layout import REFERENCE_DIR, arm_seed_dir
 from geospec.pipeline.context import INCOMPLETE, Plan, RunContext, Upstream
 from geospec.pipeline.keys import arm_run_key, digest
 from geospec.pipeline.launching import Trainer
 from geospec.pipeline.run_dir import is_trained, record_submissions
 from geospec.plugin_base import PluginParams
-from geospec.records import PROBE_ONLY_TRAIN_KEY
+from geospec.rundir.layout import REFERENCE_DIR, arm_seed_dir
+from geospec.rundir.records import PROBE_ONLY_TRAIN_KEY
 from geospec.spec.sections import DataSpec, ModelSpec, Spec, TrainSpec
 
 

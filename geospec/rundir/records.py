@@ -6,14 +6,13 @@ training directory's run key, and whether a run trains nothing."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geospec.artifacts import json_problem, read_json, read_json_or_none
-from geospec.atomic import atomic_write_json
-from geospec.digests import digest
-from geospec.layout import (
+from geospec.rundir.artifacts import json_problem, read_json, read_json_or_none
+from geospec.rundir.layout import (
     DEMAND_FILE,
     DIAGNOSTICS_FILE,
     PRUNE_FILE,
@@ -21,6 +20,8 @@ from geospec.layout import (
     RUN_KEY_FILE,
     STAGES_FILE,
 )
+from geospec.storage.atomic import atomic_write_json
+from geospec.storage.digests import digest
 
 #: The train stage's key in a spec that trains no arm (``probe_only``): the same for every such
 #: spec, so a run directory says by it alone that nothing was to be trained.
@@ -64,6 +65,18 @@ def read_demand(run_dir: Path) -> dict[str, Any] | None:
 def read_prune(run_dir: Path) -> dict[str, Any] | None:
     """The run's prune.json, or None when the prune stage has not written a sound one."""
     return _sound_record(Path(run_dir) / PRUNE_FILE, PRUNE_KEYS)
+
+
+def stored_measurement(
+    record: Mapping[str, Any] | None, compute_key: str | None, fields: Sequence[str]
+) -> dict[str, Any] | None:
+    """The measurement (``fields``) of an optional stage's stored ``record`` where it was taken
+    with the settings of ``compute_key`` (the record's ``keys["compute"]``): a stage whose key
+    changed only in what is derived from its measurement writes its record again without
+    measuring again. None where there is no record or it was measured otherwise."""
+    if record is None or record.get("keys", {}).get("compute") != compute_key:
+        return None
+    return {field: record[field] for field in fields}
 
 
 @dataclass(frozen=True)

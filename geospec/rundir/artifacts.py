@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from geospec.digests import seal_broken
 from geospec.errors import UsageError
+from geospec.storage.digests import seal_broken
 
 
 def read_json(path: Path) -> Any:

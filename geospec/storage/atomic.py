@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from geospec.disk import out_of_space, writing
+from geospec.storage.disk import out_of_space, writing
 
 
 @contextlib.contextmanager
