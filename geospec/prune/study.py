@@ -86,6 +86,7 @@ def calibrated(
     """Calibration sample ``seed``'s work (:class:`Scored`): one calibration pass records what
     the arms need, and each importance scores the neurons from it."""
     from geospec.measure.calibration import calibrate
+    from geospec.plugin_base import kind_of
     from geospec.prune.apply import calibration_windows, neuron_scores
     from geospec.prune.search import calibration_batches
 
@@ -111,7 +112,7 @@ def calibrated(
         scores[key], orders[key] = neuron_scores(
             model, sites, importance, train_tokens, starts, seq_len, calibration.batch_size,
             stats=found.stats, bos=bos, moments=moments,
-            advance=_lines(say, f"calibration sample {seed}: {key} scores, layers", sites),
+            advance=_lines(say, f"calibration sample {seed}: {kind_of(importance)} scores", sites),
         )  # fmt: skip
     means = [s.mean for s in found.stats] if compensate and found.stats is not None else None
     windows = (
@@ -346,7 +347,7 @@ def prune_units(
                 f"({windows} windows)")  # fmt: skip
             batches = repair_inputs(seed, windows)
             moments[(seed, windows)] = calibration_moments(
-                model, sites, batches, advance=_lines(say, "prune: moments, batches", batches)
+                model, sites, batches, advance=_lines(say, f"moments of seed {seed}", batches)
             )
         return moments[(seed, windows)]
 
