@@ -29,7 +29,7 @@ from geospec.prune.calibration import Calibration
 from geospec.prune.continuations import recommended_continuations
 from geospec.prune.cut import Cut, cut_to
 from geospec.prune.score import importance_key
-from geospec.prune.unit_export import export_healed, export_unit
+from geospec.prune.unit_export import export_finished, export_healed, export_unit
 from geospec.prune.unit_search import evolve_search, searched_path
 from geospec.prune.units import Unit, finished_unit, gather, has_model, units_of
 from geospec.prune.units import unit_key as key_of
@@ -219,17 +219,7 @@ def prune_units(
         where it was healed), into its ``model/`` or into ``target``."""
         cut = calibration.cut(unit, stored["widths"])
         target = target or unit_dir / UNIT_MODEL_DIR
-        if "healed_loss" in stored:  # the model it hands out is the healed one
-            export_healed(
-                model, sites, cut, stored["widths"], unit_dir / HEAL_DIR,
-                target, unit_key, inputs.export_dtype, unit_dir,
-            )  # fmt: skip
-        else:
-            with torch.no_grad(), cut_to(sites, cut, stored["widths"]):
-                export_unit(
-                    model, sites, stored["widths"], target, unit_key, inputs.export_dtype,
-                    unit_dir,
-                )  # fmt: skip
+        export_finished(model, sites, cut, stored, unit_dir, target, unit_key, inputs.export_dtype)
 
     def files_of(unit: Unit) -> UnitFiles:
         """A finished unit's model, for its GGUF file: its ``model/`` where the prune wrote it

@@ -5,18 +5,42 @@ and the mark that says which unit and dtype it is (:func:`geospec.prune.units.ha
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from geospec.prune.cut import Cut, cut_to
 from geospec.prune.units import EXPORTED_FILE
+from geospec.rundir.layout import HEAL_DIR
 from geospec.storage.disk import writing
 
 if TYPE_CHECKING:
     from torch import nn
 
     from geospec.measure.probe import FFNSite
+
+
+def export_finished(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    cut: Cut,
+    stored: Mapping[str, Any],
+    unit_dir: Path,
+    target: Path,
+    key: str,
+    dtype: str,
+) -> None:
+    """A finished unit's model (``stored``: its record) written into ``target`` without
+    computing the unit again: the healed model where the unit was healed (its ``heal/``), else
+    ``model`` cut as ``cut`` says at the record's widths."""
+    import torch
+
+    widths = stored["widths"]
+    if "healed_loss" in stored:  # the model it hands out is the healed one
+        export_healed(model, sites, cut, widths, unit_dir / HEAL_DIR, target, key, dtype, unit_dir)
+    else:
+        with torch.no_grad(), cut_to(sites, cut, widths):
+            export_unit(model, sites, widths, target, key, dtype, unit_dir)
 
 
 def export_healed(
