@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from geospec.prune.arms import arm_reads
 from geospec.prune.calibration import Calibration
 from geospec.prune.continuations import recommended_continuations
 from geospec.prune.cut import Cut, cut_to
-from geospec.prune.score import importance_key
 from geospec.prune.unit_export import export_finished, export_healed, export_unit
 from geospec.prune.unit_search import evolve_search, searched_path
 from geospec.prune.units import Unit, finished_unit, gather, has_model, units_of
@@ -117,11 +117,9 @@ def prune_units(
 
     from geospec.engine.progress import stage_progress
     from geospec.errors import UsageError
-    from geospec.kinds import ScoreAllocation
     from geospec.measure.cut import CutError, ffn_layout, ffn_width
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
-    from geospec.plugin import create_plugin
     from geospec.prune.allocate import allocate
     from geospec.prune.apply import compensated_export_problem, eval_loss, ffn_parameters
     from geospec.prune.search import SuffixCutLosses
@@ -149,31 +147,11 @@ def prune_units(
             "re-fit without one (prune.lstsq = { intercept = false }), or set prune.repair = "
             '"none" or prune.export = false'
         )
-    # each distinct importance is scored once per calibration seed; an arm reads its own
-    arm_importance = {arm.name: importance_key(prune.importance_of(arm)) for arm in prune.arms}
-    importances = {
-        arm_importance[arm.name]: create_plugin("importance", prune.importance_of(arm))
-        for arm in prune.arms
-    }
-    schedules = [create_plugin("schedule", arm.schedule) for arm in prune.arms]
-    reads_blocks = {
-        arm.name: isinstance(s, ScoreAllocation) and s.reads_block_linears
-        for arm, s in zip(prune.arms, schedules, strict=True)
-    }
-    blocks_needed = any(reads_blocks.values())
-    searches = [
-        arm.name
-        for arm, s in zip(prune.arms, schedules, strict=True)
-        if isinstance(s, ScoreAllocation) and s.reads_cut_losses
-    ]
-    evolves = [
-        arm.name
-        for arm, s in zip(prune.arms, schedules, strict=True)
-        if isinstance(s, ScoreAllocation) and s.reads_search
-    ]
+    reads = arm_reads(prune)
+    searches, evolves, arm_importance = reads.searches, reads.evolves, reads.arm_importance
     calibration = Calibration(
-        model, sites, prune, importances, arm_importance, train_tokens, inputs.seq_len,
-        inputs.bos, run_dir, inputs.key, say, compensate=compensate, blocks=blocks_needed,
+        model, sites, prune, reads.importances, arm_importance, train_tokens, inputs.seq_len,
+        inputs.bos, run_dir, inputs.key, say, compensate=compensate, blocks=reads.blocks,
         batches=bool(searches or evolves or prune.sweeps),
     )  # fmt: skip
     dims = {
@@ -194,14 +172,7 @@ def prune_units(
         reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
         reference_select = None if selection is None else eval_loss(model, selection)
     units = [unit for unit in units_of(prune) if unit not in left_out]
-    # the arms those units are or read (a search of an arm left out is not run for nothing)
-    wanted, unread = set(), [unit.arm for unit in units]
-    reads = {arm.name: s.required_arms() for arm, s in zip(prune.arms, schedules, strict=True)}
-    while unread:
-        name = unread.pop()
-        if name not in wanted:
-            wanted.add(name)
-            unread += reads.get(name, [])
+    wanted = reads.wanted(unit.arm for unit in units)  # the arms those units are or read
     allocated = [arm for arm in prune.arms if arm.name in wanted]
     results: dict[Unit, dict[str, Any]] = {}
     teachers: dict[int, dict[int, torch.Tensor]] = {}  # the unpruned model's, by seed and window
