@@ -164,8 +164,8 @@ def test_what_to_ship_shows_the_models_greedy_continuations(selected: Path) -> N
     calibration seed's cut), decoded by the checkpoint's tokenizer; the report prints them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from geospec.prune.continuations import CONTINUATION_TOKENS
     from geospec.prune.select import PROMPTS
-    from geospec.prune.study import CONTINUATION_TOKENS
 
     record = json.loads((selected / "run" / "prune.json").read_text())
     found = record["continuations"]

@@ -125,8 +125,8 @@ def heal_exported(
     from geospec.pipeline.stages.reference import load_reference
     from geospec.prune.corpora import eval_batches
     from geospec.prune.exports import export_dtype
-    from geospec.prune.study import export_unit
     from geospec.prune.true_width import load_pruned, read_widths
+    from geospec.prune.unit_export import export_unit
     from geospec.prune.units import finished_unit, has_model
     from geospec.rundir.layout import HEALED_DIR, HEALED_TRAIN_DIR, UNIT_FILE, UNIT_MODEL_DIR
     from geospec.storage.atomic import atomic_write_json

@@ -1,36 +1,42 @@
 """Every unit of a prune (keep fraction x arm x calibration seed) computed or reused, in the
-run directory's ``prune/`` (docs/prune.md).
+run directory's ``prune/`` (docs/prune.md): the loop over the units, and one unit's pruned model
+measured (its losses, its export, its healing).
 
 For calibration seed k the importance scores (and each layer's neuron ordering) come from
 calibration sample k of the training split, once for each distinct importance the arms use (an
-arm's own, or the prune's); every arm's widths at each keep fraction come from
-:func:`geospec.prune.allocate.allocate` (the run's profiles for schedules that read them, or,
-with ``prune.allocation_seeds``, the measured profiles re-drawn for seed k; the arm's own
-importance scores for flap and owl_neuron, every block linear's calibration inputs for owl; the
-calibration windows themselves for the searches, greedy and evolve, whose state is kept in the
-unit's directory);
-the reference keeps, in layer l, the ``widths[l]`` best neurons, and
-its mean next-token loss is measured on every eval corpus's held-out windows. A unit whose
-record holds its key is reused (:mod:`geospec.prune.units`), so an interrupted prune resumes.
+arm's own, or the prune's: :mod:`geospec.prune.calibration`, :mod:`geospec.prune.score`); every
+arm's widths at each keep fraction come from :func:`geospec.prune.allocate.allocate` (the run's
+profiles for schedules that read them, or, with ``prune.allocation_seeds``, the measured
+profiles re-drawn for seed k; the arm's own importance scores for flap and owl_neuron, every
+block linear's calibration inputs for owl; the calibration windows themselves for the searches,
+greedy and evolve, whose state is kept in the unit's directory: :mod:`geospec.prune.unit_search`);
+the reference keeps, in layer l, the ``widths[l]`` best neurons, repaired as the arm says
+(:mod:`geospec.prune.cut`), and its mean next-token loss is measured on every eval corpus's
+held-out windows. A unit whose record holds its key is reused (:mod:`geospec.prune.units`), so
+an interrupted prune resumes.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import shutil
-from collections.abc import Callable, Collection, Mapping, Sequence, Sized
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from geospec.prune.units import EXPORTED_FILE, Unit, finished_unit, gather, has_model, units_of
+from geospec.prune.arms import arm_reads
+from geospec.prune.calibration import Calibration
+from geospec.prune.continuations import recommended_continuations
+from geospec.prune.cut import Cut, cut_to
+from geospec.prune.unit_export import export_finished, export_healed, export_unit
+from geospec.prune.unit_search import evolve_search, searched_path
+from geospec.prune.units import Unit, finished_unit, gather, has_model, units_of
 from geospec.prune.units import unit_key as key_of
-from geospec.rundir.layout import HEAL_DIR, REPAIR_FILE, SEARCH_FILE, UNIT_FILE, UNIT_MODEL_DIR
+from geospec.rundir.layout import HEAL_DIR, SEARCH_FILE, UNIT_FILE, UNIT_MODEL_DIR
 from geospec.spec.sections import PruneSpec
 from geospec.storage.atomic import atomic_write_json
 from geospec.storage.digests import sealed
-from geospec.storage.disk import writing
 from geospec.storage.locks import claim
 
 if TYPE_CHECKING:
@@ -41,119 +47,13 @@ if TYPE_CHECKING:
 
     from geospec.engine.model import GPT
     from geospec.engine.progress import StageAdvance
-    from geospec.kinds import BlockLinears, Importance, Search
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
-    from geospec.prune.repair import Moments, Refit
-    from geospec.prune.search import RepairedLevels
     from geospec.prune.shipped import ShipSettings
 
 #: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
 #: the unit's key and returns its loss on every eval corpus.
 Healer = Callable[[Unit, Path, str, "GPT"], dict[str, float]]
-
-
-class Scored(NamedTuple):
-    """One calibration sample's work: every layer's neuron scores and ordering under each
-    importance the arms use (by :func:`importance_key`), with compensation its signed mean
-    activations, with an ``owl`` arm every decoder layer's linear inputs, and with a search or
-    a sweep its windows as loss batches."""
-
-    scores: dict[str, list[list[float]]]
-    orders: dict[str, list[list[int]]]
-    means: list[torch.Tensor] | None
-    blocks: list[BlockLinears] | None
-    batches: list[Batch] | None
-    moments: list[Moments] | None = None
-    """With a score that reads them (``obs``), every layer's second moments on the windows."""
-
-
-def calibrated(
-    model: nn.Module,
-    sites: Sequence[FFNSite],
-    importances: Mapping[str, Importance],
-    train_tokens: np.ndarray,
-    seq_len: int,
-    prune: PruneSpec,
-    seed: int,
-    *,
-    compensate: bool,
-    blocks: bool,
-    batches: bool,
-    bos: int | None = None,
-    say: Callable[[str], None] | None = None,
-) -> Scored:
-    """Calibration sample ``seed``'s work (:class:`Scored`): one calibration pass records what
-    the arms need, and each importance scores the neurons from it."""
-    from geospec.measure.calibration import calibrate
-    from geospec.plugin_base import kind_of
-    from geospec.prune.apply import calibration_windows, neuron_scores
-    from geospec.prune.search import calibration_batches
-
-    calibration = prune.calibration
-    starts = calibration_windows(train_tokens, seq_len, calibration.windows, seed)
-    seconds = any(i.needs_second_moments for i in importances.values())
-    needs = compensate or seconds or any(i.needs_activations for i in importances.values())
-    found = calibrate(
-        model, sites, train_tokens, starts, seq_len, calibration.batch_size, stats=needs,
-        blocks=blocks, bos=bos,
-    )  # fmt: skip
-    device = next(model.parameters()).device
-    moments = None
-    if seconds:
-        from geospec.prune.repair import calibration_moments, window_batches
-
-        inputs = window_batches(train_tokens, starts, seq_len, calibration.batch_size, device, bos)
-        moments = calibration_moments(
-            model, sites, inputs, advance=_lines(say, f"calibration sample {seed}: moments", inputs)
-        )
-    scores, orders = {}, {}
-    for key, importance in importances.items():
-        scores[key], orders[key] = neuron_scores(
-            model, sites, importance, train_tokens, starts, seq_len, calibration.batch_size,
-            stats=found.stats, bos=bos, moments=moments,
-            advance=_lines(say, f"calibration sample {seed}: {kind_of(importance)} scores", sites),
-        )  # fmt: skip
-    means = [s.mean for s in found.stats] if compensate and found.stats is not None else None
-    windows = (
-        calibration_batches(train_tokens, starts, seq_len, calibration.batch_size, device, bos)
-        if batches
-        else None
-    )
-    return Scored(scores, orders, means, found.blocks, windows, moments)
-
-
-def _lines(say: Callable[[str], None] | None, what: str, work: Sized) -> Callable[[], None] | None:
-    """A step's progress lines (``what: done/total, eta`` every 10 s) where it has a ``say``:
-    the scores and moments of a wide model take minutes."""
-    from geospec.engine.progress import LogProgress
-
-    if say is None:
-        return None
-    return LogProgress(say, f"prune: {what}", len(work), interval=10).advance
-
-
-class Cut(NamedTuple):
-    """How a unit's arm cuts and repairs: each layer's neuron order under its importance, with
-    mean compensation (``repair = "mean"``) its calibration sample's mean activations, with the
-    least-squares repair each layer's re-fit (:mod:`geospec.prune.repair`)."""
-
-    orders: list[list[int]]
-    means: list[torch.Tensor] | None = None
-    refits: list[Refit | None] | None = None
-
-
-def cut_to(sites: Sequence[FFNSite], cut: Cut, widths: Sequence[int]) -> Any:
-    """The context in which the model is cut to ``widths`` as ``cut`` says
-    (:func:`geospec.prune.apply.pruned`)."""
-    from geospec.prune.apply import pruned
-
-    return pruned(sites, cut.orders, widths, cut.means, cut.refits)
-
-
-def importance_key(table: Any) -> str:
-    """The importance table (a plugin's params) as the scores' cache key: its JSON form."""
-    return json.dumps(table.model_dump(mode="json"), sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -217,11 +117,9 @@ def prune_units(
 
     from geospec.engine.progress import stage_progress
     from geospec.errors import UsageError
-    from geospec.kinds import ScoreAllocation
     from geospec.measure.cut import CutError, ffn_layout, ffn_width
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
-    from geospec.plugin import create_plugin
     from geospec.prune.allocate import allocate
     from geospec.prune.apply import compensated_export_problem, eval_loss, ffn_parameters
     from geospec.prune.search import SuffixCutLosses
@@ -249,29 +147,13 @@ def prune_units(
             "re-fit without one (prune.lstsq = { intercept = false }), or set prune.repair = "
             '"none" or prune.export = false'
         )
-    # each distinct importance is scored once per calibration seed; an arm reads its own
-    arm_importance = {arm.name: importance_key(prune.importance_of(arm)) for arm in prune.arms}
-    importances = {
-        arm_importance[arm.name]: create_plugin("importance", prune.importance_of(arm))
-        for arm in prune.arms
-    }
-    schedules = [create_plugin("schedule", arm.schedule) for arm in prune.arms]
-    reads_blocks = {
-        arm.name: isinstance(s, ScoreAllocation) and s.reads_block_linears
-        for arm, s in zip(prune.arms, schedules, strict=True)
-    }
-    blocks_needed = any(reads_blocks.values())
-    searches = [
-        arm.name
-        for arm, s in zip(prune.arms, schedules, strict=True)
-        if isinstance(s, ScoreAllocation) and s.reads_cut_losses
-    ]
-    evolves = [
-        arm.name
-        for arm, s in zip(prune.arms, schedules, strict=True)
-        if isinstance(s, ScoreAllocation) and s.reads_search
-    ]
-    kinds = ", ".join(sorted({importance.kind_name() for importance in importances.values()}))
+    reads = arm_reads(prune)
+    searches, evolves, arm_importance = reads.searches, reads.evolves, reads.arm_importance
+    calibration = Calibration(
+        model, sites, prune, reads.importances, arm_importance, train_tokens, inputs.seq_len,
+        inputs.bos, run_dir, inputs.key, say, compensate=compensate, blocks=reads.blocks,
+        batches=bool(searches or evolves or prune.sweeps),
+    )  # fmt: skip
     dims = {
         keep: pruned_dims(len(sites), d_model, width, inputs.multiple_of, keep, inputs.activation)
         for keep in prune.fractions
@@ -279,7 +161,7 @@ def prune_units(
     say(
         f"[bold]prune[/]: {len(sites)} layers of {width} neurons kept at "
         f"{', '.join(f'{k:g}' for k in prune.fractions)}; {len(prune.arms)} arms x "
-        f"{len(prune.calibration.seeds)} calibration seeds; {kinds} scores; "
+        f"{len(prune.calibration.seeds)} calibration seeds; {calibration.kinds} scores; "
         f"loss on {prune.eval.windows} windows of {', '.join(corpora)}"
     )
     # each of these passes takes seconds to minutes on a CPU: a line says which runs
@@ -290,111 +172,12 @@ def prune_units(
         reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
         reference_select = None if selection is None else eval_loss(model, selection)
     units = [unit for unit in units_of(prune) if unit not in left_out]
-    # the arms those units are or read (a search of an arm left out is not run for nothing)
-    wanted, unread = set(), [unit.arm for unit in units]
-    reads = {arm.name: s.required_arms() for arm, s in zip(prune.arms, schedules, strict=True)}
-    while unread:
-        name = unread.pop()
-        if name not in wanted:
-            wanted.add(name)
-            unread += reads.get(name, [])
+    wanted = reads.wanted(unit.arm for unit in units)  # the arms those units are or read
     allocated = [arm for arm in prune.arms if arm.name in wanted]
     results: dict[Unit, dict[str, Any]] = {}
-    scored: dict[int, Scored] = {}  # by calibration seed
     teachers: dict[int, dict[int, torch.Tensor]] = {}  # the unpruned model's, by seed and window
     profiles: dict[int, Mapping[str, Sequence[float]]] = {}  # by calibration seed, when needed
     widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
-
-    def scored_for(seed: int) -> Scored:
-        """Calibration sample ``seed``'s scores, computed once and only when needed."""
-        if seed not in scored:
-            say(f"prune: calibration sample {seed}: {kinds} scores on "
-                f"{prune.calibration.windows} windows of {inputs.seq_len} tokens")  # fmt: skip
-            scored[seed] = calibrated(
-                model, sites, importances, train_tokens, inputs.seq_len, prune, seed,
-                compensate=compensate, blocks=blocks_needed,
-                batches=bool(searches or evolves or prune.sweeps), bos=inputs.bos, say=say,
-            )  # fmt: skip
-        return scored[seed]
-
-    # the re-fit's calibration windows and their moments, by seed and window count; the moments
-    # of one sample at a time (n x n float64 per layer)
-    repair_batches: dict[tuple[int, int], list[Batch]] = {}
-    moments: dict[tuple[int, int], list[Moments]] = {}
-
-    def repair_inputs(seed: int, windows: int) -> list[Batch]:
-        from geospec.prune.apply import calibration_windows
-        from geospec.prune.repair import window_batches
-
-        if (seed, windows) not in repair_batches:
-            starts = calibration_windows(train_tokens, inputs.seq_len, windows, seed)
-            device = next(model.parameters()).device
-            repair_batches[(seed, windows)] = window_batches(
-                train_tokens, starts, inputs.seq_len, prune.calibration.batch_size, device,
-                inputs.bos,
-            )  # fmt: skip
-        return repair_batches[(seed, windows)]
-
-    def moments_for(seed: int, windows: int) -> list[Moments]:
-        from geospec.prune.repair import calibration_moments
-
-        same = scored_for(seed).moments  # the scores' pass over the same windows (obs)
-        if same is not None and windows == prune.calibration.windows:
-            return same
-        if (seed, windows) not in moments:
-            moments.clear()
-            say(f"prune: calibration moments of seed {seed} for the least-squares repair "
-                f"({windows} windows)")  # fmt: skip
-            batches = repair_inputs(seed, windows)
-            moments[(seed, windows)] = calibration_moments(
-                model, sites, batches, advance=_lines(say, f"moments of seed {seed}", batches)
-            )
-        return moments[(seed, windows)]
-
-    def kept_by(unit: Unit, unit_widths: Sequence[int]) -> Cut:
-        """How ``unit``'s arm cuts at ``unit_widths`` (:class:`Cut`); a least-squares repair
-        is read from the unit's record or computed and recorded."""
-        from geospec.prune.repair import one_pass_refits, sequential_refits, unit_refits
-
-        work = scored_for(unit.seed)
-        arm = next(a for a in prune.arms if a.name == unit.arm)
-        orders = work.orders[arm_importance[unit.arm]]
-        if prune.compensates(arm):
-            return Cut(orders, means=work.means)
-        if not prune.refits(arm):
-            return Cut(orders)
-        lstsq = prune.lstsq_of(arm)
-        windows = lstsq.windows or prune.calibration.windows
-
-        def compute() -> list[Refit | None]:
-            settings = (lstsq.damping, lstsq.intercept)
-            if lstsq.inputs == "sequential":
-                batches = repair_inputs(unit.seed, windows)
-                return sequential_refits(model, sites, batches, orders, unit_widths, *settings)
-            found = moments_for(unit.seed, windows)
-            return one_pass_refits(sites, found, orders, unit_widths, *settings)
-
-        path = unit.directory(run_dir) / REPAIR_FILE
-        refits = unit_refits(path, key_of(inputs.key, unit), len(sites), compute, say)
-        return Cut(orders, refits=refits)
-
-    def levels_of(name: str, seed: int) -> RepairedLevels | None:
-        """The levels arm ``name``'s search visits, repaired as the arm repairs (None: cut),
-        from calibration sample ``seed`` and the unpruned model's inputs (for the
-        least-squares repair, one pass whatever ``inputs`` its winner is repaired from)."""
-        from geospec.prune.search import RepairedLevels
-
-        arm = next(a for a in prune.arms if a.name == name)
-        orders = scored_for(seed).orders[arm_importance[name]]
-        if prune.compensates(arm):
-            return RepairedLevels(sites, orders, means=scored_for(seed).means)
-        if not prune.refits(arm):
-            return None
-        lstsq = prune.lstsq_of(arm)
-        found = moments_for(seed, lstsq.windows or prune.calibration.windows)
-        return RepairedLevels(
-            sites, orders, moments=found, damping=lstsq.damping, intercept=lstsq.intercept
-        )
 
     def write_model(
         unit: Unit,
@@ -405,19 +188,9 @@ def prune_units(
     ) -> None:
         """A finished unit's model written without computing it again (its healed model,
         where it was healed), into its ``model/`` or into ``target``."""
-        cut = kept_by(unit, stored["widths"])
+        cut = calibration.cut(unit, stored["widths"])
         target = target or unit_dir / UNIT_MODEL_DIR
-        if "healed_loss" in stored:  # the model it hands out is the healed one
-            export_healed(
-                model, sites, cut, stored["widths"], unit_dir / HEAL_DIR,
-                target, unit_key, inputs.export_dtype, unit_dir,
-            )  # fmt: skip
-        else:
-            with torch.no_grad(), cut_to(sites, cut, stored["widths"]):
-                export_unit(
-                    model, sites, stored["widths"], target, unit_key, inputs.export_dtype,
-                    unit_dir,
-                )  # fmt: skip
+        export_finished(model, sites, cut, stored, unit_dir, target, unit_key, inputs.export_dtype)
 
     def files_of(unit: Unit) -> UnitFiles:
         """A finished unit's model, for its GGUF file: its ``model/`` where the prune wrote it
@@ -435,7 +208,7 @@ def prune_units(
         if stored is not None:  # finished, its model asked for since: written, not redone
             write_model(unit, unit_dir, unit_key, stored)
             return stored
-        work = scored_for(unit.seed)
+        work = calibration.scored(unit.seed)
         say(f"prune: {unit.label}: allocating, cutting and scoring")
         arm = next(a for a in prune.arms if a.name == unit.arm)
         if (unit.seed, unit.keep) not in widths:
@@ -453,7 +226,7 @@ def prune_units(
                     model, sites, work.orders[arm_importance[name]], work.batches or [],
                     teachers.setdefault(unit.seed, {}), prune, run_dir,
                     Unit(unit.keep, name, unit.seed), inputs.key, say,
-                    levels=functools.partial(levels_of, name, unit.seed),
+                    levels=functools.partial(calibration.levels, name, unit.seed),
                 )  # fmt: skip
             widths[(unit.seed, unit.keep)] = allocate(
                 allocated, dims[unit.keep], profiles[unit.seed], [],
@@ -462,7 +235,7 @@ def prune_units(
             )  # fmt: skip
         unit_widths = widths[(unit.seed, unit.keep)][unit.arm]
         result = pruned_unit(
-            model, sites, kept_by(unit, unit_widths), unit_widths, corpora, unit, unit_dir,
+            model, sites, calibration.cut(unit, unit_widths), unit_widths, corpora, unit, unit_dir,
             unit_key, inputs, heal,
             calibration=work.batches if arm.sweep is not None else None,
             export=prune.exports(unit.keep, unit.arm), selection=selection,
@@ -522,7 +295,7 @@ def prune_units(
         recommend_shipped(record, prune, inputs.ship, files_of, by_window, say)
     if inputs.prompts and any("recommended" in budget for budget in record["budgets"]):
         record["continuations"] = recommended_continuations(
-            model, sites, record, inputs.prompts, inputs.stop, kept_by
+            model, sites, record, inputs.prompts, inputs.stop, calibration.cut
         )
     for keep in prune.best_exports():  # export = ["best@KEEP"]: the recommended arm's models
         budget = next(budget for budget in record["budgets"] if budget["keep"] == keep)
@@ -558,60 +331,6 @@ def prune_units(
     return record
 
 
-#: New tokens per greedy continuation: a sentence, enough to tell "Paris" from "la la la".
-CONTINUATION_TOKENS = 16
-
-
-def recommended_continuations(
-    model: nn.Module,
-    sites: Sequence[FFNSite],
-    record: Mapping[str, Any],
-    prompts: Sequence[Sequence[int]],
-    stop: int | None,
-    kept_by: Callable[[Unit, Sequence[int]], Cut],
-) -> dict[str, Any]:
-    """Greedy continuations (token ids) of ``prompts`` by the unpruned model and, per keep
-    fraction, by its recommended arm as calibration seed ``seeds[0]`` cut it (``kept_by``: a
-    unit's :class:`Cut` at its widths): what the report's "What to ship" prints beside the
-    perplexities."""
-    import torch
-
-    prune_seed = int(record["seeds"][0])
-    found: dict[str, Any] = {"reference": greedy(model, prompts, stop), "seed": prune_seed}
-    for budget in record["budgets"]:
-        if "recommended" not in budget:
-            continue
-        name = budget["recommended"]["arm"]
-        widths = budget["arms"][name]["widths"][str(prune_seed)]
-        cut = kept_by(Unit(budget["keep"], name, prune_seed), widths)
-        with torch.no_grad(), cut_to(sites, cut, widths):
-            found[f"{budget['keep']:g}"] = greedy(model, prompts, stop)
-    return found
-
-
-def greedy(
-    model: nn.Module, prompts: Sequence[Sequence[int]], stop: int | None = None
-) -> list[list[int]]:
-    """Each prompt's :data:`CONTINUATION_TOKENS` most likely next tokens, one at a time, up to
-    and with ``stop`` (no KV cache: a few short prompts, and geospec's own model has none)."""
-    import torch
-
-    from geospec.measure.sensitivity import logits_of
-
-    device = next(model.parameters()).device
-    continued = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([list(prompt)], device=device)
-            for _ in range(CONTINUATION_TOKENS):
-                following = logits_of(model, ids)[0, -1].argmax()
-                ids = torch.cat([ids, following.view(1, 1)], dim=1)
-                if int(following) == stop:
-                    break
-            continued.append([int(t) for t in ids[0, len(prompt) :]])
-    return continued
-
-
 def shown_alone(heal: Healer, advance: StageAdvance) -> Healer:
     """``heal`` with the units' bar off the screen, so that its training bar (step, loss,
     tokens/s, eta) is the one shown while it runs."""
@@ -638,56 +357,6 @@ def waiting_note(unit: Unit, say: Callable[[str], None]) -> Callable[[Any], None
         say(f"waiting for unit {unit.label}: another geospec prune{who} is computing it")
 
     return waiting
-
-
-def evolve_search(
-    model: nn.Module,
-    sites: Sequence[FFNSite],
-    orders: Sequence[Sequence[int]],
-    batches: Sequence[Batch],
-    teacher: dict[Any, torch.Tensor],
-    prune: PruneSpec,
-    run_dir: Path,
-    unit: Unit,
-    stage_key: str,
-    say: Callable[[str], None],
-    levels: Callable[[], RepairedLevels | None] | None = None,
-) -> Search:
-    """An ``evolve`` arm's search for ``unit``: its fitness on the calibration windows
-    ``batches`` (the unpruned model's log-probabilities shared through ``teacher``; each
-    level repaired as ``levels`` gives them, asked when the search starts, or cut), its state
-    in the unit's ``search.json`` under the unit's key (which holds the arm's repair)."""
-    from geospec.kinds import Search
-    from geospec.prune.search import CalibrationFitness, SealedSearchState
-
-    arm = next(a for a in prune.arms if a.name == unit.arm)
-    generations = int(getattr(arm.schedule, "generations", 0))
-    name = f"{unit.arm} at keep {unit.keep:g}, seed {unit.seed}"
-    path = unit.directory(run_dir) / SEARCH_FILE
-    state = SealedSearchState(path, key_of(stage_key, unit), say, name, generations)
-
-    def fitness(kind: str, top_k: int | None = None) -> CalibrationFitness:
-        repaired = None if levels is None else levels()
-        over = "cut levels" if repaired is None else repaired.describe()
-        say(f"prune: searching {name}: {generations} generations over {over}, the unpruned "
-            f"model's log-probabilities on {len(batches)} calibration batches first")  # fmt: skip
-        size = prune.calibration.batch_size
-        return CalibrationFitness(
-            model, sites, orders, batches, kind, size, teacher, top_k=top_k, levels=repaired
-        )
-
-    return Search(fitness, state)
-
-
-def searched_path(path: Path) -> dict[str, Any]:
-    """What a unit's record keeps of its search: the trajectory (per generation its fitness on
-    the last stage's windows, whether the parent was replaced, the parent's widths after it,
-    the tokens scored; with patience, the parent's fitness on the tracked windows) and why it
-    stopped (``stopped``: by "patience" or "generations", at which generation)."""
-    from geospec.rundir.artifacts import read_json
-
-    state = read_json(path)["state"]
-    return {key: state[key] for key in ("trajectory", "stopped") if key in state}
 
 
 def pruned_unit(
@@ -744,60 +413,3 @@ def pruned_unit(
                 inputs.export_dtype,
             )  # fmt: skip
     return result
-
-
-def export_healed(
-    model: nn.Module,
-    sites: Sequence[FFNSite],
-    cut: Cut,
-    widths: Sequence[int],
-    heal_dir: Path,
-    directory: Path,
-    key: str,
-    dtype: str,
-    unit_dir: Path | None = None,
-) -> None:
-    """Export the unit's healed model (trained in ``heal_dir``) as :func:`export_unit` exports a
-    pruned one: ``model`` is cut as the unit was, the healed weights are copied into it
-    (:func:`geospec.engine.imported.load_into_llama`), written, and ``model``'s own weights put
-    back, so the export is the checkpoint's family, config and dtype with the healed values."""
-    import torch
-
-    from geospec.engine.checkpoint import load_model
-    from geospec.engine.imported import load_into_llama
-
-    healed = load_model(heal_dir, torch.device("cpu"))
-    with torch.no_grad(), cut_to(sites, cut, widths):
-        own = {name: value.clone() for name, value in model.state_dict().items()}
-        try:
-            load_into_llama(model, healed)
-            export_unit(model, sites, widths, directory, key, dtype, unit_dir)
-        finally:
-            model.load_state_dict(own)
-
-
-def export_unit(
-    model: nn.Module,
-    sites: Sequence[FFNSite],
-    widths: Sequence[int],
-    directory: Path,
-    key: str,
-    dtype: str,
-    unit_dir: Path | None = None,
-) -> None:
-    """Export the pruned model into ``directory`` (at its true widths, in ``dtype``) with the
-    checkpoint's tokenizer beside it (``AutoTokenizer`` reads it), replacing an older export of
-    the unit, and mark it with the unit's ``key`` and the dtype (:func:`~geospec.prune.units.
-    has_model`), last: a directory without the mark is written again (a full disk: one line).
-    ``unit_dir``: the unit whose run names the tokenizer (None: ``directory``'s parent, where a
-    unit keeps its ``model/``)."""
-    from geospec.prune.apply import export_pruned
-    from geospec.prune.exports import save_run_tokenizer
-    from geospec.prune.units import export_mark
-    from geospec.storage.atomic import atomic_write_text
-
-    shutil.rmtree(directory, ignore_errors=True)  # from other inputs: the unit is recomputed
-    with writing(directory):
-        export_pruned(model, sites, widths, directory, dtype=dtype)
-        save_run_tokenizer(unit_dir or directory.parent, directory)
-        atomic_write_text(directory / EXPORTED_FILE, export_mark(key, dtype) + "\n")
