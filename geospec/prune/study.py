@@ -177,7 +177,7 @@ def check_exportable(model: nn.Module, prune: PruneSpec) -> None:
     """Refuse, before any unit is computed rather than at the first export, a prune whose
     repaired arm writes a model that ``model``'s family cannot carry the repair's bias in."""
     from geospec.errors import UsageError
-    from geospec.prune.apply import compensated_export_problem
+    from geospec.prune.hf_export import compensated_export_problem
 
     exported = [  # a repaired arm whose units write no model needs no bias in the export
         arm
@@ -203,7 +203,7 @@ def unpruned_losses(
     without them)."""
     import torch
 
-    from geospec.prune.apply import eval_loss
+    from geospec.prune.losses import eval_loss
 
     # each of these passes takes seconds to minutes on a CPU: a line says which runs
     selected = "" if selection is None else f" and {len(selection)} batches of selection windows"
@@ -368,7 +368,7 @@ class Pruning:
         """prune.json's content, every unit computed: the units gathered beside the unpruned
         model's losses and parameters, and with ``prune.select`` each budget's recommendation,
         its continuations, exports and shipped files."""
-        from geospec.prune.apply import ffn_parameters
+        from geospec.prune.losses import ffn_parameters
 
         prune, inputs = self.inputs.prune, self.inputs
         record = gather(prune, self.dims, reference, self.results, self.width, len(self.sites))
@@ -501,7 +501,7 @@ def pruned_unit(
     import torch
 
     from geospec.engine.imported import import_llama
-    from geospec.prune.apply import eval_loss, ffn_parameters, window_losses
+    from geospec.prune.losses import eval_loss, ffn_parameters, window_losses
 
     imported = None
     with torch.no_grad(), cut_to(sites, cut, widths):
