@@ -237,6 +237,7 @@ class Pruning:
     wanted: set[str]
     """The arms the units to compute are or read: the arms allocated."""
     results: dict[Unit, dict[str, Any]] = field(default_factory=dict)
+    """Every unit's record so far."""
     teachers: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
     """The unpruned model's outputs a search reads, by calibration seed and window."""
     profiles: dict[int, Mapping[str, Sequence[float]]] = field(default_factory=dict)
