@@ -1,5 +1,6 @@
-"""What a calibration sample yields, once per seed: every layer's neuron scores and ordering
-under each importance a prune's arms use, and what the cut, the repair and the searches read from
+"""What a calibration sample yields, once per seed: its windows of the training text
+(:func:`calibration_windows`), every layer's neuron scores and ordering under each importance a
+prune's arms use (:func:`neuron_scores`), and what the cut, the repair and the searches read from
 the same pass (docs/prune.md, "What happens")."""
 
 from __future__ import annotations
