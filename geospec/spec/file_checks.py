@@ -143,7 +143,7 @@ def _gguf_problem(spec: Spec, spec_dir: Path) -> str | None:
 #: Families (config.json model_type, GGUF architecture) whose transformers MLP has no bias
 #: option: their projections are built without one whatever the config says, so a compensated
 #: cut's down-projection bias cannot be exported as their checkpoint (what
-#: geospec.prune.hf_export.compensated_export_problem finds on the loaded model).
+#: geospec.prune.apply.compensated_export_problem finds on the loaded model).
 NO_MLP_BIAS = ("mistral", "qwen2", "gemma", "gemma2", "gemma3", "gemma3_text")
 
 
