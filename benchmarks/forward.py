@@ -7,7 +7,7 @@ every layer keeping its best neurons by the activation score of 4 calibration wi
 memory is its own):
 
 - ``transformers``: the baseline, plain transformers' float32 forward and cross-entropy;
-- ``float32``: geospec's held-out loss (``geospec.prune.apply.window_losses``) as the prune
+- ``float32``: geospec's held-out loss (``geospec.prune.losses.window_losses``) as the prune
   stage computes it, the pruned model at its true widths;
 - ``bfloat16``: the same under ``compute_dtype = "bfloat16"`` (autocast, float32 weights);
 - ``bf16-weights``: the model loaded in bfloat16 (``reference.dtype = "bfloat16"``);
@@ -77,7 +77,9 @@ def one(way: str, path: str, keep: float | None, count: int, threads: int) -> di
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
     from geospec.plugin import create_plugin
-    from geospec.prune.apply import calibration_windows, neuron_scores, pruned, window_losses
+    from geospec.prune.cut import pruned
+    from geospec.prune.losses import window_losses
+    from geospec.prune.score import calibration_windows, neuron_scores
 
     torch.set_num_threads(threads)
     model = load(path, "bfloat16" if way == "bf16-weights" else "float32")

@@ -39,7 +39,8 @@ from geospec.engine.imported import import_llama
 from geospec.engine.train import parameter_groups
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
-from geospec.prune.apply import export_pruned, pruned
+from geospec.prune.cut import pruned
+from geospec.prune.hf_export import export_pruned
 from geospec.shapes.pruned import pruned_dims
 
 

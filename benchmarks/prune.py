@@ -27,13 +27,10 @@ import torch
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
-from geospec.prune.apply import (
-    calibration_windows,
-    eval_loss,
-    export_pruned,
-    neuron_scores,
-    pruned,
-)
+from geospec.prune.cut import pruned
+from geospec.prune.hf_export import export_pruned
+from geospec.prune.losses import eval_loss
+from geospec.prune.score import calibration_windows, neuron_scores
 from geospec.shapes.pruned import pruned_dims
 
 

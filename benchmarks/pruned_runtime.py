@@ -60,8 +60,8 @@ def write_files(source: Path, out: Path, dtype: str, with_torch: bool) -> dict[s
     from geospec.measure.cut import ffn_cut
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
-    from geospec.prune.apply import export_pruned
     from geospec.prune.gguf_export import write_gguf
+    from geospec.prune.hf_export import export_pruned
 
     model = load_pretrained(source)
     ids = torch.tensor([[1, 2, 3, 4]])

@@ -76,9 +76,11 @@ from geospec.engine.precision import computing
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
-from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores, pruned
+from geospec.prune.cut import pruned
 from geospec.prune.evolve import Evolution
+from geospec.prune.losses import eval_loss
 from geospec.prune.repair import calibration_moments, layer_refit, sequential_refits
+from geospec.prune.score import calibration_windows, neuron_scores
 from geospec.prune.search import (
     CalibrationFitness,
     RepairedLevels,

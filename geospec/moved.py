@@ -98,6 +98,17 @@ OLD_MODULES: dict[str, dict[str, str]] = {
         "PROBE_ONLY_TRAIN_KEY MEASURED_KEYS DIAGNOSTICS_KEYS DEMAND_KEYS PRUNE_KEYS "
         "read_diagnostics read_demand read_prune StageLog stored_run_key trains_nothing",
     ),
+    # 0.2.0's prune/apply.py, split by what each step does (issue 57; docs/architecture.md)
+    "geospec.prune.apply": {
+        **_all_to("geospec.prune.score", "calibration_windows neuron_scores"),
+        "pruned": "geospec.prune.cut",
+        **_all_to("geospec.prune.losses", "eval_loss window_losses ffn_parameters"),
+        **_all_to(
+            "geospec.prune.hf_export",
+            "export_pruned compensated_export_problem compensation_biases",
+        ),
+        **_all_to("geospec.measure.calibration", "calibration_stats calibrate"),
+    },
 }
 
 

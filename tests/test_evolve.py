@@ -31,8 +31,10 @@ from geospec.kinds import ModelDims, Search
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
-from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores, pruned
+from geospec.prune.cut import pruned
 from geospec.prune.evolve import Evolution
+from geospec.prune.losses import eval_loss
+from geospec.prune.score import calibration_windows, neuron_scores
 from geospec.prune.search import CalibrationFitness, SealedSearchState, calibration_batches
 from geospec.report.plots import prune_plot
 

@@ -19,7 +19,7 @@ from test_prune import invoke, prune_spec
 
 from geospec.cli import cli
 from geospec.measure.sensitivity import logits_of
-from geospec.prune.apply import pruned
+from geospec.prune.cut import pruned
 from geospec.prune.repair import calibration_moments, one_pass_refits
 from geospec.prune.search import CalibrationFitness, RepairedLevels
 from geospec.rundir.layout import REPAIR_FILE

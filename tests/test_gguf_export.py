@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from geospec.cli import cli
 from geospec.errors import UsageError
-from geospec.prune.apply import export_pruned
+from geospec.prune.hf_export import export_pruned
 
 pytestmark = [pytest.mark.torch, pytest.mark.gguf, pytest.mark.usefixtures("one_torch_thread")]
 gguf = pytest.importorskip("gguf", reason="the gguf extra: pip install 'geospec[gguf]'")
@@ -117,7 +117,7 @@ def test_a_true_width_export_directory_is_written_with_its_own_tokenizer(
 
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
-    from geospec.prune.apply import pruned
+    from geospec.prune.cut import pruned
 
     eos = eos_of(tokenizer_dir)
     model = gguf_models.llama(eos, widths=None)
@@ -188,7 +188,7 @@ def hand_made_prune_unit(root: Path, tokenizer_dir: Path) -> Path:
 
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
-    from geospec.prune.apply import pruned
+    from geospec.prune.cut import pruned
 
     checkpoint = root / "checkpoint"
     shutil.copytree(tokenizer_dir, checkpoint)
@@ -420,7 +420,7 @@ def test_a_repaired_cut_writes_its_refitted_down_projections_and_their_bias(
     intercept the repair added (llama.cpp reads the optional down bias)."""
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
-    from geospec.prune.apply import pruned
+    from geospec.prune.cut import pruned
     from geospec.prune.repair import calibration_moments, one_pass_refits
 
     model = gguf_models.llama(eos_of(tokenizer_dir), widths=None)
@@ -476,7 +476,7 @@ def test_a_file_read_back_holds_gguf_pys_own_quantization_of_the_weights(
 
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
-    from geospec.prune.apply import pruned
+    from geospec.prune.cut import pruned
     from geospec.prune.gguf_weights import load_gguf_weights, shipped_losses
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # gguf-py writes the file

@@ -217,7 +217,7 @@ def test_llamacpp_computes_a_pruned_qwen2_with_its_biases_to_f32_precision(
     loader makes optional and computes transformers' log-probabilities."""
     from test_qwen2 import WIDTHS, orders_and_means, qwen2, sites_of
 
-    from geospec.prune.apply import pruned
+    from geospec.prune.cut import pruned
 
     model = qwen2(vocab=gguf_models.VOCAB)
     orders, means = orders_and_means(model)

@@ -365,7 +365,7 @@ def test_what_healing_holds_beside_its_training_is_what_torch_holds(tmp_path: Pa
     from geospec.engine.imported import import_llama
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
-    from geospec.prune.apply import pruned
+    from geospec.prune.cut import pruned
     from geospec.spec.resolve import declared_vocab_size
     from geospec.spec.summary import healing_estimate
 

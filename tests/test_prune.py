@@ -28,15 +28,10 @@ from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
 from geospec.prune.allocate import allocate
-from geospec.prune.apply import (
-    calibration_windows,
-    compensated_export_problem,
-    eval_loss,
-    export_pruned,
-    ffn_parameters,
-    neuron_scores,
-    pruned,
-)
+from geospec.prune.cut import pruned
+from geospec.prune.hf_export import compensated_export_problem, export_pruned
+from geospec.prune.losses import eval_loss, ffn_parameters
+from geospec.prune.score import calibration_windows, neuron_scores
 from geospec.shapes.pruned import pruned_dims
 from geospec.spec.sections import ArmSpec, PruneSpec
 
@@ -425,7 +420,7 @@ def test_each_eval_window_loss_is_recorded_and_bootstrapped(pruned_run: Path) ->
 
 def test_a_window_loss_is_the_loss_of_that_window_alone(pruned_run: Path) -> None:
     from geospec.measure.sensitivity import loss_batches, mean_loss
-    from geospec.prune.apply import window_losses
+    from geospec.prune.losses import window_losses
 
     model = hf.AutoModelForCausalLM.from_pretrained(pruned_run / "model").eval()
     tokens = np.random.default_rng(0).integers(2, 97, 16 * 5 + 1)

@@ -13,7 +13,9 @@ from geospec.kinds import ModelDims
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
-from geospec.prune.apply import calibration_windows, eval_loss, neuron_scores, pruned
+from geospec.prune.cut import pruned
+from geospec.prune.losses import eval_loss
+from geospec.prune.score import calibration_windows, neuron_scores
 from geospec.prune.search import SuffixCutLosses, calibration_batches
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]

@@ -112,6 +112,10 @@ MOVED = [
     ("geospec.solve.profiles", "read_profiles", "geospec.profiles"),
     ("geospec.solve.profiles", "check_profile", "geospec.profiles"),
     ("geospec.engine.model_size", "count_params", "geospec.shapes.model_size"),
+    # 0.2.0's prune/apply.py, split by step (README shows export_pruned and its padded export)
+    ("geospec.prune.apply", "export_pruned", "geospec.prune.hf_export"),
+    ("geospec.prune.apply", "pruned", "geospec.prune.cut"),
+    ("geospec.prune.apply", "calibration_stats", "geospec.measure.calibration"),
     *(
         ("geospec.sensitivity", name, "geospec.measure.sensitivity")
         for name in (

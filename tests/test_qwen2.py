@@ -30,13 +30,9 @@ from geospec.measure.cut import compensation_bias, kept_neurons
 from geospec.measure.probe import FFNSite, find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
-from geospec.prune.apply import (
-    calibration_windows,
-    compensated_export_problem,
-    export_pruned,
-    neuron_scores,
-    pruned,
-)
+from geospec.prune.cut import pruned
+from geospec.prune.hf_export import compensated_export_problem, export_pruned
+from geospec.prune.score import calibration_windows, neuron_scores
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 

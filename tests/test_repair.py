@@ -16,7 +16,7 @@ from sklearn.linear_model import Ridge
 from geospec.measure.cut import compensation_bias, ffn_cut, kept_neurons, output_matrix
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
-from geospec.prune.apply import pruned
+from geospec.prune.cut import pruned
 from geospec.prune.repair import (
     Moments,
     Refit,

@@ -18,7 +18,8 @@ from geospec.errors import OutOfSpace, UsageError
 from geospec.measure.probe import find_ffn_sites
 from geospec.measure.sensitivity import logits_of
 from geospec.prune import true_width
-from geospec.prune.apply import export_pruned, pruned
+from geospec.prune.cut import pruned
+from geospec.prune.hf_export import export_pruned
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
 

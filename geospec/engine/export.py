@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from tokenizers import Tokenizer
@@ -36,6 +36,9 @@ from geospec.version import __version__
 
 GPT2 = "gpt2"
 LLAMA = "llama"
+
+#: Tensors by name: a state dict, one block's tensors, or an export's weights.
+Tensors = dict[str, torch.Tensor]
 
 
 def family(config: GPTConfig) -> str:
@@ -104,11 +107,19 @@ def to_transformers(model: GPT, eos_token_id: int, native: bool | None = None) -
     per_layer = (
         {i: {_width_key(kind): w} for i, w in enumerate(widths)} if native and not uniform else None
     )
-    hf: Any
-    if kind == GPT2:
-        hf, weights = _gpt2(config, state, blocks, stored[0], eos_token_id, per_layer)
-    else:
-        hf, weights = _llama(config, state, blocks, stored[0], eos_token_id, per_layer)
+    built = (_gpt2 if kind == GPT2 else _llama)(config, state, blocks, stored[0])
+    hf_config = built.model_class.config_class(  # what every family's config says alike
+        vocab_size=config.vocab_size,
+        tie_word_embeddings=config.tie_embeddings,
+        bos_token_id=eos_token_id,
+        eos_token_id=eos_token_id,
+        **built.config,
+        **({"per_layer_config": per_layer} if per_layer else {}),
+    )
+    weights = built.weights
+    if not config.tie_embeddings:
+        weights["lm_head.weight"] = state["lm_head.weight"]
+    hf: Any = built.model_class(hf_config)
     missing, unexpected = hf.load_state_dict(weights, strict=False)
     tied = {"lm_head.weight"} if config.tie_embeddings else set()
     if unexpected or set(missing) - tied:
@@ -131,15 +142,17 @@ def _width_key(kind: str) -> str:
     return "n_inner" if kind == GPT2 else "intermediate_size"
 
 
-def _extra_kwargs(per_layer: dict[int, dict[str, int]] | None, **more: Any) -> dict[str, Any]:
-    """Config arguments typed loosely: per-layer widths when stored natively, and rope_theta
-    (transformers 5 reads it into rope_parameters, 4.x keeps the attribute)."""
-    return ({"per_layer_config": per_layer} if per_layer else {}) | more
+class _Built(NamedTuple):
+    """One family's part of an export: its transformers model class, the config arguments of
+    its own (the vocabulary, tied embeddings, end of text and per-layer widths are said alike
+    for every family) and its weights by transformers' names (the untied lm_head added alike)."""
+
+    model_class: Any
+    config: dict[str, Any]
+    weights: Tensors
 
 
-def _block_weights(
-    state: dict[str, torch.Tensor], layer: int, config: GPTConfig, width: int
-) -> dict[str, torch.Tensor]:
+def _block_weights(state: Tensors, layer: int, config: GPTConfig, width: int) -> Tensors:
     """Layer ``layer``'s tensors with its FFN zero-padded to ``width`` hidden units; missing
     biases (a model without bias) are zeros, which is what a bias-free layer computes."""
     d, own = config.d_model, config.ffn_widths[layer]
@@ -179,18 +192,10 @@ def _block_weights(
     }
 
 
-def _gpt2(
-    config: GPTConfig,
-    state: dict[str, torch.Tensor],
-    blocks: list[dict[str, torch.Tensor]],
-    width: int,
-    eos: int,
-    per_layer: dict[int, dict[str, int]] | None,
-) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    from transformers import GPT2Config, GPT2LMHeadModel
+def _gpt2(config: GPTConfig, state: Tensors, blocks: list[Tensors], width: int) -> _Built:
+    from transformers import GPT2LMHeadModel
 
-    hf_config = GPT2Config(
-        vocab_size=config.vocab_size,
+    own: dict[str, Any] = dict(
         n_positions=config.seq_len,
         n_embd=config.d_model,
         n_layer=config.n_layers,
@@ -201,10 +206,6 @@ def _gpt2(
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         layer_norm_epsilon=config.norm_eps or LAYERNORM_EPS,
-        tie_word_embeddings=config.tie_embeddings,
-        bos_token_id=eos,
-        eos_token_id=eos,
-        **_extra_kwargs(per_layer),
     )
     weights = {
         "transformer.wte.weight": state["wte.weight"],
@@ -212,8 +213,6 @@ def _gpt2(
         "transformer.ln_f.weight": state["norm_f.weight"],
         "transformer.ln_f.bias": state.get("norm_f.bias", torch.zeros(config.d_model)),
     }
-    if not config.tie_embeddings:
-        weights["lm_head.weight"] = state["lm_head.weight"]
     for i, b in enumerate(blocks):
         h = f"transformer.h.{i}."
         weights |= {  # Conv1D computes x @ W + b: weights are stored (in, out)
@@ -230,21 +229,13 @@ def _gpt2(
             h + "mlp.c_proj.weight": b["down.w"].T.contiguous(),
             h + "mlp.c_proj.bias": b["down.b"],
         }
-    return GPT2LMHeadModel(hf_config), weights
+    return _Built(GPT2LMHeadModel, own, weights)
 
 
-def _llama(
-    config: GPTConfig,
-    state: dict[str, torch.Tensor],
-    blocks: list[dict[str, torch.Tensor]],
-    width: int,
-    eos: int,
-    per_layer: dict[int, dict[str, int]] | None,
-) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _llama(config: GPTConfig, state: Tensors, blocks: list[Tensors], width: int) -> _Built:
+    from transformers import LlamaForCausalLM
 
-    hf_config = LlamaConfig(
-        vocab_size=config.vocab_size,
+    own: dict[str, Any] = dict(
         hidden_size=config.d_model,
         intermediate_size=width,
         num_hidden_layers=config.n_layers,
@@ -254,20 +245,14 @@ def _llama(
         max_position_embeddings=config.seq_len,
         rms_norm_eps=config.norm_eps or RMSNORM_EPS,
         hidden_act="silu",
-        tie_word_embeddings=config.tie_embeddings,
         attention_bias=config.bias or config.qkv_bias,  # the latter: a zero o_proj bias
         mlp_bias=config.bias or config.ffn_out_bias,
-        bos_token_id=eos,
-        eos_token_id=eos,
-        # transformers 5 reads it into rope_parameters; 4.x keeps the attribute
-        **_extra_kwargs(per_layer, rope_theta=config.rope_theta),
+        rope_theta=config.rope_theta,  # transformers 5 reads it into rope_parameters
     )
     weights = {
         "model.embed_tokens.weight": state["wte.weight"],
         "model.norm.weight": state["norm_f.weight"],
     }
-    if not config.tie_embeddings:
-        weights["lm_head.weight"] = state["lm_head.weight"]
     d, kv = config.d_model, config.kv_width
     for i, b in enumerate(blocks):
         q = f"model.layers.{i}."
@@ -297,7 +282,7 @@ def _llama(
                 q + "mlp.up_proj.bias": b["up.b"],
                 q + "mlp.down_proj.bias": b["down.b"],
             }
-    return LlamaForCausalLM(hf_config), weights
+    return _Built(LlamaForCausalLM, own, weights)
 
 
 def save_tokenizer(tokenizer: Tokenizer, eos_token_id: int, out: Path) -> None:

@@ -84,8 +84,8 @@ class Calibration:
 
     def repair_inputs(self, seed: int, windows: int) -> list[Batch]:
         """The re-fit's ``windows`` calibration windows of sample ``seed``, as model inputs."""
-        from geospec.prune.apply import calibration_windows
         from geospec.prune.repair import window_batches
+        from geospec.prune.score import calibration_windows
 
         if (seed, windows) not in self._repair_batches:
             starts = calibration_windows(self.train_tokens, self.seq_len, windows, seed)

@@ -181,7 +181,7 @@ def export_padded(unit: Path, to: Path, model_dir: Path | None = None) -> str:
     from geospec.engine.pretrained import hidden_width
     from geospec.measure.probe import find_ffn_sites
     from geospec.measure.sensitivity import logits_of
-    from geospec.prune.apply import export_pruned
+    from geospec.prune.hf_export import export_pruned
     from geospec.prune.true_width import load_pruned, read_widths
     from geospec.prune.units import EXPORTED_FILE
     from geospec.storage.atomic import atomic_directory, check_new_directory

@@ -63,7 +63,7 @@ def shipped_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> dict[
     """The mean loss on ``batches`` of the model in ``model_dir`` (its exported weights, in
     float32) and of the same model holding the GGUF file ``path``'s de-quantized weights:
     ``{"windows": ..., "float32": ..., "shipped": ...}``, the losses in nats."""
-    from geospec.prune.apply import eval_loss
+    from geospec.prune.losses import eval_loss
     from geospec.prune.true_width import load_pruned
 
     model = load_pruned(model_dir, dtype=torch.float32, device=_device(batches))
@@ -76,7 +76,7 @@ def shipped_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> dict[
 
 def shipped_window_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> list[float]:
     """Each window's loss of the model the GGUF file ``path`` ships (prune.select.shipped)."""
-    from geospec.prune.apply import window_losses
+    from geospec.prune.losses import window_losses
 
     return window_losses(shipped_model(model_dir, path, _device(batches)), batches)
 

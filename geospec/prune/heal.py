@@ -87,7 +87,7 @@ def healed_losses(
     import torch
 
     from geospec.engine.checkpoint import load_model
-    from geospec.prune.apply import eval_loss
+    from geospec.prune.losses import eval_loss
 
     # the imported model's own tensors, not a copy: training copies them into the model it
     # trains and never writes them (a copy cost the pruned model's size again, its tied

@@ -1,5 +1,6 @@
-"""What a calibration sample yields, once per seed: every layer's neuron scores and ordering
-under each importance a prune's arms use, and what the cut, the repair and the searches read from
+"""What a calibration sample yields, once per seed: its windows of the training text
+(:func:`calibration_windows`), every layer's neuron scores and ordering under each importance a
+prune's arms use (:func:`neuron_scores`), and what the cut, the repair and the searches read from
 the same pass (docs/prune.md, "What happens")."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from geospec.kinds import BlockLinears, Importance
+    from geospec.kinds import ActivationStats, BlockLinears, Importance
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
     from geospec.prune.repair import Moments
@@ -54,7 +55,6 @@ def calibrated(
     the arms need, and each importance scores the neurons from it."""
     from geospec.measure.calibration import calibrate
     from geospec.plugin_base import kind_of
-    from geospec.prune.apply import calibration_windows, neuron_scores
     from geospec.prune.search import calibration_batches
 
     calibration = prune.calibration
@@ -88,6 +88,76 @@ def calibrated(
         else None
     )
     return Scored(scores, orders, means, found.blocks, windows, moments)
+
+
+def calibration_windows(tokens: np.ndarray, seq_len: int, windows: int, seed: int) -> np.ndarray:
+    """Start offsets of ``windows`` non-overlapping windows of ``seq_len`` tokens drawn from
+    ``tokens`` with ``seed`` (calibration sample ``seed``)."""
+    import numpy as np
+
+    from geospec.errors import UsageError
+
+    available = len(tokens) // seq_len
+    if windows > available:
+        raise UsageError(
+            f"prune.calibration.windows {windows} exceeds the {available} training windows of "
+            f"{seq_len} tokens; lower it or use more data"
+        )
+    drawn = np.random.default_rng(seed).choice(available, size=windows, replace=False)
+    return np.sort(drawn) * seq_len
+
+
+def neuron_scores(
+    model: nn.Module,
+    sites: Sequence[FFNSite],
+    importance: Importance,
+    tokens: np.ndarray,
+    starts: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    stats: Sequence[ActivationStats] | None = None,
+    bos: int | None = None,
+    moments: Sequence[Moments] | None = None,
+    advance: Callable[[], None] | None = None,
+) -> tuple[list[list[float]], list[list[int]]]:
+    """Every layer's neuron scores by ``importance`` and the orderings they give (``advance``
+    called after each layer's: OBS takes a minute a layer on a 4,864-wide FFN). An importance
+    that needs activations gets ``stats`` (from
+    :func:`geospec.measure.calibration.calibration_stats`), or, when they are not given, the
+    statistics of a calibration pass over the windows at ``starts``; ``stats`` given to an
+    importance that needs none are not shown to it. One that needs second moments gets
+    ``moments`` (:func:`geospec.prune.repair.calibration_moments`), or those of a pass over the
+    same windows."""
+    from geospec.measure.calibration import calibration_stats
+    from geospec.measure.cut import checked_scores, neuron_weights, order_of
+
+    layers: list[ActivationStats | None] = [None] * len(sites)
+    needs = importance.needs_activations or importance.needs_second_moments
+    if needs:
+        if stats is None:
+            stats = calibration_stats(model, sites, tokens, starts, seq_len, batch_size, bos)
+        if len(stats) != len(sites):
+            raise ValueError(f"statistics of {len(stats)} layers for {len(sites)} FFNs")
+        layers = list(stats)
+    seconds: list[torch.Tensor | None] = [None] * len(sites)
+    if importance.needs_second_moments:
+        if moments is None:
+            from geospec.prune.repair import calibration_moments, window_batches
+
+            device = next(model.parameters()).device
+            batches = window_batches(tokens, starts, seq_len, batch_size, device, bos)
+            moments = calibration_moments(model, sites, batches)
+        seconds = [m.second for m in moments]
+    views = [
+        neuron_weights(site.ffn, layer, stats=layers[layer], second_moment=seconds[layer])
+        for layer, site in enumerate(sites)
+    ]
+    checked = []
+    for view in views:  # each plugin call once
+        checked.append(checked_scores(importance, view))
+        if advance is not None:
+            advance()
+    return [s.tolist() for s in checked], [order_of(s) for s in checked]
 
 
 def progress_lines(

@@ -21,11 +21,11 @@ from __future__ import annotations
 import functools
 import shutil
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geospec.prune.arms import arm_reads
+from geospec.prune.arms import ArmReads, arm_reads
 from geospec.prune.calibration import Calibration
 from geospec.prune.continuations import recommended_continuations
 from geospec.prune.cut import Cut, cut_to
@@ -47,9 +47,12 @@ if TYPE_CHECKING:
 
     from geospec.engine.model import GPT
     from geospec.engine.progress import StageAdvance
+    from geospec.kinds import ModelDims
     from geospec.measure.probe import FFNSite
     from geospec.measure.sensitivity import Batch
+    from geospec.prune.score import Scored
     from geospec.prune.shipped import ShipSettings
+    from geospec.prune.shipped_score import UnitFiles
 
 #: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
 #: the unit's key and returns its loss on every eval corpus.
@@ -113,46 +116,18 @@ def prune_units(
     (:func:`geospec.prune.units.gather`); None when units were left out, since it gathers every
     unit. With ``selection`` (``prune.select``'s windows, :mod:`geospec.prune.select`), every
     unit's loss on them too, and per budget the recommended arm."""
-    import torch
-
     from geospec.engine.progress import stage_progress
-    from geospec.errors import UsageError
-    from geospec.measure.cut import CutError, ffn_layout, ffn_width
-    from geospec.measure.probe import find_ffn_sites
-    from geospec.measure.sensitivity import logits_of
-    from geospec.prune.allocate import allocate
-    from geospec.prune.apply import compensated_export_problem, eval_loss, ffn_parameters
-    from geospec.prune.search import SuffixCutLosses
-    from geospec.prune.shipped_score import UnitFiles
     from geospec.shapes.pruned import pruned_dims
 
     prune = inputs.prune
-    first = next(iter(corpora.values()))[0][0][:1]
-    sites = find_ffn_sites(model, d_model, lambda: logits_of(model, first))
-    try:
-        ffn_layout(sites[0].ffn)
-    except CutError as error:
-        raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
-    width = ffn_width(sites[0].ffn)
-    compensate = any(prune.compensates(arm) for arm in prune.arms)
-    exported = [  # a repaired arm whose units write no model needs no bias in the export
-        arm
-        for arm in prune.arms
-        if prune.biased(arm) and any(prune.exports(f, arm.name) for f in prune.fractions)
-    ]
-    problem = compensated_export_problem(model) if exported else None
-    if problem is not None:  # said before any unit is computed, not at the first export
-        raise UsageError(
-            f"prune.repair = {prune.repair_of(exported[0])!r} ({exported[0].name}): {problem}; "
-            "re-fit without one (prune.lstsq = { intercept = false }), or set prune.repair = "
-            '"none" or prune.export = false'
-        )
+    sites, width = ffn_sites(model, d_model, corpora)
+    check_exportable(model, prune)
     reads = arm_reads(prune)
-    searches, evolves, arm_importance = reads.searches, reads.evolves, reads.arm_importance
     calibration = Calibration(
-        model, sites, prune, reads.importances, arm_importance, train_tokens, inputs.seq_len,
-        inputs.bos, run_dir, inputs.key, say, compensate=compensate, blocks=reads.blocks,
-        batches=bool(searches or evolves or prune.sweeps),
+        model, sites, prune, reads.importances, reads.arm_importance, train_tokens,
+        inputs.seq_len, inputs.bos, run_dir, inputs.key, say,
+        compensate=any(prune.compensates(arm) for arm in prune.arms), blocks=reads.blocks,
+        batches=bool(reads.searches or reads.evolves or prune.sweeps),
     )  # fmt: skip
     dims = {
         keep: pruned_dims(len(sites), d_model, width, inputs.multiple_of, keep, inputs.activation)
@@ -164,6 +139,72 @@ def prune_units(
         f"{len(prune.calibration.seeds)} calibration seeds; {calibration.kinds} scores; "
         f"loss on {prune.eval.windows} windows of {', '.join(corpora)}"
     )
+    reference, reference_select = unpruned_losses(model, corpora, selection, say)
+    units = [unit for unit in units_of(prune) if unit not in left_out]
+    pruning = Pruning(
+        model, sites, inputs, corpora, run_dir, say, selection, calibration, reads, width, dims,
+        wanted=reads.wanted(unit.arm for unit in units),  # the arms those units are or read
+    )  # fmt: skip
+    with stage_progress(console, say, "pruned models", len(units)) as advance:
+        healing = None if heal is None else shown_alone(heal, advance)
+        for unit in units:
+            pruning.results[unit] = pruning.unit_record(unit, healing)
+            advance(1)
+    if left_out:
+        return None
+    return pruning.recorded(reference, reference_select)
+
+
+def ffn_sites(
+    model: nn.Module, d_model: int, corpora: Mapping[str, Sequence[Any]]
+) -> tuple[list[FFNSite], int]:
+    """The FFN of every decoder layer of ``model`` (found on the first eval window's first
+    token), checked to be one geospec can cut, and the pretrained width."""
+    from geospec.measure.cut import CutError, ffn_layout, ffn_width
+    from geospec.measure.probe import find_ffn_sites
+    from geospec.measure.sensitivity import logits_of
+
+    first = next(iter(corpora.values()))[0][0][:1]
+    sites = find_ffn_sites(model, d_model, lambda: logits_of(model, first))
+    try:
+        ffn_layout(sites[0].ffn)
+    except CutError as error:
+        raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
+    return sites, ffn_width(sites[0].ffn)
+
+
+def check_exportable(model: nn.Module, prune: PruneSpec) -> None:
+    """Refuse, before any unit is computed rather than at the first export, a prune whose
+    repaired arm writes a model that ``model``'s family cannot carry the repair's bias in."""
+    from geospec.errors import UsageError
+    from geospec.prune.hf_export import compensated_export_problem
+
+    exported = [  # a repaired arm whose units write no model needs no bias in the export
+        arm
+        for arm in prune.arms
+        if prune.biased(arm) and any(prune.exports(f, arm.name) for f in prune.fractions)
+    ]
+    problem = compensated_export_problem(model) if exported else None
+    if problem is not None:
+        raise UsageError(
+            f"prune.repair = {prune.repair_of(exported[0])!r} ({exported[0].name}): {problem}; "
+            "re-fit without one (prune.lstsq = { intercept = false }), or set prune.repair = "
+            '"none" or prune.export = false'
+        )
+
+
+def unpruned_losses(
+    model: nn.Module,
+    corpora: Mapping[str, Sequence[Any]],
+    selection: Sequence[Any] | None,
+    say: Callable[[str], None],
+) -> tuple[dict[str, float], float | None]:
+    """The unpruned model's loss on every eval corpus, and on the selection windows (None
+    without them)."""
+    import torch
+
+    from geospec.prune.losses import eval_loss
+
     # each of these passes takes seconds to minutes on a CPU: a line says which runs
     selected = "" if selection is None else f" and {len(selection)} batches of selection windows"
     windows = sum(len(batches) for batches in corpora.values())
@@ -171,15 +212,130 @@ def prune_units(
     with torch.no_grad():
         reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
         reference_select = None if selection is None else eval_loss(model, selection)
-    units = [unit for unit in units_of(prune) if unit not in left_out]
-    wanted = reads.wanted(unit.arm for unit in units)  # the arms those units are or read
-    allocated = [arm for arm in prune.arms if arm.name in wanted]
-    results: dict[Unit, dict[str, Any]] = {}
-    teachers: dict[int, dict[int, torch.Tensor]] = {}  # the unpruned model's, by seed and window
-    profiles: dict[int, Mapping[str, Sequence[float]]] = {}  # by calibration seed, when needed
-    widths: dict[tuple[int, float], dict[str, list[int]]] = {}  # by seed and keep
+    return reference, reference_select
+
+
+@dataclass
+class Pruning:
+    """One prune being computed: what its units read (the model and its FFN sites, the
+    calibration samples, each keep fraction's dimensions, what the arms read) and what they have
+    computed so far (the units' records, each calibration seed's widths and teachers)."""
+
+    model: nn.Module
+    sites: Sequence[FFNSite]
+    inputs: PruneInputs
+    corpora: Mapping[str, Sequence[Any]]
+    run_dir: Path
+    say: Callable[[str], None]
+    selection: Sequence[Any] | None
+    calibration: Calibration
+    reads: ArmReads
+    width: int
+    """The pretrained FFN width."""
+    dims: dict[float, ModelDims]
+    """Each keep fraction's pruned model."""
+    wanted: set[str]
+    """The arms the units to compute are or read: the arms allocated."""
+    results: dict[Unit, dict[str, Any]] = field(default_factory=dict)
+    """Every unit's record so far."""
+    teachers: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
+    """The unpruned model's outputs a search reads, by calibration seed and window."""
+    profiles: dict[int, Mapping[str, Sequence[float]]] = field(default_factory=dict)
+    """The profiles each calibration seed's allocations read, when needed."""
+    widths: dict[tuple[int, float], dict[str, list[int]]] = field(default_factory=dict)
+    """Every allocated arm's widths, by calibration seed and keep fraction."""
+
+    def unit_record(self, unit: Unit, heal: Healer | None) -> dict[str, Any]:
+        """The unit's record, reused where nothing is left to do for it, else computed under
+        its claim."""
+        unit_dir = unit.directory(self.run_dir)
+        # owl's units from before it read the block linears are not reused: the stage's key
+        # (inputs.key) names the arms that read them (prune.units.block_arms)
+        unit_key = key_of(self.inputs.key, unit)
+        result = self.reusable(unit, unit_dir, unit_key)
+        if result is None:
+            # another geospec prune on this run directory may be computing the unit: wait
+            # for it and reuse its record rather than compute it twice (the claim is an
+            # flock, released when its holder exits or dies)
+            with claim(unit_dir, waiting=waiting_note(unit, self.say)):
+                result = self.reusable(unit, unit_dir, unit_key)
+                if result is None:
+                    result = self.computed(unit, unit_dir, unit_key, heal)
+        return result
+
+    def reusable(self, unit: Unit, unit_dir: Path, unit_key: str) -> dict[str, Any] | None:
+        """The unit's record when nothing is left to do for it (its model written, if asked)."""
+        stored = finished_unit(unit_dir, unit_key)
+        exported = not self.inputs.prune.exports(unit.keep, unit.arm) or has_model(
+            unit_dir, unit_key, self.inputs.export_dtype
+        )
+        return stored if stored is not None and exported else None
+
+    def computed(
+        self, unit: Unit, unit_dir: Path, unit_key: str, heal: Healer | None
+    ) -> dict[str, Any]:
+        """The unit's record, computed (healed by ``heal``) or, finished before its model was
+        asked for, its model written: this process holds the unit's claim."""
+        stored = finished_unit(unit_dir, unit_key)
+        if stored is not None:  # finished, its model asked for since: written, not redone
+            self.write_model(unit, unit_dir, unit_key, stored)
+            return stored
+        prune = self.inputs.prune
+        work = self.calibration.scored(unit.seed)
+        self.say(f"prune: {unit.label}: allocating, cutting and scoring")
+        arm = next(a for a in prune.arms if a.name == unit.arm)
+        unit_widths = self.allocated(unit.seed, unit.keep, work)[unit.arm]
+        result = pruned_unit(
+            self.model, self.sites, self.calibration.cut(unit, unit_widths), unit_widths,
+            self.corpora, unit, unit_dir, unit_key, self.inputs, heal,
+            calibration=work.batches if arm.sweep is not None else None,
+            export=prune.exports(unit.keep, unit.arm), selection=self.selection,
+        )  # fmt: skip
+        result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
+        if unit.arm in self.reads.evolves:  # the search's path to its widths
+            result["search"] = searched_path(unit_dir / SEARCH_FILE)
+        if self.inputs.redraw is not None:  # what this seed's allocation was solved from
+            result["profiles"] = {k: list(v) for k, v in self.profiles[unit.seed].items()}
+        result["key"] = unit_key
+        atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
+        return result
+
+    def allocated(self, seed: int, keep: float, work: Scored) -> dict[str, list[int]]:
+        """Every wanted arm's widths at ``keep`` for calibration seed ``seed`` (whose scores
+        are ``work``), allocated once: the searches run here."""
+        from geospec.prune.allocate import allocate
+        from geospec.prune.search import SuffixCutLosses
+
+        if (seed, keep) in self.widths:
+            return self.widths[(seed, keep)]
+        prune, reads = self.inputs.prune, self.reads
+        arm_importance = reads.arm_importance
+        if seed not in self.profiles:
+            self.profiles[seed] = self.inputs.seed_profiles(seed)
+        losses = {  # a search's calibration losses, of its own importance's cuts
+            name: SuffixCutLosses(
+                self.model, self.sites, work.orders[arm_importance[name]], work.batches or []
+            )
+            for name in reads.searches
+        }
+        searched = {}  # each evolve arm's search, resumable in its unit's directory
+        for name in [name for name in reads.evolves if name in self.wanted]:
+            searched[name] = evolve_search(
+                self.model, self.sites, work.orders[arm_importance[name]], work.batches or [],
+                self.teachers.setdefault(seed, {}), prune, self.run_dir, Unit(keep, name, seed),
+                self.inputs.key, self.say,
+                levels=functools.partial(self.calibration.levels, name, seed),
+            )  # fmt: skip
+        self.widths[(seed, keep)] = allocate(
+            [arm for arm in prune.arms if arm.name in self.wanted], self.dims[keep],
+            self.profiles[seed], [],
+            arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
+            blocks=work.blocks, cut_losses=losses, searches=searched,
+        )  # fmt: skip
+        return self.widths[(seed, keep)]
 
     def write_model(
+        self,
         unit: Unit,
         unit_dir: Path,
         unit_key: str,
@@ -188,139 +344,105 @@ def prune_units(
     ) -> None:
         """A finished unit's model written without computing it again (its healed model,
         where it was healed), into its ``model/`` or into ``target``."""
-        cut = calibration.cut(unit, stored["widths"])
+        cut = self.calibration.cut(unit, stored["widths"])
         target = target or unit_dir / UNIT_MODEL_DIR
-        export_finished(model, sites, cut, stored, unit_dir, target, unit_key, inputs.export_dtype)
+        export_finished(
+            self.model, self.sites, cut, stored, unit_dir, target, unit_key,
+            self.inputs.export_dtype,
+        )  # fmt: skip
 
-    def files_of(unit: Unit) -> UnitFiles:
+    def files_of(self, unit: Unit) -> UnitFiles:
         """A finished unit's model, for its GGUF file: its ``model/`` where the prune wrote it
         (in the export dtype), else what writes it into another directory."""
-        unit_dir, unit_key = unit.directory(run_dir), key_of(inputs.key, unit)
-        written = has_model(unit_dir, unit_key, inputs.export_dtype)
-        write_into = functools.partial(write_model, unit, unit_dir, unit_key, results[unit])
+        from geospec.prune.shipped_score import UnitFiles
+
+        unit_dir, unit_key = unit.directory(self.run_dir), key_of(self.inputs.key, unit)
+        written = has_model(unit_dir, unit_key, self.inputs.export_dtype)
+        write_into = functools.partial(self.write_model, unit, unit_dir, unit_key,
+                                       self.results[unit])  # fmt: skip
         return UnitFiles(unit_dir, unit_key, unit_dir / UNIT_MODEL_DIR if written else None,
                          write_into)  # fmt: skip
 
-    def computed(unit: Unit, unit_dir: Path, unit_key: str, heal: Healer | None) -> dict[str, Any]:
-        """The unit's record, computed (healed by ``heal``) or, finished before its model was
-        asked for, its model written: this process holds the unit's claim."""
-        stored = finished_unit(unit_dir, unit_key)
-        if stored is not None:  # finished, its model asked for since: written, not redone
-            write_model(unit, unit_dir, unit_key, stored)
-            return stored
-        work = calibration.scored(unit.seed)
-        say(f"prune: {unit.label}: allocating, cutting and scoring")
-        arm = next(a for a in prune.arms if a.name == unit.arm)
-        if (unit.seed, unit.keep) not in widths:
-            if unit.seed not in profiles:
-                profiles[unit.seed] = inputs.seed_profiles(unit.seed)
-            losses = {  # a search's calibration losses, of its own importance's cuts
-                name: SuffixCutLosses(
-                    model, sites, work.orders[arm_importance[name]], work.batches or []
-                )
-                for name in searches
-            }
-            searched = {}  # each evolve arm's search, resumable in its unit's directory
-            for name in [name for name in evolves if name in wanted]:
-                searched[name] = evolve_search(
-                    model, sites, work.orders[arm_importance[name]], work.batches or [],
-                    teachers.setdefault(unit.seed, {}), prune, run_dir,
-                    Unit(unit.keep, name, unit.seed), inputs.key, say,
-                    levels=functools.partial(calibration.levels, name, unit.seed),
-                )  # fmt: skip
-            widths[(unit.seed, unit.keep)] = allocate(
-                allocated, dims[unit.keep], profiles[unit.seed], [],
-                arm_scores={arm: work.scores[key] for arm, key in arm_importance.items()},
-                blocks=work.blocks, cut_losses=losses, searches=searched,
-            )  # fmt: skip
-        unit_widths = widths[(unit.seed, unit.keep)][unit.arm]
-        result = pruned_unit(
-            model, sites, calibration.cut(unit, unit_widths), unit_widths, corpora, unit, unit_dir,
-            unit_key, inputs, heal,
-            calibration=work.batches if arm.sweep is not None else None,
-            export=prune.exports(unit.keep, unit.arm), selection=selection,
-        )  # fmt: skip
-        result.update({"keep": unit.keep, "arm": unit.arm, "seed": unit.seed})
-        if unit.arm in evolves:  # the search's path to its widths
-            result["search"] = searched_path(unit_dir / SEARCH_FILE)
-        if inputs.redraw is not None:  # what this seed's allocation was solved from
-            result["profiles"] = {k: list(v) for k, v in profiles[unit.seed].items()}
-        result["key"] = unit_key
-        atomic_write_json(unit_dir / UNIT_FILE, sealed(result))
-        return result
+    def recorded(
+        self, reference: Mapping[str, float], reference_select: float | None
+    ) -> dict[str, Any]:
+        """prune.json's content, every unit computed: the units gathered beside the unpruned
+        model's losses and parameters, and with ``prune.select`` each budget's recommendation,
+        its continuations, exports and shipped files."""
+        from geospec.prune.losses import ffn_parameters
 
-    def reusable(unit: Unit, unit_dir: Path, unit_key: str) -> dict[str, Any] | None:
-        """The unit's record when nothing is left to do for it (its model written, if asked)."""
-        stored = finished_unit(unit_dir, unit_key)
-        exported = not prune.exports(unit.keep, unit.arm) or has_model(
-            unit_dir, unit_key, inputs.export_dtype
-        )
-        return stored if stored is not None and exported else None
+        prune, inputs = self.inputs.prune, self.inputs
+        record = gather(prune, self.dims, reference, self.results, self.width, len(self.sites))
+        # the unpruned model's (a tied embedding once): an arm's total is this less the FFN
+        # parameters it cut
+        record["parameters"] = {
+            "total": sum(p.numel() for p in self.model.parameters()),
+            "ffn": ffn_parameters(self.sites),
+        }
+        if reference_select is not None:
+            record["select_reference"] = reference_select
+        if prune.select is not None and prune.select.shipped and inputs.ship is not None:
+            self.recommend_shipped(record, inputs.ship)
+        if inputs.prompts and any("recommended" in budget for budget in record["budgets"]):
+            record["continuations"] = recommended_continuations(
+                self.model, self.sites, record, inputs.prompts, inputs.stop, self.calibration.cut
+            )
+        self.export_best(record)
+        if inputs.ship is not None:  # what each recommended model ships as, before any export
+            self.measure_shipped(record, inputs.ship)
+        say_sweeps(record, self.say)
+        return record
 
-    with stage_progress(console, say, "pruned models", len(units)) as advance:
-        healing = None if heal is None else shown_alone(heal, advance)
-        for unit in units:
-            unit_dir = unit.directory(run_dir)
-            # owl's units from before it read the block linears are not reused: the stage's key
-            # (inputs.key) names the arms that read them (prune.units.block_arms)
-            unit_key = key_of(inputs.key, unit)
-            result = reusable(unit, unit_dir, unit_key)
-            if result is None:
-                # another geospec prune on this run directory may be computing the unit: wait
-                # for it and reuse its record rather than compute it twice (the claim is an
-                # flock, released when its holder exits or dies)
-                with claim(unit_dir, waiting=waiting_note(unit, say)):
-                    result = reusable(unit, unit_dir, unit_key)
-                    if result is None:
-                        result = computed(unit, unit_dir, unit_key, healing)
-            results[unit] = result
-            advance(1)
-    if left_out:
-        return None
-    record = gather(prune, dims, reference, results, width, len(sites))
-    # the unpruned model's (a tied embedding once): an arm's total is this less the FFN
-    # parameters it cut
-    record["parameters"] = {
-        "total": sum(p.numel() for p in model.parameters()),
-        "ffn": ffn_parameters(sites),
-    }
-    if reference_select is not None:
-        record["select_reference"] = reference_select
-    if prune.select is not None and prune.select.shipped and inputs.ship is not None:
+    def recommend_shipped(self, record: dict[str, Any], ship: ShipSettings) -> None:
+        """``prune.select.shipped``: each budget's recommendation made on every unit's GGUF
+        file's losses on the selection windows."""
         from geospec.prune.gguf_weights import shipped_window_losses
         from geospec.prune.shipped_score import recommend_shipped
 
-        assert selection is not None  # the recommendation is made on the files' losses
-        by_window = functools.partial(shipped_window_losses, batches=selection)
-        recommend_shipped(record, prune, inputs.ship, files_of, by_window, say)
-    if inputs.prompts and any("recommended" in budget for budget in record["budgets"]):
-        record["continuations"] = recommended_continuations(
-            model, sites, record, inputs.prompts, inputs.stop, calibration.cut
-        )
-    for keep in prune.best_exports():  # export = ["best@KEEP"]: the recommended arm's models
-        budget = next(budget for budget in record["budgets"] if budget["keep"] == keep)
-        for unit in (Unit(keep, budget["recommended"]["arm"], s) for s in prune.calibration.seeds):
-            unit_dir, unit_key = unit.directory(run_dir), key_of(inputs.key, unit)
-            if not has_model(unit_dir, unit_key, inputs.export_dtype):
-                with claim(unit_dir, waiting=waiting_note(unit, say)):
-                    write_model(unit, unit_dir, unit_key, results[unit])
-                say(f"prune: exported the recommended {unit.arm}@{keep:g} (seed {unit.seed})")
-    if inputs.ship is not None:  # what each recommended model ships as, before any export
+        assert self.selection is not None  # the recommendation is made on the files' losses
+        by_window = functools.partial(shipped_window_losses, batches=self.selection)
+        recommend_shipped(record, self.inputs.prune, ship, self.files_of, by_window, self.say)
+
+    def export_best(self, record: Mapping[str, Any]) -> None:
+        """``export = ["best@KEEP"]``: the recommended arm's models at KEEP written, every
+        calibration seed's."""
+        prune, inputs = self.inputs.prune, self.inputs
+        for keep in prune.best_exports():
+            budget = next(budget for budget in record["budgets"] if budget["keep"] == keep)
+            for seed in prune.calibration.seeds:
+                unit = Unit(keep, budget["recommended"]["arm"], seed)
+                unit_dir, unit_key = unit.directory(self.run_dir), key_of(inputs.key, unit)
+                if not has_model(unit_dir, unit_key, inputs.export_dtype):
+                    with claim(unit_dir, waiting=waiting_note(unit, self.say)):
+                        self.write_model(unit, unit_dir, unit_key, self.results[unit])
+                    self.say(
+                        f"prune: exported the recommended {unit.arm}@{keep:g} (seed {unit.seed})"
+                    )
+
+    def measure_shipped(self, record: Mapping[str, Any], ship: ShipSettings) -> None:
+        """Each budget's recommended model (first calibration seed's): what it ships as."""
         from geospec.prune.gguf_weights import shipped_losses
         from geospec.prune.shipped import shipped
 
         # its GGUF file scored as shipped, on the windows the recommendation read
-        score = None if selection is None else functools.partial(shipped_losses, batches=selection)
-
+        score = (
+            None if self.selection is None
+            else functools.partial(shipped_losses, batches=self.selection)
+        )  # fmt: skip
         for budget in record["budgets"]:
             if "recommended" not in budget:
                 continue
-            unit = Unit(budget["keep"], budget["recommended"]["arm"], prune.calibration.seeds[0])
-            files = files_of(unit)
+            seed = self.inputs.prune.calibration.seeds[0]
+            unit = Unit(budget["keep"], budget["recommended"]["arm"], seed)
+            files = self.files_of(unit)
             budget["recommended"]["shipped"] = shipped(
-                unit, files.key, run_dir, inputs.ship, files.model_dir, files.write_model, say,
+                unit, files.key, self.run_dir, ship, files.model_dir, files.write_model, self.say,
                 score,
             )  # fmt: skip
+
+
+def say_sweeps(record: Mapping[str, Any], say: Callable[[str], None]) -> None:
+    """A line per budget and sweep: the grid setting best on the calibration windows."""
     for budget in record["budgets"]:
         for sweep, found in budget.get("sweeps", {}).items():
             loss = found["calibration_loss"][found["best"]]
@@ -328,7 +450,6 @@ def prune_units(
                 f"prune: at keep {budget['keep']:g} the best of the {sweep!r} grid on the "
                 f"calibration windows is {found['best']!r} (loss {loss:.4f})"
             )
-    return record
 
 
 def shown_alone(heal: Healer, advance: StageAdvance) -> Healer:
@@ -381,7 +502,7 @@ def pruned_unit(
     import torch
 
     from geospec.engine.imported import import_llama
-    from geospec.prune.apply import eval_loss, ffn_parameters, window_losses
+    from geospec.prune.losses import eval_loss, ffn_parameters, window_losses
 
     imported = None
     with torch.no_grad(), cut_to(sites, cut, widths):

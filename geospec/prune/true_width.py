@@ -11,8 +11,8 @@ tensors strictly: the result is the config's own class (``LlamaForCausalLM``,
 ``GPT2LMHeadModel``, ...), no remote code, so ``generate``, PEFT and lm-evaluation-harness (given
 the model object) use it as they use any transformers model. ``AutoModelForCausalLM
 .from_pretrained`` cannot read such a directory (it builds every MLP at the one width); a
-padded export (:func:`geospec.prune.apply.export_pruned` with ``padded=True``) is for tools that
-need that, and :func:`load_pruned` reads it too, dropping the zero padding.
+padded export (:func:`geospec.prune.hf_export.export_pruned` with ``padded=True``) is for tools
+that need that, and :func:`load_pruned` reads it too, dropping the zero padding.
 """
 
 from __future__ import annotations
@@ -177,9 +177,9 @@ def save_true_width(
     dtype: torch.dtype | None = None,
 ) -> Stored:
     """Write ``model`` (a transformers model whose MLPs are at ``widths``, e.g. cut by
-    :func:`geospec.prune.apply.pruned`) to the new ``directory`` at its true widths; atomic (a
+    :func:`geospec.prune.cut.pruned`) to the new ``directory`` at its true widths; atomic (a
     staging directory renamed into place). ``zero_biases`` (a compensated Llama-family cut:
-    :func:`geospec.prune.apply.compensation_biases`) are stored beside its weights and its
+    :func:`geospec.prune.hf_export.compensation_biases`) are stored beside its weights and its
     config says ``mlp_bias = True``. ``dtype``: the floating-point tensors' (None: the model's
     own), which the config then declares."""
     from geospec.storage.atomic import atomic_directory

@@ -88,8 +88,8 @@ def export_unit(
     has_model`), last: a directory without the mark is written again (a full disk: one line).
     ``unit_dir``: the unit whose run names the tokenizer (None: ``directory``'s parent, where a
     unit keeps its ``model/``)."""
-    from geospec.prune.apply import export_pruned
     from geospec.prune.exports import save_run_tokenizer
+    from geospec.prune.hf_export import export_pruned
     from geospec.prune.units import export_mark
     from geospec.storage.atomic import atomic_write_text
 
