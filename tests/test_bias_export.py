@@ -135,3 +135,31 @@ def test_prune_says_it_at_its_start_and_still_prunes_and_scores(tmp_path: Path) 
     assert set(budget["arms"]) == {"uniform", "refit"}
     shipped = budget["recommended"]["shipped"]
     assert ("unexportable" in shipped) == (budget["recommended"]["arm"] == "refit")
+
+
+@pytest.mark.gguf
+def test_select_shipped_on_a_qwen2_gguf_with_a_refit_is_refused(tmp_path: Path) -> None:
+    """select.shipped writes every arm's GGUF file from its transformers checkpoint: with a
+    re-fit that has its intercept on a Qwen2 GGUF (Q8_0, which gguf-py writes) none of that
+    arm's files can be written, so the recommendation could never be made; the family is read
+    from the file's metadata. Without select.shipped it is a warning."""
+    import gguf_models
+    from test_qwen2 import prune_spec, qwen2
+
+    pytest.importorskip("gguf")
+    gguf_models.bpe_tokenizer(tmp_path / "tokenizer")
+    gguf_models.qwen2_gguf(tmp_path / "q.gguf", qwen2(vocab=gguf_models.VOCAB),
+                           tmp_path / "tokenizer", q8_0=True)  # fmt: skip
+    spec = prune_spec(tmp_path, arms=ARMS, export=False, select={"windows": 2, "shipped": True})
+    data = tomlkit.parse(spec.read_text())
+    data["reference"]["checkpoint"] = "q.gguf"  # type: ignore[index]
+    spec.write_text(tomlkit.dumps(data))
+    result = run("validate", str(spec))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert str(spec) in said and "prune.select.shipped: every arm's GGUF file" in said
+    assert "qwen2 MLP has no bias" in said and f"GGUF metadata of {tmp_path / 'q.gguf'}" in said
+    assert "lstsq = { intercept = false }" in said and "select.shipped = false" in said
+    result = run("validate", str(spec), "--set", "prune.select.shipped=false")
+    assert result.exit_code == 0, result.output
+    assert warnings_of(result.output)[0].startswith("prune.select: if the recommended arm is refit")
