@@ -76,6 +76,10 @@ def test_validate_warns_when_the_recommended_arm_could_be_a_refit_the_family_can
     assert f"transformers' {model_type} MLP has no bias" in warning
     assert f"config.json of {tmp_path / 'model'}" in warning
     assert "lstsq = { intercept = false }" in warning
+    # geospec run says it too, first (here it stops after loading the reference)
+    started = run("run", str(spec), "--until", "reference")
+    assert started.exit_code == 0, started.output
+    assert started.output.startswith("warning: prune.select: if the recommended arm is refit")
     # the fix named is the fix: no warning once the re-fit has no intercept
     quiet = run("validate", str(spec), "--set", "prune.lstsq.intercept=false")
     assert quiet.exit_code == 0 and "warning:" not in quiet.output
