@@ -123,22 +123,33 @@ def test_an_explicit_export_of_a_refit_with_an_intercept_is_refused_before_anyth
 
 
 def test_prune_says_it_at_its_start_and_still_prunes_and_scores(tmp_path: Path) -> None:
-    """The warning is the first thing geospec prune says; every unit is computed and scored, and
-    What to ship records the recommended re-fit as unexportable where it is the one chosen."""
+    """Both arms re-fitted with their intercept, so the recommendation is one of them: the
+    warning is the first thing geospec prune says; every unit is computed and scored, and What
+    to ship records the recommended model as unexportable. --export best@KEEP is warned about at
+    the start and refused (exit 2, one line) once the prune has chosen, its units reused."""
     import json
 
     from test_qwen2 import prune_spec  # a tiny Qwen2 with a BPE tokenizer, on prose
 
-    spec = prune_spec(tmp_path, arms=ARMS, export=False, select={"windows": 2, "runtime": False})
+    arms = [ARMS[1], {**ARMS[1], "name": "refit-ends", "schedule": {"kind": "protect", "first": 1}}]
+    spec = prune_spec(tmp_path, arms=arms, baseline="refit", export=False,
+                      select={"windows": 2, "runtime": False})  # fmt: skip
     result = run("prune", str(spec))
     assert result.exit_code == 0, result.output + repr(result.exception)
     first = result.output.strip().splitlines()[0]
-    assert first.startswith("warning: prune.select: if the recommended arm is refit")
+    assert first.startswith("warning: prune.select: if the recommended arm is refit or refit-ends")
     record = json.loads((tmp_path / "run" / "prune.json").read_text())
     budget = record["budgets"][0]
-    assert set(budget["arms"]) == {"uniform", "refit"}
-    shipped = budget["recommended"]["shipped"]
-    assert ("unexportable" in shipped) == (budget["recommended"]["arm"] == "refit")
+    assert set(budget["arms"]) == {"refit", "refit-ends"}
+    assert "qwen2 MLP has no bias" in budget["recommended"]["shipped"]["unexportable"]
+    chosen = budget["recommended"]["arm"]
+    result = run("prune", str(spec), "--export", "best@0.5", "--to", str(tmp_path / "best"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert said.startswith("warning:") and "and --export best@0.5 fails" in said.split("✓")[0]
+    assert f"--export {chosen}@0.5: {chosen}'s repair ('lstsq') adds a bias" in said
+    assert "pruned models" not in said  # the units were reused, none computed again
+    assert not (tmp_path / "best").exists()
 
 
 @pytest.mark.gguf
