@@ -712,3 +712,46 @@ def test_a_damaged_shipped_json_is_measured_again(
     assert json.loads((run / "prune.json").read_text()) == json.loads(before)
     assert unit.stat().st_mtime_ns == stamp
     assert "prune: up to date" in invoke("prune", str(shipping / "spec.toml")).output
+
+
+def _another_units_cut(path: Path) -> None:
+    """Another unit's cut.safetensors in its place: whole and sealed, but not its own."""
+    other = next(p for p in path.parents[2].glob("*/seed-0/cut.safetensors") if p != path)
+    path.write_bytes(other.read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        pytest.param(truncate, "cut.safetensors cannot be read", id="truncated"),
+        pytest.param(garbage, "cut.safetensors cannot be read", id="garbage"),
+        pytest.param(
+            zero_data, "cut.safetensors's neuron orders changed after geospec wrote them",
+            id="orders zeroed, header intact",
+        ),
+        pytest.param(
+            _another_units_cut, "cut.safetensors was written for another computation",
+            id="another unit's",
+        ),
+    ],
+)  # fmt: skip
+def test_a_damaged_cut_record_is_named_and_its_orders_scored_again(
+    shipping: Path, damage: Callable[[Path], None], said: str
+) -> None:
+    """A unit's cut.safetensors (its neuron orders, which What to ship writes the recommended
+    model from) is read back only whole and its own: a damaged one is named, the calibration
+    sample is scored again, What to ship ends with the same record and the file is written
+    again (the next run is up to date and says nothing of it)."""
+    run = shipping / "run"
+    before = json.loads((run / "prune.json").read_text())
+    arm = before["budgets"][0]["recommended"]["arm"]
+    damage(run / "prune" / "keep-0.5" / arm / "seed-0" / "cut.safetensors")
+    (run / "prune" / "keep-0.5" / "shipped.json").unlink()
+    result = invoke("prune", str(shipping / "spec.toml"))
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert said in output and "the unit's neuron orders are computed again" in output
+    assert "Traceback" not in output
+    assert json.loads((run / "prune.json").read_text()) == before
+    again = invoke("prune", str(shipping / "spec.toml")).output
+    assert "prune: up to date" in again and "cut.safetensors" not in again

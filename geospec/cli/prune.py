@@ -179,17 +179,19 @@ def run_prune(
     spec, the run directory and that unit (keep, arm, seed); None on the ranks other than 0
     under torchrun. ``geospec prune`` and ``geospec heal`` both start so."""
     wanted: list[tuple[float, str, int]] = []
-    if export_unit is not None and export_unit.partition("@")[0] == BEST:
+    best = export_unit is not None and export_unit.partition("@")[0] == BEST
+    if export_unit is not None and best:
         # the recommendation needs every unit: the prune first, then its chosen arm
         keep = _best_keep(spec_path, export_unit, choice)
         done = run_until(
-            _last_stage, spec_path, overrides, from_stage, out, adapt=_has_prune(spec_path)
-        )
+            _last_stage, spec_path, overrides, from_stage, out,
+            adapt=_has_prune(spec_path, warn=True, best=export_unit),
+        )  # fmt: skip
         if done is None:
             return None
         export_unit = f"{_recommended(done[1], keep)}@{keep:g}"
         from_stage = None  # the prune just ran: its units are reused, the chosen one exported
-    adapt = _has_prune(spec_path, export_unit, seed, wanted, choice)
+    adapt = _has_prune(spec_path, export_unit, seed, wanted, choice, warn=not best)
     done = run_until(
         _last_stage, spec_path, overrides, from_stage, out, adapt=adapt,
         prune_arms=choice.arms, prune_keep=choice.keep,
@@ -294,20 +296,31 @@ def _has_prune(
     seed: int | None = None,
     wanted: list[tuple[float, str, int]] | None = None,
     choice: Choice | None = None,
+    warn: bool = False,
+    best: str | None = None,
 ) -> Callable[[Spec], Spec]:
     """A check that the spec has a [prune] section (one line naming the file, exit 2) whose arms
     and keep fractions ``choice`` names; with ``export`` (``ARM@KEEP``, one of the chosen
     units), the spec exporting that unit group too, the unit appended to ``wanted`` (keep, arm,
-    seed). Checked when the spec is loaded, before any stage runs."""
+    seed), refused where the checkpoint's family cannot hold the arm's repair. Checked when the
+    spec is loaded, before any stage runs; with ``warn``, what may not be written is said
+    (:func:`geospec.spec.file_checks.bias_export_warnings`; ``best``: ``--export best@KEEP``)."""
 
     def check(spec: Spec) -> Spec:
         from geospec.prune.units import Unit, chosen_units
+        from geospec.spec.file_checks import bias_export_warnings, export_option_problem
 
         if spec.prune is None:
             raise UsageError(f"{spec_path}: no [prune] section; add one (docs/prune.md)")
         prune = spec.prune
         if choice is not None:
             _check_choice(prune, choice)
+        if warn:
+            from geospec.cli.console import escape, stderr
+
+            asked = [f"--export {best}"] if best else []
+            for warning in bias_export_warnings(spec, spec_path.parent, asked):
+                stderr().print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         if export is None:
             return spec
         arm, _, text = export.rpartition("@")
@@ -334,6 +347,8 @@ def _has_prune(
             prune, choice.arms, choice.keep
         ):
             raise UsageError(f"--export {export}: --arms/--keep leave this unit out; choose it too")
+        if problem := export_option_problem(spec, spec_path.parent, f"--export {export}", arm):
+            raise UsageError(problem)
         if wanted is not None:
             wanted.append((keep, arm, chosen))
         if prune.exports(keep, arm):

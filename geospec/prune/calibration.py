@@ -9,14 +9,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from geospec.prune.cut import Cut
+from geospec.prune.cut import Cut, load_cut, save_cut
 from geospec.prune.score import Scored, calibrated, progress_lines
 from geospec.prune.units import Unit
 from geospec.prune.units import unit_key as key_of
-from geospec.rundir.layout import REPAIR_FILE
+from geospec.rundir.layout import CUT_FILE, REPAIR_FILE
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
     from torch import nn
 
     from geospec.kinds import Importance
@@ -115,15 +116,16 @@ class Calibration:
         return self._moments[(seed, windows)]
 
     def cut(self, unit: Unit, widths: Sequence[int]) -> Cut:
-        """How ``unit``'s arm cuts at ``widths`` (:class:`~geospec.prune.cut.Cut`); a
-        least-squares repair is read from the unit's record or computed and recorded."""
+        """How ``unit``'s arm cuts at ``widths`` (:class:`~geospec.prune.cut.Cut`): its orders
+        (and means) and its least-squares repair each read from the unit's records, or computed
+        and recorded (the calibration sample scored only where a record is missing)."""
         from geospec.prune.repair import one_pass_refits, sequential_refits, unit_refits
 
-        prune, work = self.prune, self.scored(unit.seed)
+        prune = self.prune
         arm = next(a for a in prune.arms if a.name == unit.arm)
-        orders = work.orders[self.arm_importance[unit.arm]]
+        orders, means = self.unit_orders(unit)
         if prune.compensates(arm):
-            return Cut(orders, means=work.means)
+            return Cut(orders, means=means)
         if not prune.refits(arm):
             return Cut(orders)
         lstsq = prune.lstsq_of(arm)
@@ -141,6 +143,27 @@ class Calibration:
         key = key_of(self.stage_key, unit)
         refits = unit_refits(path, key, len(self.sites), compute, self.say)
         return Cut(orders, refits=refits)
+
+    def unit_orders(self, unit: Unit) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+        """Every layer's neuron order under ``unit``'s arm's importance and, mean-compensated,
+        the means: from the unit's ``cut.safetensors`` when it holds the unit's key (a unit
+        recorded before the file existed, or a damaged file, named, is scored again), else from
+        its calibration sample's scores, and recorded."""
+        from geospec.measure.cut import ffn_width
+
+        path = unit.directory(self.run_dir) / CUT_FILE
+        key = key_of(self.stage_key, unit)
+        arm = next(a for a in self.prune.arms if a.name == unit.arm)
+        mean = self.prune.compensates(arm)
+        stored, problem = load_cut(path, key, [ffn_width(site.ffn) for site in self.sites])
+        if stored is not None and (stored.means is not None) == mean:
+            return stored.orders, stored.means
+        if problem is not None:
+            self.say(f"prune: {problem}; the unit's neuron orders are computed again")
+        work = self.scored(unit.seed)
+        cut = Cut(work.orders[self.arm_importance[unit.arm]], means=work.means if mean else None)
+        save_cut(path, key, cut)
+        return cut.orders, cut.means
 
     def levels(self, name: str, seed: int) -> RepairedLevels | None:
         """The levels arm ``name``'s search visits, repaired as the arm repairs (None: cut),

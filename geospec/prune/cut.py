@@ -1,5 +1,9 @@
 """How a unit's arm cuts its model: each layer's neuron order and its repair (mean compensation
-or the least-squares re-fit), applied as a context (:func:`pruned`, :func:`cut_to`).
+or the least-squares re-fit), applied as a context (:func:`pruned`, :func:`cut_to`), and the
+unit's record of it, ``cut.safetensors``: every layer's order under the arm's importance and,
+mean-compensated, the calibration means, sealed by the unit's key (:func:`save_cut`), so that
+a finished unit's model is written again (What to ship, an export asked for later) without
+scoring its calibration sample again; its re-fits are ``repair.safetensors``.
 
 A pruned model is the reference with layer l keeping the ``widths[l]`` best neurons of its
 ordering (:mod:`geospec.measure.cut`: rows and columns removed exactly).
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -65,3 +70,46 @@ def pruned(
             found = None if refits is None else refits[layer]
             stack.enter_context(ffn_cut(site.ffn, kept_neurons(order, width), means, found))
         yield
+
+
+def save_cut(path: Path, key: str, cut: Cut) -> None:
+    """Write ``cut``'s orders and means (not its re-fits) to ``path``, sealed by the unit's
+    ``key`` (:mod:`geospec.prune.sealed_tensors`)."""
+    import torch
+
+    from geospec.prune.sealed_tensors import save_sealed
+
+    tensors = {
+        f"{layer}.order": torch.tensor(order, dtype=torch.int32)
+        for layer, order in enumerate(cut.orders)
+    }
+    for layer, means in enumerate(cut.means or []):
+        tensors[f"{layer}.means"] = means
+    save_sealed(path, key, tensors, len(cut.orders))
+
+
+def load_cut(path: Path, key: str, widths: Sequence[int]) -> tuple[Cut | None, str | None]:
+    """The cut recorded at ``path`` for ``key`` of a model whose FFNs are ``widths`` wide (its
+    orders and means, no re-fits), or None and why it cannot be trusted (None, None: there is
+    no record)."""
+    import torch
+
+    from geospec.prune.sealed_tensors import load_sealed
+
+    found, problem = load_sealed(path, key, "neuron orders")
+    if found is None:
+        return None, problem
+    tensors, layers = found
+    if layers != len(widths):
+        return None, f"{path} holds {layers} layers, not the model's {len(widths)}"
+    orders: list[list[int]] = []
+    for layer, width in enumerate(widths):
+        order = tensors.get(f"{layer}.order")
+        every = torch.arange(width, dtype=torch.int32)
+        if order is None or order.shape != (width,) or not torch.equal(order.sort().values, every):
+            return None, f"{path} holds no ordering of layer {layer}'s {width} neurons"
+        orders.append([int(i) for i in order.tolist()])
+    means = [tensors[f"{layer}.means"] for layer in range(layers) if f"{layer}.means" in tensors]
+    if means and len(means) != layers:
+        return None, f"{path} holds the means of some layers only"
+    return Cut(orders, means=means or None), None

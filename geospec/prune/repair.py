@@ -36,7 +36,6 @@ damaged one, and the unit's repair is then computed again).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -276,41 +275,29 @@ def sequential_refits(
 
 def save_refits(path: Path, key: str, refits: Sequence[Refit | None]) -> None:
     """Write a unit's repairs to ``path`` atomically, sealed by the unit's ``key`` and a digest
-    of every tensor's bytes."""
-    from safetensors.torch import save_file
-
-    from geospec.storage.atomic import atomic_path
+    of every tensor's bytes (:mod:`geospec.prune.sealed_tensors`)."""
+    from geospec.prune.sealed_tensors import save_sealed
 
     tensors: dict[str, torch.Tensor] = {}
     for layer, found in enumerate(refits):
         if found is not None:
-            tensors[f"{layer}.weight"] = found.weight.detach().contiguous().cpu()
+            tensors[f"{layer}.weight"] = found.weight
             if found.bias is not None:
-                tensors[f"{layer}.bias"] = found.bias.detach().contiguous().cpu()
-    metadata = {"key": key, "layers": str(len(refits)), "digest": _tensors_digest(tensors)}
-    with atomic_path(path) as work:
-        save_file(tensors, str(work), metadata=metadata)
+                tensors[f"{layer}.bias"] = found.bias
+    save_sealed(path, key, tensors, len(refits))
 
 
 def load_refits(path: Path, key: str) -> tuple[list[Refit | None] | None, str | None]:
     """A unit's repairs written for ``key``, or None and why they cannot be trusted (None, None:
     there is no record)."""
-    from safetensors import safe_open
+    from geospec.prune.sealed_tensors import load_sealed
 
-    if not path.exists():
-        return None, None
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-    except Exception as error:  # a truncated or garbled file: safetensors says what
-        return None, f"{path} cannot be read ({type(error).__name__}: {error})"
-    if metadata.get("key") != key:
-        return None, f"{path} was written for another computation of the unit"
-    if metadata.get("digest") != _tensors_digest(tensors):
-        return None, f"{path}'s weights changed after geospec wrote them"
+    found, problem = load_sealed(path, key)
+    if found is None:
+        return None, problem
+    tensors, layers = found
     refits: list[Refit | None] = []
-    for layer in range(int(metadata.get("layers", "0"))):
+    for layer in range(layers):
         weight, bias = tensors.get(f"{layer}.weight"), tensors.get(f"{layer}.bias")
         refits.append(None if weight is None else Refit(weight, bias))
     return refits, None
@@ -333,12 +320,3 @@ def unit_refits(
     found = compute()
     save_refits(path, key, found)
     return found
-
-
-def _tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    for name in sorted(tensors):
-        tensor = tensors[name].contiguous()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes())
-    return f"blake2b:{digest.hexdigest()}"

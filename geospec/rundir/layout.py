@@ -46,6 +46,9 @@ HEALED_TRAIN_DIR = "train"
 SEARCH_FILE = "search.json"
 #: A unit's least-squares repair (``prune.repair = "lstsq"``): its re-fitted output projections.
 REPAIR_FILE = "repair.safetensors"
+#: How a unit's arm cut it (every layer's neuron order, a mean compensation's means), so that its
+#: model is written again without its calibration sample scored again.
+CUT_FILE = "cut.safetensors"
 #: What a keep fraction's recommended model ships as (its files' sizes, its llama.cpp speed), in
 #: the keep fraction's directory.
 SHIPPED_FILE = "shipped.json"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from geospec.data.bundled import BUNDLED_PREFIX, bundled_names
@@ -21,7 +22,7 @@ from geospec.spec.checkpoint_shape import (
     gguf_data_problem,
     read_checkpoint_facts,
 )
-from geospec.spec.sections import PretrainedTokenizer, Spec
+from geospec.spec.sections import PretrainedTokenizer, PruneArmSpec, PruneSpec, Spec
 
 #: Families whose FFN geospec's cut (geospec.measure.cut) cannot remove neurons from, by
 #: config.json model_type and GGUF architecture, with what their FFN is instead. The cut handles
@@ -73,6 +74,8 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
         problems.append(vocabulary)
     if (compensation := _compensation_problem(spec, facts)) is not None:
         problems.append(compensation)
+    if (shipping := _shipped_scoring_problem(spec, spec_dir, facts)) is not None:
+        problems.append(shipping)
     from geospec.shapes.memory import host_available
 
     if (repair := repair_memory_problem(spec, host_available())) is not None:
@@ -143,31 +146,133 @@ def _gguf_problem(spec: Spec, spec_dir: Path) -> str | None:
 #: Families (config.json model_type, GGUF architecture) whose transformers MLP has no bias
 #: option: their projections are built without one whatever the config says, so a compensated
 #: cut's down-projection bias cannot be exported as their checkpoint (what
-#: geospec.prune.apply.compensated_export_problem finds on the loaded model).
+#: geospec.prune.hf_export.compensated_export_problem finds on the loaded model).
 NO_MLP_BIAS = ("mistral", "qwen2", "gemma", "gemma2", "gemma3", "gemma3_text")
 
 
 def _compensation_problem(spec: Spec, facts: CheckpointFacts) -> str | None:
-    """A prune whose repaired arms (mean compensation or the least-squares re-fit, both a bias
-    on the output projection) export their models, of a family that cannot hold the bias:
-    said here rather than after the checkpoint is loaded."""
+    """A prune whose repaired arms (mean compensation or the least-squares re-fit with its
+    intercept, both a bias on the output projection) export their models, of a family that
+    cannot hold the bias: said here rather than after the checkpoint is loaded."""
     prune = spec.prune
     if prune is None or facts.family not in NO_MLP_BIAS:
         return None
     arms = [
-        arm
-        for arm in prune.arms
-        if prune.biased(arm) and any(prune.exports(keep, arm.name) for keep in prune.fractions)
+        arm.name
+        for arm in biased_arms(prune)
+        if any(prune.exports(keep, arm.name) for keep in prune.fractions)
     ]
     if not arms:
         return None
-    repairs = " and ".join(f'"{r}"' for r in sorted({prune.repair_of(arm) for arm in arms}))
-    return (
-        f"prune.repair: {repairs} on "
-        f"{', '.join(arm.name for arm in arms)}, whose models are exported, but transformers' "
-        f"{facts.family} MLP has no bias to carry the repair's ({facts.described}); set "
-        'prune.export = false, export only unrepaired arms\' units, or set repair = "none"'
+    repairs = " and ".join(
+        f'"{r}"' for r in sorted({prune.repair_of(a) for a in _arms(prune, arms)})
     )
+    return (
+        f"prune.repair: {repairs} on {', '.join(arms)}, whose models are exported, but "
+        f"{no_bias_reason(facts)}; {bias_fix(prune, arms)}, set prune.export = false, or "
+        "export only unrepaired arms' units"
+    )
+
+
+def _shipped_scoring_problem(spec: Spec, spec_dir: Path, facts: CheckpointFacts) -> str | None:
+    """``prune.select.shipped`` writes every arm's GGUF file (where the reference is a GGUF file
+    of a type this machine writes); an arm whose repair adds a bias the family cannot hold has
+    no file, so the recommendation could never be made: said here, not after every unit."""
+    import importlib.util
+
+    from geospec.spec.width_grid import K_QUANTS, gguf_file_type
+
+    prune = spec.prune
+    if prune is None or prune.select is None or not prune.select.shipped:
+        return None
+    if facts.family not in NO_MLP_BIAS or not (names := [a.name for a in biased_arms(prune)]):
+        return None
+    local = spec_path(spec.reference.checkpoint or "", spec_dir)
+    if spec.reference.revision is not None or local.suffix != ".gguf" or not local.is_file():
+        return None  # no GGUF file is written: the float32 models recommend
+    dtype = gguf_file_type(local)
+    if dtype is None or (dtype in K_QUANTS and importlib.util.find_spec("llama_cpp") is None):
+        return None  # none is written here either (docs/prune.md, "What to ship")
+    return (
+        f"prune.select.shipped: every arm's GGUF file is written and scored, but "
+        f"{', '.join(names)}'s repair adds a bias to the FFN output projection and "
+        f"{no_bias_reason(facts)}; {bias_fix(prune, names)}, or set select.shipped = false"
+    )
+
+
+def _arms(prune: PruneSpec, names: Sequence[str]) -> list[PruneArmSpec]:
+    return [arm for arm in prune.arms if arm.name in names]
+
+
+def biased_arms(prune: PruneSpec) -> list[PruneArmSpec]:
+    """The arms whose repair adds a bias to the output projection (:meth:`PruneSpec.biased`)."""
+    return [arm for arm in prune.arms if prune.biased(arm)]
+
+
+def no_bias_reason(facts: CheckpointFacts) -> str:
+    """Why a family of :data:`NO_MLP_BIAS` cannot hold a repaired model (and where it was read)."""
+    return f"transformers' {facts.family} MLP has no bias to carry the repair's ({facts.described})"
+
+
+def bias_fix(prune: PruneSpec, names: Sequence[str]) -> str:
+    """What makes the arms ``names`` exportable on a family without an MLP bias: the re-fit
+    without its intercept (the kept columns alone), or no mean compensation."""
+    repairs = {prune.repair_of(arm) for arm in _arms(prune, names)}
+    fixes = []
+    if "lstsq" in repairs:
+        fixes.append("re-fit without an intercept (lstsq = { intercept = false }, in [prune] or "
+                     "on the arm)")  # fmt: skip
+    if "mean" in repairs:
+        fixes.append('re-fit the mean-compensated arms instead (repair = "lstsq" with lstsq = '
+                     '{ intercept = false }) or cut them only (repair = "none")')  # fmt: skip
+    return "; or ".join(fixes)
+
+
+def no_bias_facts(spec: Spec, spec_dir: Path) -> CheckpointFacts | None:
+    """The reference checkpoint's facts where its family's MLP has no bias (Qwen2, Mistral,
+    Gemma) and the prune has an arm whose repair adds one; None otherwise (or unreadable)."""
+    prune, checkpoint = spec.prune, spec.reference.checkpoint
+    if prune is None or checkpoint is None or not biased_arms(prune):
+        return None
+    facts = read_checkpoint_facts(checkpoint, spec.reference.revision, spec_dir)
+    return facts if facts is not None and facts.family in NO_MLP_BIAS else None
+
+
+def export_option_problem(spec: Spec, spec_dir: Path, option: str, arm: str) -> str | None:
+    """``geospec prune --export ARM@KEEP`` (``option``) of a repaired arm whose bias the
+    checkpoint's family cannot hold: the export can never be written (one line, said before the
+    prune runs), or None."""
+    facts = no_bias_facts(spec, spec_dir)
+    prune = spec.prune
+    if facts is None or prune is None or arm not in [a.name for a in biased_arms(prune)]:
+        return None
+    return (
+        f"{option}: {arm}'s repair ({prune.repair_of(_arms(prune, [arm])[0])!r}) adds a bias to "
+        f"the FFN output projection, but {no_bias_reason(facts)}; {bias_fix(prune, [arm])} in "
+        "the spec, or export an unrepaired arm"
+    )
+
+
+def bias_export_warnings(spec: Spec, spec_dir: Path, asked: Sequence[str] = ()) -> list[str]:
+    """What may need a repaired model written that the checkpoint's family cannot hold, said
+    before the prune runs (the prune still computes and scores every unit): What to ship's files
+    of the recommended model (``prune.select``) and ``export = ["best@KEEP"]``, when the
+    recommendation could be an arm whose repair adds a bias (``asked``: more exports of the
+    recommended arm, ``--export best@KEEP``). An explicit export of such an arm is refused
+    instead (:func:`_compensation_problem`)."""
+    prune = spec.prune
+    facts = no_bias_facts(spec, spec_dir)
+    if prune is None or prune.select is None or facts is None:
+        return []
+    names = [arm.name for arm in biased_arms(prune)]
+    best = ", ".join(f'"best@{keep:g}"' for keep in prune.best_exports())
+    exports = [*([f"export = [{best}]"] if best else []), *asked]
+    fails = f" and {' and '.join(exports)} fails" if exports else ""
+    return [
+        f"prune.select: if the recommended arm is {' or '.join(names)} (a repair that adds a "
+        f"bias to the FFN output projection), What to ship writes none of its files{fails}: "
+        f"{no_bias_reason(facts)}; {bias_fix(prune, names)}"
+    ]
 
 
 def _layout_problem(facts: CheckpointFacts) -> str | None:
