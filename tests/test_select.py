@@ -117,6 +117,11 @@ def test_export_best_writes_the_recommended_arms_model(selected: Path, tmp_path:
     ("args", "message"),
     [
         (["--export", "best@0.3", "--to", "x"], "must be one of prune.keep 0.75, 0.5"),
+        # --set reaches the check too: the spec's keep 0.5 is set away, so best@0.5 is refused
+        (
+            ["--set", "prune.keep=[0.75, 0.25]", "--export", "best@0.5", "--to", "x"],
+            "must be one of prune.keep 0.75, 0.25",
+        ),
         (["--export", "best@0.5", "--to", "x", "--arms", "owl"], "drop --arms and --keep"),
         (["--format", "gguf"], "--export ARM@KEEP and --to DIR go together"),
         (["--export", "owl@0.5", "--to", "x", "--format", "gguf", "--padded"], "--padded is for"),

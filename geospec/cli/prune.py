@@ -182,7 +182,7 @@ def run_prune(
     best = export_unit is not None and export_unit.partition("@")[0] == BEST
     if export_unit is not None and best:
         # the recommendation needs every unit: the prune first, then its chosen arm
-        keep = _best_keep(spec_path, export_unit, choice)
+        keep = _best_keep(spec_path, overrides, export_unit, choice)
         done = run_until(
             _last_stage, spec_path, overrides, from_stage, out,
             adapt=_has_prune(spec_path, warn=True, best=export_unit),
@@ -201,13 +201,14 @@ def run_prune(
     return done[0], done[1], wanted[0] if wanted else None
 
 
-def _best_keep(spec_path: Path, export: str, choice: Choice) -> float:
-    """The keep fraction of ``--export best@KEEP``, checked against the spec before anything runs
-    (one line, exit 2): the spec recommends (prune.select), KEEP is one of prune.keep, and no
-    --arms/--keep leaves a unit out (the recommendation compares every arm)."""
+def _best_keep(spec_path: Path, overrides: tuple[str, ...], export: str, choice: Choice) -> float:
+    """The keep fraction of ``--export best@KEEP``, checked against the spec with its --set
+    ``overrides`` before anything runs (one line, exit 2): the spec recommends (prune.select),
+    KEEP is one of prune.keep, and no --arms/--keep leaves a unit out (the recommendation
+    compares every arm)."""
     from geospec.spec.loading import load_spec
 
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, overrides)
     text = export.partition("@")[2]
     try:
         keep = float(text)
