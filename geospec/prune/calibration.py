@@ -123,8 +123,9 @@ class Calibration:
 
         prune = self.prune
         arm = next(a for a in prune.arms if a.name == unit.arm)
-        orders, means = self.unit_orders(unit)
-        if prune.compensates(arm):
+        mean = prune.compensates(arm)
+        orders, means = self.unit_orders(unit, mean)
+        if mean:
             return Cut(orders, means=means)
         if not prune.refits(arm):
             return Cut(orders)
@@ -144,17 +145,17 @@ class Calibration:
         refits = unit_refits(path, key, len(self.sites), compute, self.say)
         return Cut(orders, refits=refits)
 
-    def unit_orders(self, unit: Unit) -> tuple[list[list[int]], list[torch.Tensor] | None]:
-        """Every layer's neuron order under ``unit``'s arm's importance and, mean-compensated,
-        the means: from the unit's ``cut.safetensors`` when it holds the unit's key (a unit
-        recorded before the file existed, or a damaged file, named, is scored again), else from
-        its calibration sample's scores, and recorded."""
+    def unit_orders(
+        self, unit: Unit, mean: bool
+    ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+        """Every layer's neuron order under ``unit``'s arm's importance and, with ``mean`` (the
+        arm mean-compensated), the means: from the unit's ``cut.safetensors`` when it holds the
+        unit's key (a unit recorded before the file existed, or a damaged file, named, is scored
+        again), else from its calibration sample's scores, and recorded."""
         from geospec.measure.cut import ffn_width
 
         path = unit.directory(self.run_dir) / CUT_FILE
         key = key_of(self.stage_key, unit)
-        arm = next(a for a in self.prune.arms if a.name == unit.arm)
-        mean = self.prune.compensates(arm)
         stored, problem = load_cut(path, key, [ffn_width(site.ffn) for site in self.sites])
         if stored is not None and (stored.means is not None) == mean:
             return stored.orders, stored.means

@@ -158,17 +158,15 @@ def _compensation_problem(spec: Spec, facts: CheckpointFacts) -> str | None:
     if prune is None or facts.family not in NO_MLP_BIAS:
         return None
     arms = [
-        arm.name
+        arm
         for arm in biased_arms(prune)
         if any(prune.exports(keep, arm.name) for keep in prune.fractions)
     ]
     if not arms:
         return None
-    repairs = " and ".join(
-        f'"{r}"' for r in sorted({prune.repair_of(a) for a in _arms(prune, arms)})
-    )
+    repairs = " and ".join(f'"{r}"' for r in sorted({prune.repair_of(arm) for arm in arms}))
     return (
-        f"prune.repair: {repairs} on {', '.join(arms)}, whose models are exported, but "
+        f"prune.repair: {repairs} on {_names(arms)}, whose models are exported, but "
         f"{no_bias_reason(facts)}; {bias_fix(prune, arms)}, set prune.export = false, or "
         "export only unrepaired arms' units"
     )
@@ -185,7 +183,7 @@ def _shipped_scoring_problem(spec: Spec, spec_dir: Path, facts: CheckpointFacts)
     prune = spec.prune
     if prune is None or prune.select is None or not prune.select.shipped:
         return None
-    if facts.family not in NO_MLP_BIAS or not (names := [a.name for a in biased_arms(prune)]):
+    if facts.family not in NO_MLP_BIAS or not (arms := biased_arms(prune)):
         return None
     local = spec_path(spec.reference.checkpoint or "", spec_dir)
     if spec.reference.revision is not None or local.suffix != ".gguf" or not local.is_file():
@@ -195,13 +193,13 @@ def _shipped_scoring_problem(spec: Spec, spec_dir: Path, facts: CheckpointFacts)
         return None  # none is written here either (docs/prune.md, "What to ship")
     return (
         f"prune.select.shipped: every arm's GGUF file is written and scored, but "
-        f"{', '.join(names)}'s repair adds a bias to the FFN output projection and "
-        f"{no_bias_reason(facts)}; {bias_fix(prune, names)}, or set select.shipped = false"
+        f"{_names(arms)}'s repair adds a bias to the FFN output projection and "
+        f"{no_bias_reason(facts)}; {bias_fix(prune, arms)}, or set select.shipped = false"
     )
 
 
-def _arms(prune: PruneSpec, names: Sequence[str]) -> list[PruneArmSpec]:
-    return [arm for arm in prune.arms if arm.name in names]
+def _names(arms: Sequence[PruneArmSpec], joined: str = ", ") -> str:
+    return joined.join(arm.name for arm in arms)
 
 
 def biased_arms(prune: PruneSpec) -> list[PruneArmSpec]:
@@ -214,10 +212,10 @@ def no_bias_reason(facts: CheckpointFacts) -> str:
     return f"transformers' {facts.family} MLP has no bias to carry the repair's ({facts.described})"
 
 
-def bias_fix(prune: PruneSpec, names: Sequence[str]) -> str:
-    """What makes the arms ``names`` exportable on a family without an MLP bias: the re-fit
-    without its intercept (the kept columns alone), or no mean compensation."""
-    repairs = {prune.repair_of(arm) for arm in _arms(prune, names)}
+def bias_fix(prune: PruneSpec, arms: Sequence[PruneArmSpec]) -> str:
+    """What makes ``arms`` exportable on a family without an MLP bias: the re-fit without its
+    intercept (the kept columns alone), or no mean compensation."""
+    repairs = {prune.repair_of(arm) for arm in arms}
     fixes = []
     if "lstsq" in repairs:
         fixes.append("re-fit without an intercept (lstsq = { intercept = false }, in [prune] or "
@@ -244,11 +242,14 @@ def export_option_problem(spec: Spec, spec_dir: Path, option: str, arm: str) -> 
     prune runs), or None."""
     facts = no_bias_facts(spec, spec_dir)
     prune = spec.prune
-    if facts is None or prune is None or arm not in [a.name for a in biased_arms(prune)]:
+    if facts is None or prune is None:
+        return None
+    biased = [found for found in biased_arms(prune) if found.name == arm]
+    if not biased:
         return None
     return (
-        f"{option}: {arm}'s repair ({prune.repair_of(_arms(prune, [arm])[0])!r}) adds a bias to "
-        f"the FFN output projection, but {no_bias_reason(facts)}; {bias_fix(prune, [arm])} in "
+        f"{option}: {arm}'s repair ({prune.repair_of(biased[0])!r}) adds a bias to "
+        f"the FFN output projection, but {no_bias_reason(facts)}; {bias_fix(prune, biased)} in "
         "the spec, or export an unrepaired arm"
     )
 
@@ -264,14 +265,14 @@ def bias_export_warnings(spec: Spec, spec_dir: Path, asked: Sequence[str] = ()) 
     facts = no_bias_facts(spec, spec_dir)
     if prune is None or prune.select is None or facts is None:
         return []
-    names = [arm.name for arm in biased_arms(prune)]
+    arms = biased_arms(prune)
     best = ", ".join(f'"best@{keep:g}"' for keep in prune.best_exports())
     exports = [*([f"export = [{best}]"] if best else []), *asked]
     fails = f" and {' and '.join(exports)} fails" if exports else ""
     return [
-        f"prune.select: if the recommended arm is {' or '.join(names)} (a repair that adds a "
+        f"prune.select: if the recommended arm is {_names(arms, ' or ')} (a repair that adds a "
         f"bias to the FFN output projection), What to ship writes none of its files{fails}: "
-        f"{no_bias_reason(facts)}; {bias_fix(prune, names)}"
+        f"{no_bias_reason(facts)}; {bias_fix(prune, arms)}"
     ]
 
 
