@@ -2,7 +2,7 @@
 on two texts): per run and keep fraction, every arm's perplexity on each corpus (the mean loss
 over calibration seeds) with its ratio to the unpruned model's, and select's ratio on its
 own selection windows; then each arm's paired difference in loss, the first run minus the
-second, with a bootstrap 95% interval over seeds x windows.
+second, with the prune report's 95% bootstrap interval over seeds x windows.
 
 Usage: ``python scripts/paired_runs.py NAME=prune.json NAME=prune.json``
 (docs/results/smollm2-135m-quickstart-mix).
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 from pathlib import Path
 from typing import Any
 
@@ -46,30 +45,31 @@ def print_run(name: str, record: dict[str, Any]) -> None:
             print(f"| {arm_name} | {ratio:.2f}x | " + " | ".join(cells) + " |")
 
 
-def paired(first: dict[str, Any], second: dict[str, Any], resamples: int, seed: int) -> None:
-    rng = random.Random(seed)
+def paired(first: dict[str, Any], second: dict[str, Any]) -> None:
+    """Each arm's loss in ``first`` minus in ``second``, window by window: the mean and the
+    prune report's crossed bootstrap over seeds x windows (:func:`geospec.stats.crossed_bootstrap`),
+    as report.md's comparisons compute it."""
+    from geospec.stats import crossed_bootstrap
+
     for one, other in zip(first["budgets"], second["budgets"], strict=True):
         for arm_name, arm in one["arms"].items():
             cells = []
             for corpus in first["corpora"]:
                 mine = arm["window_loss"][corpus]
                 theirs = other["arms"][arm_name]["window_loss"][corpus]
-                diffs = [a - b for s in mine for a, b in zip(mine[s], theirs[s], strict=True)]
-                means = sorted(
-                    sum(rng.choice(diffs) for _ in diffs) / len(diffs) for _ in range(resamples)
-                )
-                low, high = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
-                cells.append(
-                    f"{short(corpus)} {sum(diffs) / len(diffs):+.3f} [{low:+.3f}, {high:+.3f}]"
-                )
+                table = [
+                    [a - b for a, b in zip(mine[s], theirs[s], strict=True)] for s in sorted(mine)
+                ]
+                found = crossed_bootstrap(table)
+                mean = sum(map(sum, table)) / sum(map(len, table))
+                low, high = found.ci
+                cells.append(f"{short(corpus)} {mean:+.3f} [{low:+.3f}, {high:+.3f}]")
             print(f"keep {one['keep']:g} {arm_name}: " + "; ".join(cells))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("runs", nargs=2, metavar="NAME=prune.json")
-    parser.add_argument("--resamples", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     records = {}
     for entry in args.runs:
@@ -81,7 +81,7 @@ def main() -> None:
     if first["corpora"] != second["corpora"] or first["keep"] != second["keep"]:
         raise SystemExit(f"{a} and {b} score other corpora or keep fractions: not paired")
     print(f"\n# paired {a} - {b} (nats), bootstrap 95% over seeds x windows")
-    paired(first, second, args.resamples, args.seed)
+    paired(first, second)
 
 
 if __name__ == "__main__":
