@@ -34,10 +34,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Finished:
-    """A prune whose units (``results``: every unit's record) are all computed, with what
-    writes a unit's model again: the unpruned ``model``, its FFN ``sites``, its
-    ``calibration`` (each unit's cut); ``dims``: each keep fraction's pruned model, ``width``:
-    the pretrained FFN width."""
+    """A prune's finished units (``results``: their records; every unit's by the time
+    :meth:`record` runs), with what writes a finished unit's model again: the unpruned
+    ``model``, its FFN ``sites``, its ``calibration`` (each unit's cut); ``dims``: each keep
+    fraction's pruned model, ``width``: the pretrained FFN width."""
 
     model: nn.Module
     sites: Sequence[FFNSite]

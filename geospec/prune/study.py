@@ -230,8 +230,8 @@ class Pruning:
         return self.widths[(seed, keep)]
 
     def finished(self) -> Finished:
-        """The prune as its record reads it (:mod:`geospec.prune.record`): the units computed
-        so far, what writes a unit's model again."""
+        """The units computed so far, as the prune's record reads them and with what writes a
+        finished unit's model again (:mod:`geospec.prune.record`)."""
         return Finished(
             self.model, self.sites, self.calibration, self.inputs, self.results, self.dims,
             self.width, self.run_dir, self.selection, self.say,
