@@ -35,7 +35,8 @@ from geospec.prune.cut import pruned
 from geospec.prune.evolve import Evolution
 from geospec.prune.losses import eval_loss
 from geospec.prune.score import calibration_windows, neuron_scores
-from geospec.prune.search import CalibrationFitness, SealedSearchState, calibration_batches
+from geospec.prune.search import CalibrationFitness, calibration_batches
+from geospec.prune.unit_search import SealedSearchState
 from geospec.report.plots import prune_plot
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from geospec.engine.distill import Teacher
     from geospec.engine.model import GPT, GPTConfig
     from geospec.pipeline.context import RunContext
-    from geospec.prune.study import Healer
+    from geospec.prune.heal import Healer
     from geospec.prune.units import Unit
     from geospec.spec.sections import DataSpec, Spec, TrainSpec
 

@@ -18,10 +18,16 @@ if TYPE_CHECKING:
 
     from geospec.engine.distill import Teacher
     from geospec.engine.model import GPT, GPTConfig
+    from geospec.prune.units import Unit
 
 #: Trains ``config`` from ``initial`` into a directory under ``key``, with these settings and
 #: seed; returns whether it finished (False: another process holds the directory).
 Trainer = Callable[["GPTConfig", "dict[str, torch.Tensor]", TrainSpec, Path, str, int], bool]
+
+#: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
+#: the unit's key and returns its loss on every eval corpus (what the prune stage hands a prune:
+#: :func:`geospec.pipeline.healing.healer`).
+Healer = Callable[["Unit", Path, str, "GPT"], dict[str, float]]
 
 
 def check_healable(model: nn.Module, heal: PruneHeal) -> None:

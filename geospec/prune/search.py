@@ -1,7 +1,7 @@
 """The calibration text's verdict on pruned models, for the search allocations: the calibration
 loss at widths near a base (``greedy``: each change of one layer's width recomputes only the
-layers from it on), and the fitness of whole allocations with the search's resumable state
-(``evolve``: :class:`CalibrationFitness`, :class:`SealedSearchState`).
+layers from it on), and the fitness of whole allocations (``evolve``: :class:`CalibrationFitness`;
+a unit's search and its resumable state are :mod:`geospec.prune.unit_search`'s).
 
 The base pruning is applied as zeroed activations (:func:`geospec.measure.cut.zeroed_neurons`:
 what a cut computes exactly, without rebuilding modules); a change narrows one layer further by
@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,12 +37,7 @@ from geospec.measure.probe import FFNSite
 from geospec.measure.sensitivity import Batch, logits_of, next_token_loss
 from geospec.measure.suffix import SuffixRunner, suffix_problem
 from geospec.prune.repair import Moments, Refit, layer_refit
-from geospec.prune.units import stop_reason
-from geospec.rundir.artifacts import json_problem, read_json
 from geospec.shapes.repair import LEVEL_CACHE_BYTES
-from geospec.storage.atomic import atomic_write_json
-from geospec.storage.digests import sealed
-from geospec.storage.disk import writing
 
 
 def calibration_batches(
@@ -453,45 +447,3 @@ def _first_change(widths: Sequence[int], base: Sequence[int] | None) -> int | No
         if w != b:
             return layer
     return None
-
-
-class SealedSearchState:
-    """:class:`geospec.kinds.SearchState` in a sealed JSON file (a unit's ``search.json``)
-    holding the unit's key: a state written for other inputs, or changed after it was
-    written, is not resumed from. Each save says how far the search is (``say``)."""
-
-    def __init__(
-        self,
-        path: Path,
-        key: str,
-        say: Callable[[str], None],
-        name: str,
-        generations: int,
-    ) -> None:
-        self.path, self.key, self.say, self.name = path, key, say, name
-        self.generations = generations
-        self._since = time.perf_counter()
-
-    def load(self) -> dict[str, Any] | None:
-        self._since = time.perf_counter()  # the search starts now: its first rate from here
-        if json_problem(self.path, "key", "state") is not None:
-            return None
-        data = read_json(self.path)
-        if data.get("key") != self.key or not isinstance(data["state"], dict):
-            return None
-        state: dict[str, Any] = data["state"]
-        return state
-
-    def save(self, state: dict[str, Any]) -> None:
-        with writing(self.path):
-            atomic_write_json(self.path, sealed({"key": self.key, "state": state}))
-        trajectory = state.get("trajectory") or [{}]
-        now = time.perf_counter()
-        last = trajectory[-1]
-        seconds, self._since = now - self._since, now
-        speed = last.get("tokens", 0) / seconds if seconds > 0 else 0.0
-        self.say(
-            f"prune: {self.name}: generation {last.get('generation')}/{self.generations}, "
-            f"fitness {last.get('fitness', float('nan')):.5g}, {speed:,.0f} tokens/s"
-            + stop_reason(state.get("stopped"), "; ")
-        )

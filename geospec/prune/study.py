@@ -1,25 +1,24 @@
-"""Every unit of a prune (keep fraction x arm x calibration seed) computed or reused, in the
-run directory's ``prune/`` (docs/prune.md): the loop over the units, and one unit's pruned model
-measured (its losses, its export, its healing).
+"""The loop over a prune's units (keep fraction x arm x calibration seed), each computed or
+reused in the run directory's ``prune/`` (docs/prune.md), and what it reads and writes in its
+order, a step a module:
 
-For calibration seed k the importance scores (and each layer's neuron ordering) come from
-calibration sample k of the training split, once for each distinct importance the arms use (an
-arm's own, or the prune's: :mod:`geospec.prune.calibration`, :mod:`geospec.prune.score`); every
-arm's widths at each keep fraction come from :func:`geospec.prune.allocate.allocate` (the run's
-profiles for schedules that read them, or, with ``prune.allocation_seeds``, the measured
-profiles re-drawn for seed k; the arm's own importance scores for flap and owl_neuron, every
-block linear's calibration inputs for owl; the calibration windows themselves for the searches,
-greedy and evolve, whose state is kept in the unit's directory: :mod:`geospec.prune.unit_search`);
-the reference keeps, in layer l, the ``widths[l]`` best neurons, repaired as the arm says
-(:mod:`geospec.prune.cut`), and its mean next-token loss is measured on every eval corpus's
-held-out windows. A unit whose record holds its key is reused (:mod:`geospec.prune.units`), so
-an interrupted prune resumes.
+- before any unit, the unpruned model (:mod:`geospec.prune.unpruned`: its FFN sites, whether an
+  export can carry a repair's bias, its losses), what the arms read (:mod:`geospec.prune.arms`)
+  and each calibration sample's shared work (:mod:`geospec.prune.calibration`, scored once per
+  seed by :mod:`geospec.prune.score`);
+- per unit: every wanted arm's widths at its keep fraction, allocated once per seed and keep
+  (:func:`geospec.prune.allocate.allocate`, with the searches' calibration losses and an
+  ``evolve`` arm's search, :mod:`geospec.prune.search` and :mod:`geospec.prune.unit_search`),
+  then its pruned model cut and repaired as its arm says and measured
+  (:mod:`geospec.prune.unit_result`), its record written under its key; a unit whose record
+  holds its key is reused (:mod:`geospec.prune.units`), so an interrupted prune resumes;
+- once every unit is, ``prune.json``'s content and the recommendation's continuations, exports
+  and shipped files (:mod:`geospec.prune.record`).
 """
 
 from __future__ import annotations
 
 import functools
-import shutil
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from geospec.prune.arms import ArmReads, arm_reads
 from geospec.prune.calibration import Calibration
-from geospec.prune.continuations import recommended_continuations
-from geospec.prune.cut import Cut, cut_to
-from geospec.prune.unit_export import export_finished, export_healed, export_unit
+from geospec.prune.inputs import PruneInputs
+from geospec.prune.record import Finished
+from geospec.prune.unit_result import pruned_unit
 from geospec.prune.unit_search import evolve_search, searched_path
-from geospec.prune.units import Unit, finished_unit, gather, has_model, units_of
+from geospec.prune.units import Unit, finished_unit, has_model, units_of, waiting_note
 from geospec.prune.units import unit_key as key_of
-from geospec.rundir.layout import HEAL_DIR, SEARCH_FILE, UNIT_FILE, UNIT_MODEL_DIR
-from geospec.spec.sections import PruneSpec
+from geospec.prune.unpruned import check_exportable, ffn_sites, unpruned_losses
+from geospec.rundir.layout import SEARCH_FILE, UNIT_FILE
 from geospec.storage.atomic import atomic_write_json
 from geospec.storage.digests import sealed
 from geospec.storage.locks import claim
@@ -49,52 +48,8 @@ if TYPE_CHECKING:
     from geospec.engine.progress import StageAdvance
     from geospec.kinds import ModelDims
     from geospec.measure.probe import FFNSite
-    from geospec.measure.sensitivity import Batch
+    from geospec.prune.heal import Healer
     from geospec.prune.score import Scored
-    from geospec.prune.shipped import ShipSettings
-    from geospec.prune.shipped_score import UnitFiles
-
-#: Heals one unit's pruned model (imported into geospec's engine) in the given directory under
-#: the unit's key and returns its loss on every eval corpus.
-Healer = Callable[[Unit, Path, str, "GPT"], dict[str, float]]
-
-
-@dataclass(frozen=True)
-class PruneInputs:
-    """What a prune is computed from besides the reference model and the text."""
-
-    prune: PruneSpec
-    key: str
-    """The prune stage's key: every unit's key derives from it."""
-    seq_len: int
-    multiple_of: int
-    activation: str
-    profiles: Mapping[str, Sequence[float]]
-    """The profiles the arms' schedules read."""
-    redraw: Callable[[int], Mapping[str, Sequence[float]]] | None = None
-    """With ``prune.allocation_seeds``: calibration seed k's own measurement of the profiles it
-    can re-draw (a probe sample drawn with seed k, measured again); they replace the run's
-    profiles of the same names for seed k's units. None: every seed reads ``profiles``."""
-
-    def seed_profiles(self, seed: int) -> Mapping[str, Sequence[float]]:
-        """The profiles calibration seed ``seed``'s allocations are solved from."""
-        if self.redraw is None:
-            return self.profiles
-        redrawn = self.redraw(seed)
-        return {name: redrawn.get(name, values) for name, values in self.profiles.items()}
-
-    bos: int | None = None
-    """The token every window starts with (the tokenizer's BOS, ``TokenData.bos_id``), or None."""
-    export_dtype: str = "float32"
-    """The dtype exported models are written in (``prune.export_dtype`` resolved)."""
-    prompts: Sequence[Sequence[int]] = ()
-    """With ``prune.select``: fixed prompts (token ids) the recommended models and the unpruned
-    one continue greedily in prune.json, for a reader to see what a perplexity means."""
-    stop: int | None = None
-    """The token a continuation ends at (the tokenizer's end of text)."""
-    ship: ShipSettings | None = None
-    """With ``prune.select``: how each recommended model's files and speed are measured
-    (:mod:`geospec.prune.shipped`); None measures nothing."""
 
 
 def prune_units(
@@ -113,7 +68,7 @@ def prune_units(
 ) -> dict[str, Any] | None:
     """Compute (or reuse) every unit but those ``left_out`` (``geospec prune --arms/--keep``),
     writing each unit's record as it finishes, and return ``prune.json``'s content
-    (:func:`geospec.prune.units.gather`); None when units were left out, since it gathers every
+    (:func:`geospec.prune.record.gather`); None when units were left out, since it gathers every
     unit. With ``selection`` (``prune.select``'s windows, :mod:`geospec.prune.select`), every
     unit's loss on them too, and per budget the recommended arm."""
     from geospec.engine.progress import stage_progress
@@ -152,67 +107,7 @@ def prune_units(
             advance(1)
     if left_out:
         return None
-    return pruning.recorded(reference, reference_select)
-
-
-def ffn_sites(
-    model: nn.Module, d_model: int, corpora: Mapping[str, Sequence[Any]]
-) -> tuple[list[FFNSite], int]:
-    """The FFN of every decoder layer of ``model`` (found on the first eval window's first
-    token), checked to be one geospec can cut, and the pretrained width."""
-    from geospec.measure.cut import CutError, ffn_layout, ffn_width
-    from geospec.measure.probe import find_ffn_sites
-    from geospec.measure.sensitivity import logits_of
-
-    first = next(iter(corpora.values()))[0][0][:1]
-    sites = find_ffn_sites(model, d_model, lambda: logits_of(model, first))
-    try:
-        ffn_layout(sites[0].ffn)
-    except CutError as error:
-        raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
-    return sites, ffn_width(sites[0].ffn)
-
-
-def check_exportable(model: nn.Module, prune: PruneSpec) -> None:
-    """Refuse, before any unit is computed rather than at the first export, a prune whose
-    repaired arm writes a model that ``model``'s family cannot carry the repair's bias in."""
-    from geospec.errors import UsageError
-    from geospec.prune.hf_export import compensated_export_problem
-
-    exported = [  # a repaired arm whose units write no model needs no bias in the export
-        arm
-        for arm in prune.arms
-        if prune.biased(arm) and any(prune.exports(f, arm.name) for f in prune.fractions)
-    ]
-    problem = compensated_export_problem(model) if exported else None
-    if problem is not None:
-        raise UsageError(
-            f"prune.repair = {prune.repair_of(exported[0])!r} ({exported[0].name}): {problem}; "
-            "re-fit without one (prune.lstsq = { intercept = false }), or set prune.repair = "
-            '"none" or prune.export = false'
-        )
-
-
-def unpruned_losses(
-    model: nn.Module,
-    corpora: Mapping[str, Sequence[Any]],
-    selection: Sequence[Any] | None,
-    say: Callable[[str], None],
-) -> tuple[dict[str, float], float | None]:
-    """The unpruned model's loss on every eval corpus, and on the selection windows (None
-    without them)."""
-    import torch
-
-    from geospec.prune.losses import eval_loss
-
-    # each of these passes takes seconds to minutes on a CPU: a line says which runs
-    selected = "" if selection is None else f" and {len(selection)} batches of selection windows"
-    windows = sum(len(batches) for batches in corpora.values())
-    say(f"prune: the unpruned model's loss on {windows} batches of eval windows{selected}")
-    with torch.no_grad():
-        reference = {name: eval_loss(model, batches) for name, batches in corpora.items()}
-        reference_select = None if selection is None else eval_loss(model, selection)
-    return reference, reference_select
+    return pruning.finished().record(reference, reference_select)
 
 
 @dataclass
@@ -278,7 +173,7 @@ class Pruning:
         asked for, its model written: this process holds the unit's claim."""
         stored = finished_unit(unit_dir, unit_key)
         if stored is not None:  # finished, its model asked for since: written, not redone
-            self.write_model(unit, unit_dir, unit_key, stored)
+            self.finished().write_model(unit, unit_dir, unit_key, stored)
             return stored
         prune = self.inputs.prune
         work = self.calibration.scored(unit.seed)
@@ -334,122 +229,13 @@ class Pruning:
         )  # fmt: skip
         return self.widths[(seed, keep)]
 
-    def write_model(
-        self,
-        unit: Unit,
-        unit_dir: Path,
-        unit_key: str,
-        stored: Mapping[str, Any],
-        target: Path | None = None,
-    ) -> None:
-        """A finished unit's model written without computing it again (its healed model,
-        where it was healed), into its ``model/`` or into ``target``."""
-        cut = self.calibration.cut(unit, stored["widths"])
-        target = target or unit_dir / UNIT_MODEL_DIR
-        export_finished(
-            self.model, self.sites, cut, stored, unit_dir, target, unit_key,
-            self.inputs.export_dtype,
+    def finished(self) -> Finished:
+        """The units computed so far, as the prune's record reads them and with what writes a
+        finished unit's model again (:mod:`geospec.prune.record`)."""
+        return Finished(
+            self.model, self.sites, self.calibration, self.inputs, self.results, self.dims,
+            self.width, self.run_dir, self.selection, self.say,
         )  # fmt: skip
-
-    def files_of(self, unit: Unit) -> UnitFiles:
-        """A finished unit's model, for its GGUF file: its ``model/`` where the prune wrote it
-        (in the export dtype), else what writes it into another directory."""
-        from geospec.prune.shipped_score import UnitFiles
-
-        unit_dir, unit_key = unit.directory(self.run_dir), key_of(self.inputs.key, unit)
-        written = has_model(unit_dir, unit_key, self.inputs.export_dtype)
-        write_into = functools.partial(self.write_model, unit, unit_dir, unit_key,
-                                       self.results[unit])  # fmt: skip
-        return UnitFiles(unit_dir, unit_key, unit_dir / UNIT_MODEL_DIR if written else None,
-                         write_into)  # fmt: skip
-
-    def recorded(
-        self, reference: Mapping[str, float], reference_select: float | None
-    ) -> dict[str, Any]:
-        """prune.json's content, every unit computed: the units gathered beside the unpruned
-        model's losses and parameters, and with ``prune.select`` each budget's recommendation,
-        its continuations, exports and shipped files."""
-        from geospec.prune.losses import ffn_parameters
-
-        prune, inputs = self.inputs.prune, self.inputs
-        record = gather(prune, self.dims, reference, self.results, self.width, len(self.sites))
-        # the unpruned model's (a tied embedding once): an arm's total is this less the FFN
-        # parameters it cut
-        record["parameters"] = {
-            "total": sum(p.numel() for p in self.model.parameters()),
-            "ffn": ffn_parameters(self.sites),
-        }
-        if reference_select is not None:
-            record["select_reference"] = reference_select
-        if prune.select is not None and prune.select.shipped and inputs.ship is not None:
-            self.recommend_shipped(record, inputs.ship)
-        if inputs.prompts and any("recommended" in budget for budget in record["budgets"]):
-            record["continuations"] = recommended_continuations(
-                self.model, self.sites, record, inputs.prompts, inputs.stop, self.calibration.cut
-            )
-        self.export_best(record)
-        if inputs.ship is not None:  # what each recommended model ships as, before any export
-            self.measure_shipped(record, inputs.ship)
-        say_sweeps(record, self.say)
-        return record
-
-    def recommend_shipped(self, record: dict[str, Any], ship: ShipSettings) -> None:
-        """``prune.select.shipped``: each budget's recommendation made on every unit's GGUF
-        file's losses on the selection windows."""
-        from geospec.prune.gguf_weights import shipped_window_losses
-        from geospec.prune.shipped_score import recommend_shipped
-
-        assert self.selection is not None  # the recommendation is made on the files' losses
-        by_window = functools.partial(shipped_window_losses, batches=self.selection)
-        recommend_shipped(record, self.inputs.prune, ship, self.files_of, by_window, self.say)
-
-    def export_best(self, record: Mapping[str, Any]) -> None:
-        """``export = ["best@KEEP"]``: the recommended arm's models at KEEP written, every
-        calibration seed's."""
-        prune, inputs = self.inputs.prune, self.inputs
-        for keep in prune.best_exports():
-            budget = next(budget for budget in record["budgets"] if budget["keep"] == keep)
-            for seed in prune.calibration.seeds:
-                unit = Unit(keep, budget["recommended"]["arm"], seed)
-                unit_dir, unit_key = unit.directory(self.run_dir), key_of(inputs.key, unit)
-                if not has_model(unit_dir, unit_key, inputs.export_dtype):
-                    with claim(unit_dir, waiting=waiting_note(unit, self.say)):
-                        self.write_model(unit, unit_dir, unit_key, self.results[unit])
-                    self.say(
-                        f"prune: exported the recommended {unit.arm}@{keep:g} (seed {unit.seed})"
-                    )
-
-    def measure_shipped(self, record: Mapping[str, Any], ship: ShipSettings) -> None:
-        """Each budget's recommended model (first calibration seed's): what it ships as."""
-        from geospec.prune.gguf_weights import shipped_losses
-        from geospec.prune.shipped import shipped
-
-        # its GGUF file scored as shipped, on the windows the recommendation read
-        score = (
-            None if self.selection is None
-            else functools.partial(shipped_losses, batches=self.selection)
-        )  # fmt: skip
-        for budget in record["budgets"]:
-            if "recommended" not in budget:
-                continue
-            seed = self.inputs.prune.calibration.seeds[0]
-            unit = Unit(budget["keep"], budget["recommended"]["arm"], seed)
-            files = self.files_of(unit)
-            budget["recommended"]["shipped"] = shipped(
-                unit, files.key, self.run_dir, ship, files.model_dir, files.write_model, self.say,
-                score,
-            )  # fmt: skip
-
-
-def say_sweeps(record: Mapping[str, Any], say: Callable[[str], None]) -> None:
-    """A line per budget and sweep: the grid setting best on the calibration windows."""
-    for budget in record["budgets"]:
-        for sweep, found in budget.get("sweeps", {}).items():
-            loss = found["calibration_loss"][found["best"]]
-            say(
-                f"prune: at keep {budget['keep']:g} the best of the {sweep!r} grid on the "
-                f"calibration windows is {found['best']!r} (loss {loss:.4f})"
-            )
 
 
 def shown_alone(heal: Healer, advance: StageAdvance) -> Healer:
@@ -461,76 +247,3 @@ def shown_alone(heal: Healer, advance: StageAdvance) -> Healer:
             return heal(unit, directory, key, imported)
 
     return healed
-
-
-def waiting_note(unit: Unit, say: Callable[[str], None]) -> Callable[[Any], None]:
-    """What a prune says when another process holds ``unit``'s claim, told the holder's record
-    (:func:`geospec.storage.locks.claim_holder`: None, or one without a pid, when it cannot be
-    read)."""
-    import socket
-
-    def waiting(holder: dict[str, Any] | None) -> None:
-        who = ""
-        if holder is not None and "pid" in holder:
-            host = holder["host"]  # a pid is its host's own: the host is named where it differs
-            where = "" if host == socket.gethostname() else f" on {host}"
-            who = f" (pid {holder['pid']}{where})"
-        say(f"waiting for unit {unit.label}: another geospec prune{who} is computing it")
-
-    return waiting
-
-
-def pruned_unit(
-    model: nn.Module,
-    sites: Sequence[FFNSite],
-    cut: Cut,
-    widths: Sequence[int],
-    corpora: Mapping[str, Sequence[Any]],
-    unit: Unit,
-    unit_dir: Path,
-    key: str,
-    inputs: PruneInputs,
-    heal: Healer | None,
-    *,
-    calibration: Sequence[Batch] | None = None,
-    export: bool = False,
-    selection: Sequence[Batch] | None = None,
-) -> dict[str, Any]:
-    """One pruned model (cut and repaired as ``cut`` says): its losses, FFN parameters, (with
-    export) checkpoint (the healed model's, with a healer), (with a healer) its losses after
-    healing and (with ``calibration``, a sweep's arm) its loss on the calibration windows."""
-    import torch
-
-    from geospec.engine.imported import import_llama
-    from geospec.prune.losses import eval_loss, ffn_parameters, window_losses
-
-    imported = None
-    with torch.no_grad(), cut_to(sites, cut, widths):
-        windows = {name: window_losses(model, batches) for name, batches in corpora.items()}
-        losses = {name: sum(values) / len(values) for name, values in windows.items()}
-        own = None if calibration is None else eval_loss(model, calibration)
-        chosen_on = None if selection is None else window_losses(model, selection)
-        params = ffn_parameters(sites)
-        if export and heal is None:
-            export_unit(model, sites, widths, unit_dir / UNIT_MODEL_DIR, key, inputs.export_dtype)
-        else:  # an earlier computation's model is not this one's
-            shutil.rmtree(unit_dir / UNIT_MODEL_DIR, ignore_errors=True)
-        if heal is not None:
-            imported = import_llama(model, inputs.seq_len)
-    result: dict[str, Any] = {
-        "widths": list(widths), "ffn_params": params, "loss": losses, "window_loss": windows,
-    }  # fmt: skip
-    if own is not None:
-        result["calibration_loss"] = own
-    if chosen_on is not None:  # what the recommendation reads (prune.select)
-        result["select_loss"] = chosen_on
-    if imported is not None and heal is not None:
-        # healing trains in its own precision (train.precision), not the prune's compute dtype
-        with torch.autocast(next(model.parameters()).device.type, enabled=False):
-            result["healed_loss"] = heal(unit, unit_dir / HEAL_DIR, key, imported)
-        if export:
-            export_healed(
-                model, sites, cut, widths, unit_dir / HEAL_DIR, unit_dir / UNIT_MODEL_DIR, key,
-                inputs.export_dtype,
-            )  # fmt: skip
-    return result

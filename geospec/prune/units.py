@@ -1,6 +1,7 @@
 """The units of a prune: one pruned model per keep fraction x arm x calibration seed, each in
-its own directory with a sealed record, and ``prune.json``'s content gathered from them
-(torch-free).
+its own directory with a sealed record under its key; which of them are finished, which
+``--arms/--keep`` chose, and what a prune says while another process computes one (torch-free;
+``prune.json``'s content gathered from them is :mod:`geospec.prune.record`'s).
 
 A unit's directory is ``prune/keep-<f>/<arm>/seed-<k>/``: ``result.json`` (sealed; its key names
 what it was computed from), ``model/`` (the exported checkpoint, with ``export``) and ``heal/``
@@ -10,12 +11,11 @@ expected key is finished and reused, so an interrupted prune resumes unit by uni
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from geospec.kinds import ModelDims
 from geospec.rundir.artifacts import json_problem, read_json
 from geospec.rundir.layout import UNIT_FILE, UNIT_MODEL_DIR, prune_unit_dir
 from geospec.spec.sections import PruneSpec
@@ -251,6 +251,23 @@ def left_out_note(left_out: Sequence[Unit]) -> str:
     )
 
 
+def waiting_note(unit: Unit, say: Callable[[str], None]) -> Callable[[Any], None]:
+    """What a prune says when another process holds ``unit``'s claim, told the holder's record
+    (:func:`geospec.storage.locks.claim_holder`: None, or one without a pid, when it cannot be
+    read)."""
+    import socket
+
+    def waiting(holder: dict[str, Any] | None) -> None:
+        who = ""
+        if holder is not None and "pid" in holder:
+            host = holder["host"]  # a pid is its host's own: the host is named where it differs
+            where = "" if host == socket.gethostname() else f" on {host}"
+            who = f" (pid {holder['pid']}{where})"
+        say(f"waiting for unit {unit.label}: another geospec prune{who} is computing it")
+
+    return waiting
+
+
 def units_of(prune: PruneSpec) -> list[Unit]:
     """Every unit of a prune, in the order they are computed (a calibration seed's units
     together: its scores are computed once)."""
@@ -297,130 +314,3 @@ def export_mark(key: str, dtype: str) -> str:
 
 #: In an exported model's directory: the key of the unit it was exported from, and its dtype.
 EXPORTED_FILE = "geospec-unit-key"
-
-
-def gather(
-    prune: PruneSpec,
-    dims: Mapping[float, ModelDims],
-    reference: Mapping[str, float],
-    results: Mapping[Unit, Mapping[str, Any]],
-    width: int,
-    layers: int,
-) -> dict[str, Any]:
-    """prune.json's content: per keep fraction, every arm's widths, FFN parameters and losses
-    per calibration seed and corpus (and each eval window's, where every unit recorded them;
-    a search's fitness per generation and whether it moved, where its units recorded them)."""
-    budgets = []
-    for keep in prune.fractions:
-        arms: dict[str, dict[str, Any]] = {}
-        for arm in prune.arms:
-            units = {seed: results[Unit(keep, arm.name, seed)] for seed in prune.calibration.seeds}
-            first = next(iter(units.values()))
-            arms[arm.name] = {
-                "widths": {str(seed): unit["widths"] for seed, unit in units.items()},
-                "ffn_params": {str(seed): unit["ffn_params"] for seed, unit in units.items()},
-                "loss": {
-                    corpus: {str(seed): unit["loss"][corpus] for seed, unit in units.items()}
-                    for corpus in first["loss"]
-                },
-            }
-            if all("window_loss" in unit for unit in units.values()):  # units since 0.2
-                arms[arm.name]["window_loss"] = {
-                    corpus: {str(s): unit["window_loss"][corpus] for s, unit in units.items()}
-                    for corpus in first["window_loss"]
-                }
-            if arm.importance is not None:  # the arm's own, not the prune's
-                arms[arm.name]["importance"] = arm.importance.model_dump(mode="json")
-            if arm.compensate is not None:
-                arms[arm.name]["compensate"] = arm.compensate
-            if arm.repair is not None or arm.lstsq is not None or prune.refits(arm):
-                arms[arm.name]["repair"] = prune.repair_of(arm)  # the arm's, or the prune's
-            if prune.refits(arm):  # how it was re-fitted
-                arms[arm.name]["lstsq"] = prune.lstsq_of(arm).model_dump(mode="json")
-            if arm.sweep is not None:  # a grid's arms are also scored on calibration text
-                arms[arm.name]["calibration_loss"] = {
-                    str(seed): unit["calibration_loss"] for seed, unit in units.items()
-                }
-            if prune.select is not None:  # the recommendation's windows (prune.select)
-                arms[arm.name]["select_loss"] = {
-                    str(seed): unit["select_loss"] for seed, unit in units.items()
-                }
-            if all("search" in unit for unit in units.values()):  # a search's path (evolve)
-                arms[arm.name]["search"] = {
-                    str(seed): searched_summary(unit["search"]) for seed, unit in units.items()
-                }
-            if "healed_loss" in first:
-                arms[arm.name]["healed_loss"] = {
-                    corpus: {str(s): unit["healed_loss"][corpus] for s, unit in units.items()}
-                    for corpus in first["healed_loss"]
-                }
-        budget: dict[str, Any] = {
-            "keep": keep,
-            "uniform_width": dims[keep].ffn_width,
-            "budget": dims[keep].budget,
-            "multiple": dims[keep].multiple_of,
-            "arms": arms,
-        }
-        if prune.sweeps:
-            budget["sweeps"] = best_settings(prune.sweeps, arms)
-        if prune.select is not None:
-            from geospec.prune.select import recommend
-
-            budget["recommended"] = recommend(arms, prune.select.windows)
-        budgets.append(budget)
-    return {
-        "keep": prune.fractions,
-        "baseline": prune.baseline,
-        "importance": prune.importance.model_dump(mode="json"),
-        "corpora": list(prune.eval.corpora),
-        "windows": prune.eval.windows,
-        "seeds": list(prune.calibration.seeds),
-        "layers": layers,
-        "width": width,
-        "reference": dict(reference),
-        "budgets": budgets,
-    }
-
-
-def searched_summary(search: Mapping[str, Any]) -> dict[str, Any]:
-    """What ``prune.json`` keeps of one unit's search (its ``result.json``'s ``search``): the
-    fitness per generation and whether it moved; with patience, the parent's fitness on the
-    tracked windows per generation; and why it stopped, where the unit recorded it."""
-    steps = search["trajectory"]
-    summary: dict[str, Any] = {
-        key: [step[key] for step in steps] for key in ("fitness", "accepted")
-    }
-    if steps and all("tracked" in step for step in steps):
-        summary["tracked"] = [step["tracked"] for step in steps]
-    if search.get("stopped"):
-        summary["stopped"] = dict(search["stopped"])
-    return summary
-
-
-def stop_reason(stopped: Mapping[str, Any] | None, prefix: str = "") -> str:
-    """Why a search stopped, in words after ``prefix`` (empty while it has not stopped)."""
-    if not stopped:
-        return ""
-    if stopped["by"] == "patience":
-        return (
-            f"{prefix}stopped at generation {stopped['generation']} by patience "
-            f"{stopped['patience']}: no better parent on the tracked windows since generation "
-            f"{stopped['best_generation']}"
-        )
-    return f"{prefix}stopped at its cap of {stopped['generation']} generations"
-
-
-def best_settings(
-    sweeps: Mapping[str, Sequence[str]], arms: Mapping[str, Mapping[str, Any]]
-) -> dict[str, dict[str, Any]]:
-    """Each grid's best arm at one budget: the lowest calibration loss (training windows, never
-    eval text) averaged over the calibration seeds (ties: the first in spec order), with every
-    arm's mean."""
-    best: dict[str, dict[str, Any]] = {}
-    for sweep, names in sweeps.items():
-        means = {
-            name: sum(arms[name]["calibration_loss"].values()) / len(arms[name]["calibration_loss"])
-            for name in names
-        }
-        best[sweep] = {"best": min(names, key=lambda name: means[name]), "calibration_loss": means}
-    return best

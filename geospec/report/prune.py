@@ -601,7 +601,7 @@ def prune_markdown(
             ]
         for name, arm in budget["arms"].items():
             if "search" in arm:  # an evolve arm: how far its search went, and why it stopped
-                from geospec.prune.units import stop_reason
+                from geospec.prune.unit_search import stop_reason
 
                 paths = "; ".join(
                     f"seed {seed}: {found['fitness'][0]:.4g} to {found['fitness'][-1]:.4g}, "

@@ -147,8 +147,9 @@ class PruneStage:
         from geospec.pipeline.stages.reference import load_reference
         from geospec.prune.corpora import eval_batches
         from geospec.prune.heal import check_healable
+        from geospec.prune.inputs import PruneInputs
         from geospec.prune.select import continuation_texts, prompt_ids, select_batches
-        from geospec.prune.study import PruneInputs, prune_units
+        from geospec.prune.study import prune_units
 
         prune = self.prune
         assert prune is not None
