@@ -193,3 +193,42 @@ def test_a_qwen2_gguf_refit_is_shipped_and_exported_as_deci_with_its_down_bias(
         scored = shipped_model(unit / "model", out)(input_ids=torch.tensor([tokens])).logits
     np.testing.assert_allclose(deci_logits(out, tokens), scored[0].double().numpy(), atol=2e-4,
                                rtol=1e-4)  # fmt: skip
+
+
+@pytest.mark.gguf
+def test_select_shipped_on_a_gguf_the_writer_does_not_map_is_one_line(tmp_path: Path) -> None:
+    """select.shipped writes every arm's GGUF file, repaired or not: a Gemma 3 GGUF reference
+    (its architecture read from the header; the GGUF writer maps only deci's families, and
+    llama.cpp's gemma3 loader reads no FFN bias) has none, so validate refuses it in one line
+    naming the file, the field and the fix, which then validates."""
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3")
+    writer.add_block_count(2)
+    writer.add_context_length(64)
+    writer.add_embedding_length(32)
+    writer.add_feed_forward_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q8_0))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(64)])
+    writer.add_tensor("token_embd.weight", np.zeros((64, 32), np.float32))
+    writer.add_tensor("output_norm.weight", np.zeros(32, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    arms = [ARMS[0], {"name": "cosine", "schedule": {"kind": "cosine"}}]
+    spec = family_spec(tmp_path, "llama", arms=arms, select={"windows": 2, "shipped": True})
+    data = tomlkit.parse(spec.read_text())
+    data["reference"]["checkpoint"] = "g.gguf"  # type: ignore[index]
+    del data["data"]["tokenizer"]  # type: ignore[attr-defined]
+    spec.write_text(tomlkit.dumps(data))
+    result = run("validate", str(spec))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert str(spec) in said and "prune.select.shipped: every arm's GGUF file" in said
+    assert "maps llama, mistral, qwen2 (llama.cpp's deci), not gemma3" in said
+    assert f"GGUF metadata of {tmp_path / 'g.gguf'}" in said and "select.shipped = false" in said
+    assert run("validate", str(spec), "--set", "prune.select.shipped=false").exit_code == 0
