@@ -104,7 +104,8 @@ def test_a_recommended_refit_is_shipped_and_exported_with_its_bias(tmp_path: Pat
     them: nothing is warned about; What to ship measures its files; --export best@KEEP writes
     its true-width directory, whose down projections hold the bias and whose loss is the one
     the prune recorded. --export best@KEEP --padded is warned about at the start and refused
-    (exit 2, one line) once the prune has chosen, its units reused."""
+    (exit 2, one line) once the prune has chosen, its units reused; geospec export --padded of
+    the finished unit is refused in one line too."""
     from test_qwen2 import eval_loss_here, prune_spec  # a tiny Qwen2 with a BPE tokenizer
 
     arms = [ARMS[1], {**ARMS[1], "name": "refit-ends", "schedule": {"kind": "protect", "first": 1}}]
@@ -131,6 +132,12 @@ def test_a_recommended_refit_is_shipped_and_exported_with_its_bias(tmp_path: Pat
     assert f"--export {chosen}@0.5 --padded: {chosen}'s repair ('lstsq') adds a bias" in said
     assert "pruned models" not in said  # the units were reused, none computed again
     assert not out.exists()
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / chosen / "seed-0"
+    result = run("export", str(unit), "--to", str(out), "--padded")  # the finished unit
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert "a padded export (--padded)" in said and "qwen2 MLP has no bias" in said
+    assert "leave --padded out" in said and not out.exists()
 
 
 @pytest.mark.gguf

@@ -77,11 +77,11 @@ def compensation_biases(
     problem = compensated_export_problem(model)
     if problem is not None and padded:
         raise UsageError(
-            f"a padded export (--padded): the pruned model's FFN output projections carry a "
-            f"bias (prune.repair) "
-            f"but {problem}, so AutoModelForCausalLM would drop it; export it at its true "
-            "widths (leave --padded out: geospec.load_pruned reads it) or as GGUF (--format "
-            "gguf), or re-fit without an intercept (prune.lstsq = { intercept = false })"
+            "a padded export (--padded): the pruned model's FFN output projections carry a "
+            f"bias (prune.repair) but {problem}, so AutoModelForCausalLM would drop it; export "
+            "it at its true widths (leave --padded out: geospec.load_pruned reads it) or as "
+            "GGUF (--format gguf), or re-fit without an intercept (prune.lstsq = { intercept = "
+            "false })"
         )
     names = {id(module): name for name, module in model.named_modules()}
     zeros = {}
