@@ -1,21 +1,28 @@
 """A re-fit with its intercept (or mean compensation) adds a bias to the FFN output projection,
-which Qwen2's and Gemma 3's transformers MLP cannot hold: said before the prune runs, read from
-the checkpoint's own config.json. An export that asks for such a model explicitly is refused
-(exit 2, the spec file, the field and the fix); What to ship's files of a recommended model
-that could be one, and export = ["best@KEEP"], are a warning: the prune still runs and scores.
-Tiny checkpoints of each family are built here with transformers."""
+which Qwen2's and Gemma 3's transformers MLP is built without. Every export geospec writes from
+such a unit carries it: the true-width directory (load_pruned gives the projection its bias),
+and on a family written as llama.cpp's deci (Qwen2) the GGUF file's ffn_down.bias, in the
+source's own type, for every path that writes one (What to ship, select.shipped, --export
+ARM@KEEP --format gguf, geospec export). Only the padded checkpoint, which plain transformers
+reads and would drop the bias, is refused: before anything runs where the arm is named (exit 2,
+the spec file, the option and the fix), warned about where it is the recommended arm. Tiny
+checkpoints of each family are built here with transformers."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import hf_models
+import numpy as np
 import pytest
 import tomlkit
+import torch
 from click.testing import CliRunner, Result
 from test_prune import word_corpus
 
+import geospec
 from geospec.cli import cli
 
 pytestmark = [pytest.mark.torch]
@@ -58,123 +65,177 @@ def run(*args: str) -> Result:
     return CliRunner().invoke(cli, list(args))
 
 
-def warnings_of(output: str) -> list[str]:
-    return [" ".join(line.split()) for line in output.split("warning:")[1:]]
-
-
-@pytest.mark.parametrize("family", ["qwen2", "gemma3"])
-def test_validate_warns_when_the_recommended_arm_could_be_a_refit_the_family_cannot_hold(
+@pytest.mark.parametrize("family", ["qwen2", "gemma3", "llama"])
+def test_a_refit_with_an_intercept_exported_at_true_widths_is_valid_and_not_warned_about(
     tmp_path: Path, family: str
 ) -> None:
-    spec = family_spec(tmp_path, family, export=["best@0.5"], select={"windows": 2})
-    result = run("validate", str(spec))
-    assert result.exit_code == 0, result.output
-    (warning,) = warnings_of(result.output.split("is valid")[0])
-    model_type = FAMILIES[family][1]
-    assert warning.startswith("prune.select: if the recommended arm is refit")
-    assert 'export = ["best@0.5"] fails' in warning
-    assert f"transformers' {model_type} MLP has no bias" in warning
-    assert f"config.json of {tmp_path / 'model'}" in warning
-    assert "lstsq = { intercept = false }" in warning
-    # geospec run says it too, first (here it stops after loading the reference)
-    started = run("run", str(spec), "--until", "reference")
-    assert started.exit_code == 0, started.output
-    assert started.output.startswith("warning: prune.select: if the recommended arm is refit")
-    # the fix named is the fix: no warning once the re-fit has no intercept
-    quiet = run("validate", str(spec), "--set", "prune.lstsq.intercept=false")
-    assert quiet.exit_code == 0 and "warning:" not in quiet.output
-    # nor without What to ship, which is what would write the recommended model
-    plain = family_spec(tmp_path, family, export=False)
-    assert "warning:" not in run("validate", str(plain)).output
-
-
-def test_a_llama_holds_the_refit_bias_and_is_not_warned_about(tmp_path: Path) -> None:
-    spec = family_spec(tmp_path, "llama", export=["best@0.5", "refit@0.5"], select={"windows": 2})
+    """Exported in the spec (the true-width directory), recommended by What to ship and
+    exported as best@KEEP: nothing is refused or warned about, on any family."""
+    spec = family_spec(tmp_path, family, export=["best@0.5", "refit@0.5"], select={"windows": 2})
     result = run("validate", str(spec))
     assert result.exit_code == 0, result.output
     assert "warning:" not in result.output
+    started = run("run", str(spec), "--until", "reference")
+    assert started.exit_code == 0 and "warning:" not in started.output, started.output
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3"])
-def test_an_explicit_export_of_a_refit_with_an_intercept_is_refused_before_anything_runs(
+def test_a_padded_export_of_a_refit_with_an_intercept_is_refused_before_anything_runs(
     tmp_path: Path, family: str
 ) -> None:
-    """In the spec (validate and prune) and as --export ARM@KEEP (prune, before any stage): one
-    line naming the spec file, the field and the fix, exit 2; no run directory is made."""
-    spec = family_spec(tmp_path, family, export=["refit@0.5"])
-    model_type = FAMILIES[family][1]
-    for command in ("validate", "prune"):
-        result = run(command, str(spec))
-        assert result.exit_code == 2 and "Traceback" not in result.output
-        said = " ".join(result.output.split())
-        assert str(spec) in said and 'prune.repair: "lstsq" on refit' in said
-        assert f"{model_type} MLP has no bias" in said and "intercept = false" in said
+    """--export ARM@KEEP --padded (prune, before any stage): one line naming the option, the
+    file the family was read from and the fixes (the true widths or GGUF, which carry the bias;
+    no intercept), exit 2; no run directory is made."""
     spec = family_spec(tmp_path, family, export=False)
-    result = run("prune", str(spec), "--export", "refit@0.5", "--to", str(tmp_path / "out"))
+    model_type = FAMILIES[family][1]
+    out = tmp_path / "out"
+    result = run("prune", str(spec), "--export", "refit@0.5", "--to", str(out), "--padded")
     assert result.exit_code == 2 and "Traceback" not in result.output
     said = " ".join(result.output.split())
-    assert "--export refit@0.5: refit's repair ('lstsq') adds a bias" in said
-    assert f"{model_type} MLP has no bias" in said and "lstsq = { intercept = false }" in said
-    assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()
-    # the unrepaired arm's export is not refused (here only checked up to the spec: validate)
-    assert (
-        run("validate", str(family_spec(tmp_path, family, export=["uniform@0.5"]))).exit_code == 0
-    )
+    assert f"config.json of {tmp_path / 'model'}" in said
+    assert "--export refit@0.5 --padded: refit's repair ('lstsq') adds a bias" in said
+    assert f"{model_type} MLP has no bias" in said and "leave --padded out" in said
+    assert "lstsq = { intercept = false }" in said
+    assert not (tmp_path / "run").exists() and not out.exists()
 
 
-def test_prune_says_it_at_its_start_and_still_prunes_and_scores(tmp_path: Path) -> None:
-    """Both arms re-fitted with their intercept, so the recommendation is one of them: the
-    warning is the first thing geospec prune says; every unit is computed and scored, and What
-    to ship records the recommended model as unexportable. --export best@KEEP is warned about at
-    the start and refused (exit 2, one line) once the prune has chosen, its units reused."""
-    import json
-
-    from test_qwen2 import prune_spec  # a tiny Qwen2 with a BPE tokenizer, on prose
+def test_a_recommended_refit_is_shipped_and_exported_with_its_bias(tmp_path: Path) -> None:
+    """Both arms re-fitted with their intercept on a Qwen2, so the recommendation is one of
+    them: nothing is warned about; What to ship measures its files; --export best@KEEP writes
+    its true-width directory, whose down projections hold the bias and whose loss is the one
+    the prune recorded. --export best@KEEP --padded is warned about at the start and refused
+    (exit 2, one line) once the prune has chosen, its units reused; geospec export --padded of
+    the finished unit is refused in one line too."""
+    from test_qwen2 import eval_loss_here, prune_spec  # a tiny Qwen2 with a BPE tokenizer
 
     arms = [ARMS[1], {**ARMS[1], "name": "refit-ends", "schedule": {"kind": "protect", "first": 1}}]
     spec = prune_spec(tmp_path, arms=arms, baseline="refit", export=False,
                       select={"windows": 2, "runtime": False})  # fmt: skip
-    result = run("prune", str(spec))
+    result = run("prune", str(spec), "--export", "best@0.5", "--to", str(tmp_path / "best"))
     assert result.exit_code == 0, result.output + repr(result.exception)
-    first = result.output.strip().splitlines()[0]
-    assert first.startswith("warning: prune.select: if the recommended arm is refit or refit-ends")
+    assert "warning:" not in result.output
     record = json.loads((tmp_path / "run" / "prune.json").read_text())
     budget = record["budgets"][0]
-    assert set(budget["arms"]) == {"refit", "refit-ends"}
-    assert "qwen2 MLP has no bias" in budget["recommended"]["shipped"]["unexportable"]
     chosen = budget["recommended"]["arm"]
-    result = run("prune", str(spec), "--export", "best@0.5", "--to", str(tmp_path / "best"))
+    assert "unexportable" not in budget["recommended"]["shipped"]
+    assert budget["recommended"]["shipped"]["safetensors_bytes"] > 0
+    model = geospec.load_pruned(tmp_path / "best")
+    assert all(layer.mlp.down_proj.bias is not None for layer in model.model.layers)
+    loss = eval_loss_here(tmp_path, model)
+    assert loss == pytest.approx(budget["arms"][chosen]["loss"]["docs.jsonl"]["0"], rel=1e-5)
+    out = tmp_path / "padded"
+    result = run("prune", str(spec), "--export", "best@0.5", "--to", str(out), "--padded")
     assert result.exit_code == 2 and "Traceback" not in result.output
     said = " ".join(result.output.split())
-    assert said.startswith("warning:") and "and --export best@0.5 fails" in said.split("✓")[0]
-    assert f"--export {chosen}@0.5: {chosen}'s repair ('lstsq') adds a bias" in said
+    assert said.startswith("warning: prune.select: if the recommended arm is refit or refit-ends")
+    assert "--export best@0.5 --padded fails" in said.split("✓")[0]
+    assert f"--export {chosen}@0.5 --padded: {chosen}'s repair ('lstsq') adds a bias" in said
     assert "pruned models" not in said  # the units were reused, none computed again
-    assert not (tmp_path / "best").exists()
+    assert not out.exists()
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / chosen / "seed-0"
+    result = run("export", str(unit), "--to", str(out), "--padded")  # the finished unit
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.output.split())
+    assert "a padded export (--padded)" in said and "qwen2 MLP has no bias" in said
+    assert "leave --padded out" in said and not out.exists()
 
 
 @pytest.mark.gguf
-def test_select_shipped_on_a_qwen2_gguf_with_a_refit_is_refused(tmp_path: Path) -> None:
-    """select.shipped writes every arm's GGUF file from its transformers checkpoint: with a
-    re-fit that has its intercept on a Qwen2 GGUF (Q8_0, which gguf-py writes) none of that
-    arm's files can be written, so the recommendation could never be made; the family is read
-    from the file's metadata. Without select.shipped it is a warning."""
+def test_a_qwen2_gguf_refit_is_shipped_and_exported_as_deci_with_its_down_bias(
+    tmp_path: Path,
+) -> None:
+    """A Qwen2 GGUF reference (Q8_0, which gguf-py writes) with a re-fit that has its intercept
+    and select.shipped: validate accepts it; every unit's GGUF file is written and scored, and
+    the recommendation made on them; What to ship measures the recommended file. geospec export
+    and --export ARM@KEEP --format gguf write the re-fit's file in the source's Q8_0 with each
+    down projection's bias (f32, equal to the exported model's), and llama.cpp's deci graph on
+    it gives the logits of the model geospec scores as shipped (the file de-quantized)."""
+    gguf = pytest.importorskip("gguf")
     import gguf_models
-    from test_qwen2 import prune_spec, qwen2
+    from test_qwen2 import deci_logits, ids, prune_spec, qwen2
 
-    pytest.importorskip("gguf")
+    from geospec.prune.gguf_weights import shipped_model
+
     gguf_models.bpe_tokenizer(tmp_path / "tokenizer")
     gguf_models.qwen2_gguf(tmp_path / "q.gguf", qwen2(vocab=gguf_models.VOCAB),
                            tmp_path / "tokenizer", q8_0=True)  # fmt: skip
     spec = prune_spec(tmp_path, arms=ARMS, export=False, select={"windows": 2, "shipped": True})
     data = tomlkit.parse(spec.read_text())
     data["reference"]["checkpoint"] = "q.gguf"  # type: ignore[index]
+    data["prune"]["select"]["runtime"] = False  # type: ignore[index]
+    spec.write_text(tomlkit.dumps(data))
+    result = run("validate", str(spec))
+    assert result.exit_code == 0 and "warning:" not in result.output, result.output
+    out = tmp_path / "refit.gguf"
+    result = run("prune", str(spec), "--export", "refit@0.5", "--format", "gguf", "--to", str(out))
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    budget = json.loads((tmp_path / "run" / "prune.json").read_text())["budgets"][0]
+    assert budget["recommended"]["on"] == "shipped"
+    for arm in budget["arms"].values():  # each unit's file scored on every selection window
+        assert len(arm["shipped_select_loss"]["0"]) == 2
+        assert all(np.isfinite(arm["shipped_select_loss"]["0"]))
+    shipped = budget["recommended"]["shipped"]
+    assert shipped["gguf"]["type"] == "Q8_0" and shipped["gguf"]["bytes"] > 0
+    assert "skipped" not in shipped["score"]
+    unit = tmp_path / "run" / "prune" / "keep-0.5" / "refit" / "seed-0"
+    again = tmp_path / "exported.gguf"
+    result = run("export", str(unit), "--to", str(again), "--format", "gguf")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    model = geospec.load_pruned(unit / "model")
+    tensors = {t.name: t for t in gguf.GGUFReader(str(out)).tensors}
+    exported = {t.name: t for t in gguf.GGUFReader(str(again)).tensors}
+    assert set(exported) == set(tensors)  # one path: the same tensors (the name differs)
+    for name, tensor in tensors.items():
+        assert exported[name].tensor_type == tensor.tensor_type
+        np.testing.assert_array_equal(exported[name].data, tensor.data)
+    assert tensors["blk.0.ffn_down.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    for i, layer in enumerate(model.model.layers):
+        stored = tensors[f"blk.{i}.ffn_down.bias"]
+        assert stored.tensor_type == gguf.GGMLQuantizationType.F32
+        bias = layer.mlp.down_proj.bias.detach().numpy()
+        assert np.abs(bias).max() > 0  # every layer is cut and re-fitted
+        np.testing.assert_array_equal(stored.data, bias)
+    tokens = [int(i) for i in ids(gguf_models.VOCAB)[0]]
+    with torch.no_grad():
+        scored = shipped_model(unit / "model", out)(input_ids=torch.tensor([tokens])).logits
+    np.testing.assert_allclose(deci_logits(out, tokens), scored[0].double().numpy(), atol=2e-4,
+                               rtol=1e-4)  # fmt: skip
+
+
+@pytest.mark.gguf
+def test_select_shipped_on_a_gguf_the_writer_does_not_map_is_one_line(tmp_path: Path) -> None:
+    """select.shipped writes every arm's GGUF file, repaired or not: a Gemma 3 GGUF reference
+    (its architecture read from the header; the GGUF writer maps only deci's families, and
+    llama.cpp's gemma3 loader reads no FFN bias) has none, so validate refuses it in one line
+    naming the file, the field and the fix, which then validates."""
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3")
+    writer.add_block_count(2)
+    writer.add_context_length(64)
+    writer.add_embedding_length(32)
+    writer.add_feed_forward_length(64)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q8_0))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list([f"t{i}" for i in range(64)])
+    writer.add_tensor("token_embd.weight", np.zeros((64, 32), np.float32))
+    writer.add_tensor("output_norm.weight", np.zeros(32, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    arms = [ARMS[0], {"name": "cosine", "schedule": {"kind": "cosine"}}]
+    spec = family_spec(tmp_path, "llama", arms=arms, select={"windows": 2, "shipped": True})
+    data = tomlkit.parse(spec.read_text())
+    data["reference"]["checkpoint"] = "g.gguf"  # type: ignore[index]
+    del data["data"]["tokenizer"]  # type: ignore[attr-defined]
     spec.write_text(tomlkit.dumps(data))
     result = run("validate", str(spec))
     assert result.exit_code == 2 and "Traceback" not in result.output
     said = " ".join(result.output.split())
     assert str(spec) in said and "prune.select.shipped: every arm's GGUF file" in said
-    assert "qwen2 MLP has no bias" in said and f"GGUF metadata of {tmp_path / 'q.gguf'}" in said
-    assert "lstsq = { intercept = false }" in said and "select.shipped = false" in said
-    result = run("validate", str(spec), "--set", "prune.select.shipped=false")
-    assert result.exit_code == 0, result.output
-    assert warnings_of(result.output)[0].startswith("prune.select: if the recommended arm is refit")
+    assert "maps llama, mistral, qwen2 (llama.cpp's deci), not gemma3" in said
+    assert f"GGUF metadata of {tmp_path / 'g.gguf'}" in said and "select.shipped = false" in said
+    assert run("validate", str(spec), "--set", "prune.select.shipped=false").exit_code == 0

@@ -235,20 +235,34 @@ def test_a_compensated_pruned_model_puts_removed_neurons_at_their_calibration_me
         torch.testing.assert_close(got, compensated, atol=1e-5, rtol=1e-5)
 
 
-def test_a_compensated_export_without_an_mlp_bias_is_refused_in_one_line(tmp_path: Path) -> None:
-    model = hf_models.mistral()
+@pytest.mark.parametrize(("family", "full"), [("mistral", 48), ("gemma3_text", 64)])
+def test_a_compensated_export_without_an_mlp_bias_keeps_it_at_true_widths_and_refuses_padding(
+    tmp_path: Path, family: str, full: int
+) -> None:
+    """Mistral's and Gemma 3's MLPs have no bias option: the true-width export stores the
+    compensation's bias and load_pruned gives it back (the cut model's logits); the padded
+    checkpoint, which plain transformers would read without it, is refused in one line and not
+    written."""
+    model = hf_models.mistral() if family == "mistral" else hf_models.gemma3()
     ids = torch.randint(0, hf_models.VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
     sites = find_ffn_sites(model, hf_models.WIDTH, lambda: logits_of(model, ids))
     assert compensated_export_problem(hf_models.llama()) is None
     assert compensated_export_problem(hf_models.gpt2()) is None
     problem = compensated_export_problem(model)
-    assert problem is not None and "mistral MLP has no bias" in problem
-    orders = [list(range(48))] * len(sites)
-    means = [torch.ones(48)] * len(sites)
-    with torch.no_grad(), pruned(sites, orders, [24] * len(sites), compensation=means):
-        with pytest.raises(UsageError, match=r"prune.export.*mistral MLP has no bias"):
-            export_pruned(model, sites, [24] * len(sites), tmp_path / "x")
-        assert not (tmp_path / "x").exists()
+    assert problem is not None and f"{family} MLP has no bias" in problem
+    orders = [list(range(full))] * len(sites)
+    means = [torch.ones(full)] * len(sites)
+    widths = [full // 2] * len(sites)
+    with torch.no_grad(), pruned(sites, orders, widths, compensation=means):
+        expected = logits_of(model, ids)
+        with pytest.raises(UsageError, match=rf"padded export.*{family} MLP has no bias"):
+            export_pruned(model, sites, widths, tmp_path / "x", padded=True)
+        export_pruned(model, sites, widths, tmp_path / "true")
+    assert not (tmp_path / "x").exists()
+    loaded = geospec.load_pruned(tmp_path / "true")
+    assert all(layer.mlp.down_proj.bias is not None for layer in loaded.model.layers)
+    with torch.no_grad():
+        torch.testing.assert_close(logits_of(loaded, ids), expected, atol=1e-6, rtol=1e-6)
 
 
 def test_compensate_is_a_prune_option_that_keeps_existing_keys() -> None:

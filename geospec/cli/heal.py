@@ -96,7 +96,7 @@ def heal(
             "in the prune already; geospec prune SPEC --export ARM@KEEP hands out the healed "
             "one (or set steps = 0 to heal only the model you ship with geospec heal)"
         )
-    done = run_prune(spec_path, overrides, None, out, unit, seed, Choice())
+    done = run_prune(spec_path, overrides, None, out, unit, seed, Choice(), padded)
     if done is None:
         return  # under torchrun, rank 0 alone reports
     spec, run_dir, wanted = done

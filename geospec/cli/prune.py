@@ -123,7 +123,7 @@ def prune(
     if to is not None:
         check_target(to, fmt, padded, dtype)
     choice = Choice(_listed("--arms", arms, str), _listed("--keep", keep_fractions, float))
-    done = run_prune(spec_path, overrides, from_stage, out, export_unit, seed, choice)
+    done = run_prune(spec_path, overrides, from_stage, out, export_unit, seed, choice, padded)
     if done is None:
         return  # under torchrun, rank 0 alone reports
     spec, run_dir, wanted = done
@@ -173,11 +173,14 @@ def run_prune(
     export_unit: str | None,
     seed: int | None,
     choice: Choice,
+    padded: bool = False,
 ) -> tuple[Spec, Path, tuple[float, str, int] | None] | None:
     """Run the prune (only the units ``choice`` names) with ``export_unit``'s model (``ARM@KEEP``
     or ``best@KEEP``: the prune first, then the arm it recommends) written into its unit: the
     spec, the run directory and that unit (keep, arm, seed); None on the ranks other than 0
-    under torchrun. ``geospec prune`` and ``geospec heal`` both start so."""
+    under torchrun. ``geospec prune`` and ``geospec heal`` both start so. ``padded``: the model
+    is to be exported padded (checked before anything runs: a repair's bias the family's
+    transformers MLP cannot hold)."""
     wanted: list[tuple[float, str, int]] = []
     best = export_unit is not None and export_unit.partition("@")[0] == BEST
     if export_unit is not None and best:
@@ -185,13 +188,13 @@ def run_prune(
         keep = _best_keep(spec_path, overrides, export_unit, choice)
         done = run_until(
             _last_stage, spec_path, overrides, from_stage, out,
-            adapt=_has_prune(spec_path, warn=True, best=export_unit),
+            adapt=_has_prune(spec_path, best=export_unit if padded else None),
         )  # fmt: skip
         if done is None:
             return None
         export_unit = f"{_recommended(done[1], keep)}@{keep:g}"
         from_stage = None  # the prune just ran: its units are reused, the chosen one exported
-    adapt = _has_prune(spec_path, export_unit, seed, wanted, choice, warn=not best)
+    adapt = _has_prune(spec_path, export_unit, seed, wanted, choice, padded)
     done = run_until(
         _last_stage, spec_path, overrides, from_stage, out, adapt=adapt,
         prune_arms=choice.arms, prune_keep=choice.keep,
@@ -297,15 +300,16 @@ def _has_prune(
     seed: int | None = None,
     wanted: list[tuple[float, str, int]] | None = None,
     choice: Choice | None = None,
-    warn: bool = False,
+    padded: bool = False,
     best: str | None = None,
 ) -> Callable[[Spec], Spec]:
     """A check that the spec has a [prune] section (one line naming the file, exit 2) whose arms
     and keep fractions ``choice`` names; with ``export`` (``ARM@KEEP``, one of the chosen
     units), the spec exporting that unit group too, the unit appended to ``wanted`` (keep, arm,
-    seed), refused where the checkpoint's family cannot hold the arm's repair. Checked when the
-    spec is loaded, before any stage runs; with ``warn``, what may not be written is said
-    (:func:`geospec.spec.file_checks.bias_export_warnings`; ``best``: ``--export best@KEEP``)."""
+    seed), refused ``padded`` where the checkpoint's family's transformers MLP cannot hold the
+    arm's repair. Checked when the spec is loaded, before any stage runs; with ``best``
+    (``--export best@KEEP`` padded), what may not be written is said
+    (:func:`geospec.spec.file_checks.bias_export_warnings`)."""
 
     def check(spec: Spec) -> Spec:
         from geospec.prune.units import Unit, chosen_units
@@ -316,10 +320,10 @@ def _has_prune(
         prune = spec.prune
         if choice is not None:
             _check_choice(prune, choice)
-        if warn:
+        if best is not None:
             from geospec.cli.console import escape, stderr
 
-            asked = [f"--export {best}"] if best else []
+            asked = f"--export {best} --padded"
             for warning in bias_export_warnings(spec, spec_path.parent, asked):
                 stderr().print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
         if export is None:
@@ -348,7 +352,8 @@ def _has_prune(
             prune, choice.arms, choice.keep
         ):
             raise UsageError(f"--export {export}: --arms/--keep leave this unit out; choose it too")
-        if problem := export_option_problem(spec, spec_path.parent, f"--export {export}", arm):
+        option = f"--export {export} --padded"
+        if padded and (problem := export_option_problem(spec, spec_path.parent, option, arm)):
             raise UsageError(problem)
         if wanted is not None:
             wanted.append((keep, arm, chosen))

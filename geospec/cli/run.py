@@ -53,9 +53,8 @@ def run(
 
     Finished stages are skipped; an interrupted run resumes where it stopped.
     """
-    from geospec.cli.console import escape, stderr, warn_broken_plugins
+    from geospec.cli.console import stderr, warn_broken_plugins
     from geospec.pipeline.executor import run_pipeline
-    from geospec.spec.file_checks import bias_export_warnings
     from geospec.spec.loading import load_spec
 
     warn_broken_plugins()
@@ -68,8 +67,6 @@ def run(
     chosen_arms = None if arms is None else _names(arms)
     chosen_seeds = None if seeds is None else _seeds(seeds)
     _check_choice(spec, chosen_arms, chosen_seeds)
-    for warning in bias_export_warnings(spec, spec_path.parent):  # as geospec prune says it
-        stderr().print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     run_pipeline(
         spec,
         spec_path,

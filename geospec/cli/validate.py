@@ -26,7 +26,6 @@ from geospec.cli.console import (
 def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None:
     """Check a spec and print what it resolves to (--json: every value, defaults filled in)."""
     from geospec.solve.widths import compute_widths
-    from geospec.spec.file_checks import bias_export_warnings
     from geospec.spec.loading import load_spec
     from geospec.spec.summary import memory_lines, spec_summary, uncached_hub_notes
     from geospec.spec.width_grid import grid_line
@@ -51,8 +50,6 @@ def validate(spec_path: Path, as_json: bool, overrides: tuple[str, ...]) -> None
         stdout().print(f"[cyan]note:[/] {escape(note)}", highlight=False)
     if (grid := grid_line(spec, spec_path.parent)) is not None:
         stdout().print(f"[cyan]note:[/] {escape(grid)}", highlight=False)
-    for warning in bias_export_warnings(spec, spec_path.parent):
-        stdout().print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     for line in memory_lines(spec, computable.widths):  # per process, before anything is built
         stdout().print(escape(line), highlight=False)
     stdout().print(f"[green]✓[/] {escape(str(spec_path))} is valid", highlight=False)

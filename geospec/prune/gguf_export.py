@@ -16,8 +16,11 @@ llama-model.cpp, ``case LLM_ARCH_DECI``: ``bq``/``bk``/``bv``/``bo`` and ``ffn_g
 ``ffn_up_b``/``ffn_down_b``, ``TENSOR_NOT_REQUIRED``) and its graph adds each one it has
 (src/models/deci.cpp). So Qwen2 (its query, key and value projections have biases; transformers'
 rotate-half rope like Llama's, so its query and key rows and biases are permuted alike) is
-written as deci too, and so is a compensated cut's bias on the FFN's down projection, which
-transformers' Qwen2 cannot hold.
+written as deci too, and so is a repair's bias on the FFN's down projection (mean compensation,
+the least-squares re-fit's intercept) as ``blk.N.ffn_down.bias``, on every family written here:
+transformers' Qwen2 and Mistral MLPs are built without one, but the true-width directory the
+file is written from stores it and :func:`geospec.load_pruned` gives it back. (llama.cpp's
+``gemma3`` loader creates no FFN bias, and Gemma is not written here.)
 
 The tokenizer goes in with the weights: copied field by field from a GGUF file (a model pruned
 from SmolLM2's GGUF keeps that file's vocabulary, merges, special tokens and chat template), or
@@ -45,11 +48,12 @@ import torch
 from geospec.errors import UsageError
 from geospec.prune.gguf_quant import DTYPES as DTYPES  # the types written, where they were
 from geospec.prune.gguf_quant import GGUF_PY, check_dtype, file_type, main_type, quantizer
+from geospec.spec.file_checks import GGUF_FAMILIES
 
 ARCH = "deci"
 #: transformers model types the writer maps to llama.cpp's deci (Llama's layer, its optional
-#: biases included: Qwen2's).
-FAMILIES = ("llama", "mistral", "qwen2")
+#: biases included: Qwen2's), as validate knows them.
+FAMILIES = GGUF_FAMILIES
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,12 @@ does).
 A repair's bias is carried (mean compensation, :mod:`geospec.prune.cut`; the least-squares
 re-fit's intercept, :mod:`geospec.prune.repair`): GPT-2's ``c_proj`` has one already; a
 Llama-family config is exported with ``mlp_bias = True`` (zero gate and up biases; a layer that
-kept every neuron gets a zero down bias). Other configs have no MLP bias to carry it
-(:func:`compensated_export_problem`).
+kept every neuron gets a zero down bias). Other configs (Qwen2's, Mistral's, Gemma's) have no
+MLP bias (:func:`compensated_export_problem`): at the true widths the output projection's bias
+is stored as it is (a zero one where a layer kept every neuron), which
+:func:`geospec.load_pruned` gives back to each layer's output projection (and the GGUF writer
+writes as llama.cpp's ``ffn_down.bias``); the padded checkpoint, which plain
+``AutoModelForCausalLM.from_pretrained`` reads and would drop that bias, is refused in one line.
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ from geospec.version import __version__
 
 
 def compensated_export_problem(model: nn.Module) -> str | None:
-    """Why a compensated pruning of ``model`` cannot be exported as a transformers checkpoint of
-    its own family (None: it can): the family's MLP must hold a bias on its output projection
-    (GPT-2's ``c_proj``; a config with ``mlp_bias``, as Llama's)."""
+    """Why a compensated pruning of ``model`` cannot be exported as a checkpoint its own family's
+    transformers class reads (None: it can): the family's MLP must hold a bias on its output
+    projection (GPT-2's ``c_proj``; a config with ``mlp_bias``, as Llama's). Only the padded
+    export needs that; the true-width one and the GGUF file carry the bias for any family."""
     config: Any = getattr(model, "config", None)
     if config is None:
         return f"{type(model).__name__} is not a transformers model"
@@ -50,11 +55,17 @@ def compensated_export_problem(model: nn.Module) -> str | None:
     )
 
 
-def compensation_biases(model: nn.Module, sites: Sequence[FFNSite]) -> dict[str, torch.Tensor]:
-    """The zero biases a compensated Llama-family export adds (gate, up, and the down projection
-    of a layer that kept every neuron), by state-dict key, so that its config can say
-    ``mlp_bias = True``; empty when no output projection carries a bias the config lacks (an
-    uncompensated cut, GPT-2's c_proj). A family without an MLP bias is a :class:`UsageError`."""
+def compensation_biases(
+    model: nn.Module, sites: Sequence[FFNSite], padded: bool = False
+) -> dict[str, torch.Tensor]:
+    """The zero biases a compensated export adds, by state-dict key, so that every layer's FFN
+    holds the same biases: for a Llama-family config (its config then says ``mlp_bias =
+    True``) the gate, up, and down projection's of a layer that kept every neuron; for a family
+    without an MLP bias (Qwen2, Mistral, Gemma) at the true widths, the down projection's alone
+    (:func:`geospec.load_pruned` gives each output projection its stored bias). Empty when no
+    output projection carries a bias the config lacks (an uncompensated cut, GPT-2's c_proj).
+    ``padded`` for a family without an MLP bias is a :class:`UsageError`: transformers would
+    build its MLP without the bias and drop it on load."""
     config: Any = model.config
     biased = [
         getattr(site.ffn, ffn_layout(site.ffn).output).bias is not None
@@ -64,18 +75,23 @@ def compensation_biases(model: nn.Module, sites: Sequence[FFNSite]) -> dict[str,
     if not any(biased) or getattr(config, "mlp_bias", False):
         return {}
     problem = compensated_export_problem(model)
-    if problem is not None:
+    if problem is not None and padded:
         raise UsageError(
-            f"prune.export: the pruned model's FFN output projections carry a bias "
-            f"(prune.repair) but {problem}; re-fit without one (prune.lstsq = {{ intercept = "
-            'false }), or set prune.repair = "none" or prune.export = false'
+            "a padded export (--padded): the pruned model's FFN output projections carry a "
+            f"bias (prune.repair) but {problem}, so AutoModelForCausalLM would drop it; export "
+            "it at its true widths (leave --padded out: geospec.load_pruned reads it) or as "
+            "GGUF (--format gguf), or re-fit without an intercept (prune.lstsq = { intercept = "
+            "false })"
         )
     names = {id(module): name for name, module in model.named_modules()}
     zeros = {}
     for site in sites:
         prefix = names[id(site.ffn)]
+        output = ffn_layout(site.ffn).output
         for name, module in site.ffn.named_children():
             weight = getattr(module, "weight", None)
+            if problem is not None and name != output:
+                continue  # no gate or up bias where the family's MLP has no bias option
             if isinstance(weight, torch.Tensor) and getattr(module, "bias", None) is None:
                 zeros[f"{prefix}.{name}.bias"] = weight.new_zeros(weight.shape[0]).detach()
     return zeros
@@ -98,8 +114,9 @@ def export_pruned(
     returned :class:`Stored`'s ``note`` says what the padding costs. A bias the cut gave an
     output projection (compensation) is carried: a Llama-family config is saved with
     ``mlp_bias = True`` and zero biases where the model has none; a config without an MLP bias
-    is a :class:`UsageError` (:func:`compensated_export_problem`). ``dtype`` ("bfloat16", ...):
-    the weights' (None: the model's own)."""
+    stores the output projections' biases at the true widths (:func:`compensation_biases`) and
+    is a :class:`UsageError` padded (:func:`compensated_export_problem`). ``dtype``
+    ("bfloat16", ...): the weights' (None: the model's own)."""
     from transformers import AutoModelForCausalLM
 
     from geospec.prune.true_width import (
@@ -111,7 +128,7 @@ def export_pruned(
     from geospec.storage.atomic import atomic_directory, check_new_directory
 
     check_new_directory(directory, str(directory))
-    zero_biases = compensation_biases(model, sites)
+    zero_biases = compensation_biases(model, sites, padded)
     if not padded:
         note = "pruned by geospec prune; FFN layers stored at their true widths (load with "
         note += "geospec.load_pruned)"

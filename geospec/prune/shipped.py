@@ -260,7 +260,7 @@ def measure(
             model = scratch / "model"
             try:
                 write_model(model)
-            except UsageError as error:  # a bias its family cannot hold: say so, keep the run
+            except UsageError as error:  # a model no export can write: say so, keep the run
                 return unexportable(unit, settings, str(error))
         record: dict[str, Any] = {
             "arm": unit.arm,
@@ -282,10 +282,10 @@ def measure(
 
 
 def unexportable(unit: Unit, settings: ShipSettings, why: str) -> dict[str, Any]:
-    """The record of a recommended model no export can write (a re-fitted intercept on a family
-    whose MLP has no bias): no files, and the writer's one line as the reason, which the
-    report's What to ship line shows instead of sizes (not a failure of the whole prune, found
-    only after every unit was computed)."""
+    """The record of a recommended model its export refused (a repair's bias is not a reason:
+    every family's true-width export carries it): no files, and the writer's one line as the
+    reason, which the report's What to ship line shows instead of sizes (not a failure of the
+    whole prune, found only after every unit was computed)."""
     return {
         "arm": unit.arm,
         "seed": unit.seed,

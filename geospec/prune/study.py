@@ -32,7 +32,7 @@ from geospec.prune.unit_result import pruned_unit
 from geospec.prune.unit_search import evolve_search, searched_path
 from geospec.prune.units import Unit, finished_unit, has_model, units_of, waiting_note
 from geospec.prune.units import unit_key as key_of
-from geospec.prune.unpruned import check_exportable, ffn_sites, unpruned_losses
+from geospec.prune.unpruned import ffn_sites, unpruned_losses
 from geospec.rundir.layout import SEARCH_FILE, UNIT_FILE
 from geospec.storage.atomic import atomic_write_json
 from geospec.storage.digests import sealed
@@ -76,7 +76,6 @@ def prune_units(
 
     prune = inputs.prune
     sites, width = ffn_sites(model, d_model, corpora)
-    check_exportable(model, prune)
     reads = arm_reads(prune)
     calibration = Calibration(
         model, sites, prune, reads.importances, reads.arm_importance, train_tokens,

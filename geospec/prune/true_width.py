@@ -12,7 +12,9 @@ tensors strictly: the result is the config's own class (``LlamaForCausalLM``,
 the model object) use it as they use any transformers model. ``AutoModelForCausalLM
 .from_pretrained`` cannot read such a directory (it builds every MLP at the one width); a
 padded export (:func:`geospec.prune.hf_export.export_pruned` with ``padded=True``) is for tools
-that need that, and :func:`load_pruned` reads it too, dropping the zero padding.
+that need that, and :func:`load_pruned` reads it too, dropping the zero padding. A repair's bias
+on an FFN output projection is stored with the weights; where the family's MLP has no bias
+option (Qwen2, Mistral, Gemma) :func:`load_pruned` gives that projection a bias to hold it.
 """
 
 from __future__ import annotations
@@ -178,10 +180,10 @@ def save_true_width(
 ) -> Stored:
     """Write ``model`` (a transformers model whose MLPs are at ``widths``, e.g. cut by
     :func:`geospec.prune.cut.pruned`) to the new ``directory`` at its true widths; atomic (a
-    staging directory renamed into place). ``zero_biases`` (a compensated Llama-family cut:
-    :func:`geospec.prune.hf_export.compensation_biases`) are stored beside its weights and its
-    config says ``mlp_bias = True``. ``dtype``: the floating-point tensors' (None: the model's
-    own), which the config then declares."""
+    staging directory renamed into place). ``zero_biases`` (a compensated cut's:
+    :func:`geospec.prune.hf_export.compensation_biases`) are stored beside its weights, and a
+    Llama-family config says ``mlp_bias = True``. ``dtype``: the floating-point tensors' (None:
+    the model's own), which the config then declares."""
     from geospec.storage.atomic import atomic_directory
     from geospec.version import __version__
 
@@ -191,8 +193,8 @@ def save_true_width(
         raise UsageError(f"the model's FFN widths {built} are not the widths {widths} to store")
     config = export_config(model)
     setattr(config, width_key(config), max(widths))
-    if zero_biases:
-        config.mlp_bias = True
+    if zero_biases and hasattr(config, "mlp_bias"):
+        config.mlp_bias = True  # Llama's; a family without the option: load_pruned adds them
     if dtype is not None:
         config.dtype = dtype  # transformers 5 writes it as "dtype" (4.x: torch_dtype)
     config.geospec = {  # RECORD, as geospec export records a trained model's widths
@@ -258,8 +260,10 @@ def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str 
     width, in eval mode on ``device`` (``dtype``: the stored one by default).
 
     ``path`` is a directory geospec wrote (``geospec prune`` with ``export``, ``geospec
-    export``): true-width tensors are loaded as they are; a padded checkpoint's zero units are
-    dropped (each padded unit must be zero, or it is refused). A directory without geospec's
+    export``): true-width tensors are loaded as they are, a repair's bias on each FFN output
+    projection included where the family's MLP has no bias option (Qwen2's: the module gets
+    one); a padded checkpoint's zero units are dropped (each padded unit must be zero, or it is
+    refused). A directory without geospec's
     width record is one :class:`UsageError` naming its config.json."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -277,6 +281,7 @@ def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str 
     for mlp in mlps(model):
         mlp.to("meta")
     set_widths(model, widths)
+    _output_biases(model, state)
     expected = model.state_dict()
     config_file = directory / CONFIG_FILE
     for name, tensor in list(state.items()):
@@ -302,6 +307,18 @@ def load_pruned(path: str | Path, dtype: torch.dtype | None = None, device: str 
             f"{directory}: no weights for {left[:3]} in {WEIGHTS_FILE}; export it again"
         )
     return model.to(device).eval()
+
+
+def _output_biases(model: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Give each FFN output projection the bias ``state`` stores for it where the family's MLP
+    is built without one (Qwen2, Mistral, Gemma: a repair's bias, :mod:`geospec.prune.
+    hf_export`), on the meta device, to be loaded over like every tensor."""
+    names = {id(module): name for name, module in model.named_modules()}
+    for mlp in mlps(model):
+        output = ffn_layout(mlp).output
+        module = getattr(mlp, output)
+        if f"{names[id(mlp)]}.{output}.bias" in state and getattr(module, "bias", None) is None:
+            module.bias = nn.Parameter(torch.empty(module.weight.shape[0], device="meta"))
 
 
 def _no_init() -> Any:

@@ -1,13 +1,11 @@
 """The unpruned model as a prune reads it before any unit is computed: its FFN sites and
-pretrained width (checked to be FFNs geospec can cut), whether its family can carry a repaired
-arm's bias in an export, and its own losses on the eval and selection windows."""
+pretrained width (checked to be FFNs geospec can cut), and its own losses on the eval and
+selection windows."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-from geospec.spec.sections import PruneSpec
 
 if TYPE_CHECKING:
     from torch import nn
@@ -31,26 +29,6 @@ def ffn_sites(
     except CutError as error:
         raise CutError(f"prune: the FFN of {type(sites[0].layer).__name__}: {error}") from None
     return sites, ffn_width(sites[0].ffn)
-
-
-def check_exportable(model: nn.Module, prune: PruneSpec) -> None:
-    """Refuse, before any unit is computed rather than at the first export, a prune whose
-    repaired arm writes a model that ``model``'s family cannot carry the repair's bias in."""
-    from geospec.errors import UsageError
-    from geospec.prune.hf_export import compensated_export_problem
-
-    exported = [  # a repaired arm whose units write no model needs no bias in the export
-        arm
-        for arm in prune.arms
-        if prune.biased(arm) and any(prune.exports(f, arm.name) for f in prune.fractions)
-    ]
-    problem = compensated_export_problem(model) if exported else None
-    if problem is not None:
-        raise UsageError(
-            f"prune.repair = {prune.repair_of(exported[0])!r} ({exported[0].name}): {problem}; "
-            "re-fit without one (prune.lstsq = { intercept = false }), or set prune.repair = "
-            '"none" or prune.export = false'
-        )
 
 
 def unpruned_losses(

@@ -72,8 +72,6 @@ def file_problems(spec: Spec, spec_dir: Path) -> list[str]:
         problems.append(f"reference.checkpoint: {uses} cannot cut {layout}")
     if (vocabulary := _vocabulary_problem(spec, spec_dir, facts)) is not None:
         problems.append(vocabulary)
-    if (compensation := _compensation_problem(spec, facts)) is not None:
-        problems.append(compensation)
     if (shipping := _shipped_scoring_problem(spec, spec_dir, facts)) is not None:
         problems.append(shipping)
     from geospec.shapes.memory import host_available
@@ -144,38 +142,21 @@ def _gguf_problem(spec: Spec, spec_dir: Path) -> str | None:
 
 
 #: Families (config.json model_type, GGUF architecture) whose transformers MLP has no bias
-#: option: their projections are built without one whatever the config says, so a compensated
-#: cut's down-projection bias cannot be exported as their checkpoint (what
-#: geospec.prune.hf_export.compensated_export_problem finds on the loaded model).
+#: option: their projections are built without one whatever the config says, so a repaired
+#: cut's down-projection bias cannot go into their padded checkpoint, which plain
+#: ``AutoModelForCausalLM`` reads (what geospec.prune.hf_export.compensated_export_problem finds
+#: on the loaded model). The true-width export (geospec.load_pruned gives the projection its
+#: bias) and the GGUF file (llama.cpp's deci reads an optional ffn_down.bias) carry it.
 NO_MLP_BIAS = ("mistral", "qwen2", "gemma", "gemma2", "gemma3", "gemma3_text")
-
-
-def _compensation_problem(spec: Spec, facts: CheckpointFacts) -> str | None:
-    """A prune whose repaired arms (mean compensation or the least-squares re-fit with its
-    intercept, both a bias on the output projection) export their models, of a family that
-    cannot hold the bias: said here rather than after the checkpoint is loaded."""
-    prune = spec.prune
-    if prune is None or facts.family not in NO_MLP_BIAS:
-        return None
-    arms = [
-        arm
-        for arm in biased_arms(prune)
-        if any(prune.exports(keep, arm.name) for keep in prune.fractions)
-    ]
-    if not arms:
-        return None
-    repairs = " and ".join(f'"{r}"' for r in sorted({prune.repair_of(arm) for arm in arms}))
-    return (
-        f"prune.repair: {repairs} on {_names(arms)}, whose models are exported, but "
-        f"{no_bias_reason(facts)}; {bias_fix(prune, arms)}, set prune.export = false, or "
-        "export only unrepaired arms' units"
-    )
+#: Families the GGUF writer (geospec.prune.gguf_export) maps to llama.cpp's ``deci``
+#: architecture, whose loader reads every attention and FFN bias as an optional tensor.
+GGUF_FAMILIES = ("llama", "mistral", "qwen2")
 
 
 def _shipped_scoring_problem(spec: Spec, spec_dir: Path, facts: CheckpointFacts) -> str | None:
     """``prune.select.shipped`` writes every arm's GGUF file (where the reference is a GGUF file
-    of a type this machine writes); an arm whose repair adds a bias the family cannot hold has
-    no file, so the recommendation could never be made: said here, not after every unit."""
+    of a type this machine writes); a family the GGUF writer does not map has none, so the
+    recommendation could never be made: said here, not after every unit."""
     import importlib.util
 
     from geospec.spec.width_grid import K_QUANTS, gguf_file_type
@@ -183,7 +164,7 @@ def _shipped_scoring_problem(spec: Spec, spec_dir: Path, facts: CheckpointFacts)
     prune = spec.prune
     if prune is None or prune.select is None or not prune.select.shipped:
         return None
-    if facts.family not in NO_MLP_BIAS or not (arms := biased_arms(prune)):
+    if facts.family in GGUF_FAMILIES:
         return None
     local = spec_path(spec.reference.checkpoint or "", spec_dir)
     if spec.reference.revision is not None or local.suffix != ".gguf" or not local.is_file():
@@ -192,9 +173,9 @@ def _shipped_scoring_problem(spec: Spec, spec_dir: Path, facts: CheckpointFacts)
     if dtype is None or (dtype in K_QUANTS and importlib.util.find_spec("llama_cpp") is None):
         return None  # none is written here either (docs/prune.md, "What to ship")
     return (
-        f"prune.select.shipped: every arm's GGUF file is written and scored, but "
-        f"{_names(arms)}'s repair adds a bias to the FFN output projection and "
-        f"{no_bias_reason(facts)}; {bias_fix(prune, arms)}, or set select.shipped = false"
+        f"prune.select.shipped: every arm's GGUF file is written and scored, but the GGUF "
+        f"writer maps {', '.join(GGUF_FAMILIES)} (llama.cpp's deci), not {facts.family} "
+        f"({facts.described}); set select.shipped = false (the float32 models recommend)"
     )
 
 
@@ -208,15 +189,21 @@ def biased_arms(prune: PruneSpec) -> list[PruneArmSpec]:
 
 
 def no_bias_reason(facts: CheckpointFacts) -> str:
-    """Why a family of :data:`NO_MLP_BIAS` cannot hold a repaired model (and where it was read)."""
-    return f"transformers' {facts.family} MLP has no bias to carry the repair's ({facts.described})"
+    """Why a family of :data:`NO_MLP_BIAS` cannot hold a repaired model in a padded checkpoint
+    (and where it was read)."""
+    return (
+        f"transformers' {facts.family} MLP has no bias to carry the repair's in a padded "
+        f"checkpoint ({facts.described})"
+    )
 
 
 def bias_fix(prune: PruneSpec, arms: Sequence[PruneArmSpec]) -> str:
-    """What makes ``arms`` exportable on a family without an MLP bias: the re-fit without its
-    intercept (the kept columns alone), or no mean compensation."""
+    """What makes ``arms`` exportable padded on a family without an MLP bias: the true widths or
+    a GGUF file, which carry the bias; or the re-fit without its intercept (the kept columns
+    alone), or no mean compensation."""
     repairs = {prune.repair_of(arm) for arm in arms}
-    fixes = []
+    fixes = ["leave --padded out (the true-width directory, which geospec.load_pruned reads, and "
+             "--format gguf carry the bias)"]  # fmt: skip
     if "lstsq" in repairs:
         fixes.append("re-fit without an intercept (lstsq = { intercept = false }, in [prune] or "
                      "on the arm)")  # fmt: skip
@@ -237,9 +224,9 @@ def no_bias_facts(spec: Spec, spec_dir: Path) -> CheckpointFacts | None:
 
 
 def export_option_problem(spec: Spec, spec_dir: Path, option: str, arm: str) -> str | None:
-    """``geospec prune --export ARM@KEEP`` (``option``) of a repaired arm whose bias the
-    checkpoint's family cannot hold: the export can never be written (one line, said before the
-    prune runs), or None."""
+    """``geospec prune --export ARM@KEEP --padded`` (``option``) of a repaired arm whose bias
+    the checkpoint's family's transformers MLP cannot hold: the padded checkpoint can never be
+    written (one line, said before the prune runs), or None."""
     facts = no_bias_facts(spec, spec_dir)
     prune = spec.prune
     if facts is None or prune is None:
@@ -254,25 +241,21 @@ def export_option_problem(spec: Spec, spec_dir: Path, option: str, arm: str) -> 
     )
 
 
-def bias_export_warnings(spec: Spec, spec_dir: Path, asked: Sequence[str] = ()) -> list[str]:
-    """What may need a repaired model written that the checkpoint's family cannot hold, said
-    before the prune runs (the prune still computes and scores every unit): What to ship's files
-    of the recommended model (``prune.select``) and ``export = ["best@KEEP"]``, when the
-    recommendation could be an arm whose repair adds a bias (``asked``: more exports of the
-    recommended arm, ``--export best@KEEP``). An explicit export of such an arm is refused
-    instead (:func:`_compensation_problem`)."""
+def bias_export_warnings(spec: Spec, spec_dir: Path, asked: str) -> list[str]:
+    """What ``asked`` (``--export best@KEEP --padded``) may not write, said before the prune
+    runs (the prune still computes and scores every unit): the padded checkpoint of the
+    recommended model, when the recommendation could be an arm whose repair adds a bias the
+    family's transformers MLP cannot hold. An explicit ``--export ARM@KEEP --padded`` of such an
+    arm is refused instead (:func:`export_option_problem`)."""
     prune = spec.prune
     facts = no_bias_facts(spec, spec_dir)
     if prune is None or prune.select is None or facts is None:
         return []
     arms = biased_arms(prune)
-    best = ", ".join(f'"best@{keep:g}"' for keep in prune.best_exports())
-    exports = [*([f"export = [{best}]"] if best else []), *asked]
-    fails = f" and {' and '.join(exports)} fails" if exports else ""
     return [
         f"prune.select: if the recommended arm is {_names(arms, ' or ')} (a repair that adds a "
-        f"bias to the FFN output projection), What to ship writes none of its files{fails}: "
-        f"{no_bias_reason(facts)}; {bias_fix(prune, arms)}"
+        f"bias to the FFN output projection), {asked} fails: {no_bias_reason(facts)}; "
+        f"{bias_fix(prune, arms)}"
     ]
 
 
