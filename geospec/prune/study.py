@@ -2,8 +2,8 @@
 reused in the run directory's ``prune/`` (docs/prune.md), and what it reads and writes in its
 order, a step a module:
 
-- before any unit, the unpruned model (:mod:`geospec.prune.unpruned`: its FFN sites, whether an
-  export can carry a repair's bias, its losses), what the arms read (:mod:`geospec.prune.arms`)
+- before any unit, the unpruned model (:mod:`geospec.prune.unpruned`: its FFN sites and its
+  losses), what the arms read (:mod:`geospec.prune.arms`)
   and each calibration sample's shared work (:mod:`geospec.prune.calibration`, scored once per
   seed by :mod:`geospec.prune.score`);
 - per unit: every wanted arm's widths at its keep fraction, allocated once per seed and keep
