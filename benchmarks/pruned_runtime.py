@@ -15,8 +15,10 @@ Which neurons a layer keeps does not change size or speed, so each layer keeps i
 Each file is measured in a fresh process (peak RSS is that process's): the file size, llama.cpp's
 parameter count, the peak resident memory after loading and running, prompt processing
 (``--prompt`` tokens in one batch) and generation (``--generate`` tokens one at a time, after the
-prompt) in tokens/s on ``--threads`` threads, best of ``--repeats`` rounds (each round measures
-every file once, after one untimed pass, so a load that comes and goes slows all alike).
+prompt) in tokens/s on ``--threads`` threads, the best of ``--repeats`` rounds and their median
+(each round measures every file once, after one untimed pass, so a load that comes and goes
+slows all alike), with the machine's load average before and after, and a warning where it
+exceeded the cores.
 ``--torch`` adds the same prompt and generation in PyTorch through ``geospec.load_pruned`` (the
 padded model through ``AutoModelForCausalLM.from_pretrained``). Prints one table with every
 figure and its ratio to the unpruned model's, measured in the same run (needs llama-cpp-python:
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -197,7 +200,8 @@ def main() -> None:
         sys.exit(f"--gguf {args.gguf}: not found (nox -s gguf fetches SmolLM2-135M's GGUF)")
     common = ["--threads", str(args.threads), "--prompt", str(args.prompt)]
     common += ["--generate", str(args.generate), "--repeats", "1"]
-    rows: dict[str, dict[str, Any]] = {}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
         if args.files:
@@ -208,7 +212,7 @@ def main() -> None:
         else:
             files = write_files(args.gguf, out, args.dtype, args.torch)
         # round robin: each round measures every file once, so a load that comes and goes on a
-        # shared machine slows every model alike; each figure is its best round's
+        # shared machine slows every model alike; each figure is its best round's, beside the median
         for _ in range(args.repeats):
             for name, path in files.items():
                 row = {"size_mb": path.stat().st_size / 2**20}
@@ -218,9 +222,17 @@ def main() -> None:
                     directory = out / ("padded" if padded else name)
                     flags = ["--padded"] if padded else []
                     row |= child(["--child-torch", str(directory), *flags, *common])
-                best = rows.setdefault(name, row)
-                for key, value in row.items():
-                    best[key] = max(best[key], value) if key.endswith(("pp", "tg")) else value
+                runs.setdefault(name, []).append(row)
+    # speeds: each figure's best round and its median over the rounds (the spread a shared
+    # machine leaves); sizes, parameters and memory are the same every round (the last one's)
+    rows: dict[str, dict[str, Any]] = {}
+    for name, rounds in runs.items():
+        rows[name] = dict(rounds[-1])
+        for key in rounds[-1]:
+            if key.endswith(("pp", "tg")):
+                values = [r[key] for r in rounds]
+                rows[name][key] = max(values)
+                rows[name][key + "_median"] = statistics.median(values)
     base = next(iter(rows.values()))  # the unpruned model (--files: the first file)
     columns = [("size_mb", "file MiB"), ("params", "parameters"), ("rss_mb", "peak RSS MiB"),
                ("pp", f"prompt tok/s ({args.prompt})"),
@@ -229,8 +241,15 @@ def main() -> None:
         columns += [("torch_rss_mb", "PyTorch RSS MiB"), ("torch_pp", "PyTorch prompt tok/s"),
                     ("torch_tg", "PyTorch generation tok/s")]  # fmt: skip
     what = "GGUF files given" if args.files else f"SmolLM2-135M, {args.dtype} GGUF"
-    print(f"{what}, llama.cpp on {args.threads} threads (best of {args.repeats} rounds); "
-          f"each cell: value (ratio to {next(iter(rows))})")  # fmt: skip
+    load = f"1-minute load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
+    print(f"{what}, llama.cpp on {args.threads} threads, best of {args.repeats} rounds "
+          f"[median]; each cell: value (ratio to {next(iter(rows))}); {load} on "
+          f"{os.cpu_count()} cores")  # fmt: skip
+    if max(load_before, os.getloadavg()[0]) > (os.cpu_count() or 1):
+        print(
+            "warning: the load exceeded the cores: every speed here is slower than on a "
+            "quiet machine, and the ratios are less sure than they look"
+        )
     print("| model | " + " | ".join(title for _, title in columns) + " |")
     print("|---|" + "---|" * len(columns))
     for name, row in rows.items():
@@ -238,7 +257,11 @@ def main() -> None:
         for key, _ in columns:
             value = row[key]
             text = f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"
-            cells.append(f"{text} ({value / base[key]:.3f}x)")
+            cell = f"{text} ({value / base[key]:.3f}x)"
+            if key + "_median" in row:
+                median = row[key + "_median"]
+                cell += f" [{median:,.1f} ({median / base[key + '_median']:.3f}x)]"
+            cells.append(cell)
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
