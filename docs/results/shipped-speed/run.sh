@@ -14,7 +14,8 @@ prune_and_export() {  # SPEC NAME: prune, then export every unit the spec keeps 
   /usr/bin/time -f "$name prune: %e s wall, %M KiB peak" \
     geospec prune "specs/$spec.toml" --threads 2 >"$RESULTS/prune-$name.log" 2>&1
   tail -1 "$RESULTS/prune-$name.log"
-  cp "runs/shipped-speed-$name/prune/prune.json" "$RESULTS/prune-$name.json"
+  cp "runs/shipped-speed-$name/prune.json" "$RESULTS/prune-$name.json"
+  cp "runs/shipped-speed-$name/prune/report.md" "$RESULTS/report-$name.md"
   for unit in runs/shipped-speed-"$name"/prune/keep-*/*/seed-0; do
     [ -d "$unit/model" ] || continue
     local keep arm
