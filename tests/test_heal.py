@@ -223,3 +223,38 @@ def test_the_healed_model_ships_as_a_gguf_file_with_the_healed_weights(
         assert stored.shape == weight.shape
         torch.testing.assert_close(stored, weight)
         assert not torch.equal(stored, unhealed.model.layers[index].mlp.down_proj.weight.float())
+
+
+def test_a_llama_refit_with_its_intercept_heals_where_layers_are_kept_whole(
+    tmp_path: Path,
+) -> None:
+    """Issue 54 on a Llama: the first and last layers kept whole, the middle one re-fitted with
+    its intercept, [prune.heal] on. The prune heals the unit (it used to stop at the import:
+    the whole layers had no down bias), and the unit's model/ is the healed model as a Llama
+    with mlp_bias, every down bias the healed one: it computes the engine's healed logits."""
+    from test_bias_export import family_spec
+
+    from geospec.engine.checkpoint import load_model
+
+    arms = [{"name": "ends", "schedule": {"kind": "protect", "first": 1, "last": 1},
+             "repair": "lstsq"}]  # fmt: skip
+    spec = family_spec(tmp_path, "llama", arms=arms, baseline="ends", keep=0.75,
+                       heal={"steps": 2, "lr": 0.01, "batch_size": 2})  # fmt: skip
+    output = invoke("prune", str(spec))
+    unit = tmp_path / "run" / "prune" / "keep-0.75" / "ends" / "seed-0"
+    record = json.loads((unit / "result.json").read_text())
+    assert record["widths"] == [64, 16, 64], output
+    assert record["healed_loss"]["docs.jsonl"] != record["loss"]["docs.jsonl"]
+    healed = load_model(unit / "heal")
+    assert healed.config.ffn_out_bias
+    exported = geospec.load_pruned(unit / "model")
+    assert exported.config.model_type == "llama" and exported.config.mlp_bias
+    for index, layer in enumerate(exported.model.layers):
+        trained = healed.state_dict()[f"blocks.{index}.ffn.proj.bias"]
+        torch.testing.assert_close(layer.mlp.down_proj.bias.detach(), trained)
+        assert trained.any()  # the zero bias of a layer kept whole trained too
+    ids = torch.randint(0, 40, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected, _ = healed(ids)
+        got = exported(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)

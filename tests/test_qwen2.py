@@ -32,6 +32,7 @@ from geospec.measure.sensitivity import logits_of
 from geospec.plugin import create_plugin
 from geospec.prune.cut import pruned
 from geospec.prune.hf_export import compensated_export_problem, export_pruned
+from geospec.prune.repair import Refit, calibration_moments, one_pass_refits
 from geospec.prune.score import calibration_windows, neuron_scores
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_torch_thread")]
@@ -234,18 +235,32 @@ def test_a_compensated_cut_is_exact_and_its_true_width_export_carries_the_bias(
         torch.testing.assert_close(loaded(input_ids=ids()).logits, got, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("compensated", [False, True])
-def test_healing_imports_and_exports_a_pruned_qwen2_with_its_biases(compensated: bool) -> None:
-    """import_llama gives geospec's model the attention biases (qkv_bias) and transformers'
-    logits; load_into_llama writes changed weights and biases back, so the two agree again."""
+def refits_of(
+    model: torch.nn.Module, orders: list[list[int]], intercept: bool = True
+) -> list[Refit | None]:
+    """The least-squares repair of every cut layer of ``WIDTHS`` from the unpruned model's
+    moments on other token ids than the tests read (None: the middle layer, kept whole)."""
+    calibration = ids(seed=1)
+    moments = calibration_moments(model, sites_of(model), [(calibration, calibration)])
+    return one_pass_refits(sites_of(model), moments, orders, WIDTHS, 0.01, intercept)
+
+
+@pytest.mark.parametrize("repair", ["none", "mean", "lstsq"])
+def test_healing_imports_and_exports_a_pruned_qwen2_with_its_biases(repair: str) -> None:
+    """import_llama gives geospec's model the attention biases (qkv_bias), the down projections'
+    biases of a repair (the least-squares re-fit's intercept too, where the middle layer, kept
+    whole, is not re-fitted) and transformers' logits; load_into_llama writes changed weights
+    and biases back, so the two agree again."""
     model = qwen2()
     orders, means = orders_and_means(model)
     sites = sites_of(model)
-    with torch.no_grad(), pruned(sites, orders, WIDTHS, means if compensated else None):
+    refits = refits_of(model, orders) if repair == "lstsq" else None
+    compensation = means if repair == "mean" else None
+    with torch.no_grad(), pruned(sites, orders, WIDTHS, compensation, refits):
         assert import_problem(model) is None
         gpt = import_llama(model, 16)
         assert gpt.config.qkv_bias and not gpt.config.bias
-        assert gpt.config.ffn_out_bias == compensated and gpt.config.ffn_widths == WIDTHS
+        assert gpt.config.ffn_out_bias == (repair != "none") and gpt.config.ffn_widths == WIDTHS
         assert gpt.num_params() == sum(p.numel() for p in model.parameters())
         assert gpt.config.num_params() == gpt.num_params()
         expected = model(input_ids=ids()).logits
@@ -257,6 +272,35 @@ def test_healing_imports_and_exports_a_pruned_qwen2_with_its_biases(compensated:
         moved, _ = gpt(ids())
         torch.testing.assert_close(model(input_ids=ids()).logits, moved, atol=1e-5, rtol=1e-5)
         assert (moved - expected).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("intercept", [True, False])
+def test_a_layer_kept_whole_beside_refits_with_an_intercept_has_a_zero_bias(
+    intercept: bool,
+) -> None:
+    """The re-fit with its intercept gives the cut layers' down projections a bias; the middle
+    layer, kept whole and so not re-fitted, gets a zero one (issue 54: geospec's engine imports
+    no model whose FFN output biases are on some layers only), its weight the unpruned one, and
+    the model computes what it computes with that layer's own projection, without a bias. The
+    re-fit without an intercept gives no layer a bias, as before."""
+    model = qwen2()
+    orders, _ = orders_and_means(model)
+    sites = sites_of(model)
+    unpruned = down(sites[1])
+    refits = refits_of(model, orders, intercept)
+    assert refits[1] is None
+    with torch.no_grad(), pruned(sites, orders, WIDTHS, refits=refits):
+        whole = down(sites[1])
+        assert [down(site).bias is not None for site in sites] == [intercept] * 3
+        assert torch.equal(whole.weight, unpruned.weight)
+        got = model(input_ids=ids()).logits
+        if intercept:
+            assert not whole.bias.any()
+            sites[1].ffn.down_proj = unpruned
+            expected = model(input_ids=ids()).logits
+            sites[1].ffn.down_proj = whole
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    assert down(sites[1]) is unpruned and unpruned.bias is None  # put back as it was
 
 
 def test_geospecs_model_of_a_qwen2_exports_as_a_llama_with_attention_biases() -> None:
@@ -424,7 +468,6 @@ def test_a_repaired_qwen2_is_written_from_its_true_width_directory_with_its_down
     gguf = pytest.importorskip("gguf")
     from geospec.prune.gguf_export import write_gguf
     from geospec.prune.gguf_weights import shipped_model
-    from geospec.prune.repair import calibration_moments, one_pass_refits
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # gguf-py writes Q8_0 on every machine
     model = qwen2(vocab=gguf_models.VOCAB)
@@ -573,6 +616,87 @@ def test_a_healed_qwen2_unit_exports_its_healed_model_with_its_attention_biases(
     record = json.loads((tmp_path / "run" / "prune.json").read_text())
     uniform = record["budgets"][0]["arms"]["uniform"]
     assert uniform["healed_loss"]["docs.jsonl"]["0"] != uniform["loss"]["docs.jsonl"]["0"]
+
+
+@pytest.fixture(scope="module")
+def healed_ends(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen2 prune at keep 3/4 whose one arm keeps its first and last layers whole and
+    re-fits the middle one with an intercept, each unit healed for 2 steps ([prune.heal]): the
+    unit's directory."""
+    directory = tmp_path_factory.mktemp("ends")
+    arms = [{"name": "ends", "schedule": {"kind": "protect", "first": 1, "last": 1},
+             "repair": "lstsq", "lstsq": {"intercept": True}}]  # fmt: skip
+    spec = prune_spec(directory, arms=arms, baseline="ends", keep=0.75,
+                      heal={"steps": 2, "lr": 0.01, "batch_size": 2})  # fmt: skip
+    result = CliRunner().invoke(cli, ["prune", str(spec)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return directory / "run" / "prune" / "keep-0.75" / "ends" / "seed-0"
+
+
+def test_a_refit_with_its_intercept_heals_where_layers_are_kept_whole(healed_ends: Path) -> None:
+    """Issue 54: the prune used to stop at the unit's import into geospec's engine ("some of its
+    FFN output projections have biases and some do not"). The unit's pruned model, made again
+    from its records as a finished unit's export makes it, has a down bias on every layer (zero
+    on the two kept whole), and geospec's model imported from it computes its transformers
+    logits. Healing moved every down projection's weight and bias, the zero ones too, and the
+    unit's model/ (the healed model at its true widths, read by load_pruned) computes the
+    engine's healed logits."""
+    from geospec.engine.checkpoint import load_model
+    from geospec.prune.cut import cut_to, load_cut
+    from geospec.prune.repair import load_refits
+    from geospec.rundir.layout import CUT_FILE, HEAL_DIR, REPAIR_FILE, UNIT_MODEL_DIR
+
+    record = json.loads((healed_ends / "result.json").read_text())
+    assert record["widths"] == [FULL, 16, FULL]
+    assert record["healed_loss"]["docs.jsonl"] != record["loss"]["docs.jsonl"]
+    cut, _ = load_cut(healed_ends / CUT_FILE, record["key"], [FULL] * 3)
+    refits, _ = load_refits(healed_ends / REPAIR_FILE, record["key"])
+    assert cut is not None and refits is not None and refits[0] is None and refits[2] is None
+    model = hf.Qwen2ForCausalLM.from_pretrained(healed_ends.parents[4] / "model").eval()
+    sites = sites_of(model)
+    tokens = ids(gguf_models.VOCAB)
+    with torch.no_grad(), cut_to(sites, cut._replace(refits=refits), record["widths"]):
+        biases = [down(site).bias.clone() for site in sites]
+        assert not biases[0].any() and not biases[2].any() and biases[1].any()
+        expected = model(input_ids=tokens).logits
+        imported = import_llama(model, 16)
+        got, _ = imported(tokens)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    healed = load_model(healed_ends / HEAL_DIR)
+    assert healed.config.ffn_out_bias and healed.config.ffn_widths == record["widths"]
+    before, after = imported.state_dict(), healed.state_dict()
+    for layer in range(3):
+        for name in ("weight", "bias"):
+            key = f"blocks.{layer}.ffn.proj.{name}"
+            assert not torch.equal(after[key].cpu(), before[key]), key
+    exported = geospec.load_pruned(healed_ends / UNIT_MODEL_DIR)
+    assert all(layer.mlp.down_proj.bias is not None for layer in exported.model.layers)
+    with torch.no_grad():
+        expected, _ = healed(tokens)
+        got = exported(input_ids=tokens).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.gguf
+def test_a_healed_refit_with_layers_kept_whole_is_a_deci_gguf_of_the_healed_model(
+    healed_ends: Path, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """The healed unit of the test above written as llama.cpp's deci GGUF from its model/ (as
+    geospec export and What to ship write it): every layer's ffn_down.bias is the healed
+    model's, and llama.cpp's graph on the file gives load_pruned's logits."""
+    gguf = pytest.importorskip("gguf")
+    from geospec.prune.gguf_export import write_gguf
+
+    model = geospec.load_pruned(healed_ends / "model")
+    written = write_gguf(healed_ends / "model", tmp_path / "h.gguf", "f32", tokenizer=tokenizer_dir)
+    tensors = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(written.path)).tensors}
+    for i, layer in enumerate(model.model.layers):
+        bias = layer.mlp.down_proj.bias.detach().numpy()
+        np.testing.assert_allclose(tensors[f"blk.{i}.ffn_down.bias"], bias, rtol=1e-6)
+    tokens = [int(i) for i in ids(gguf_models.VOCAB)[0]]
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([tokens])).logits[0].double().numpy()
+    np.testing.assert_allclose(deci_logits(written.path, tokens), expected, atol=2e-4, rtol=1e-4)
 
 
 def test_a_compensated_qwen2_prune_exports_its_models_with_their_bias(tmp_path: Path) -> None:

@@ -8,12 +8,14 @@ sliding window (its query, key and value projections have biases: ``GPTConfig.qk
 GGUF files that transformers loads as one of them are imported: grouped-query attention, tied or
 untied embeddings, the checkpoint's rope theta and norm epsilon. Each layer keeps its own FFN
 width (a pruned model's cut layers included), and so does a bias on the FFN's output (down)
-projection: the bias compensation a pruned model's cut adds (``prune.compensate``), which healing
-carries (zero gate and up biases, as a compensated export stores them, are dropped). A
-checkpoint whose computation geospec's model does not reproduce (rope scaling, a bias on the
-attention's output projection or on only some of its query, key and value projections, a
-non-zero gate or up bias, another activation, a sliding window) is refused with one line saying
-what differs, and :func:`import_problem` lets a caller check before importing.
+projection: a repair's (``prune.repair``: mean compensation, the least-squares re-fit's
+intercept), which a pruned model has on every layer (a zero one where a layer kept every neuron:
+:func:`geospec.prune.cut.pruned`) and healing trains and carries (zero gate and up biases, as a
+repaired Llama's export stores them, are dropped). A checkpoint whose computation geospec's
+model does not reproduce (rope scaling, a bias on the attention's output projection or on only
+some of its query, key and value projections, a down bias on only some layers, a non-zero gate
+or up bias, another activation, a sliding window) is refused with one line saying what differs,
+and :func:`import_problem` lets a caller check before importing.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ def import_problem(model: Any) -> str | None:
             if bias is not None and bool(bias.detach().any()):
                 return f"its MLP's {name} has a non-zero bias"
     down = [getattr(layer.mlp.down_proj, "bias", None) is not None for layer in layers]
-    if any(down) and not all(down):  # compensation gives every layer one
+    # a repair gives every layer one (prune.cut.pruned). A missing one is refused rather than
+    # taken as zero: healing trains it, and load_into_llama would have nowhere to put it back
+    if any(down) and not all(down):
         return "some of its FFN output projections have biases and some do not"
     # transformers 5 keeps rope_type in rope_parameters; 4.x a rope_scaling table (or None)
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
@@ -85,7 +89,7 @@ def import_llama(model: Any, seq_len: int) -> GPT:
     c = model.config
     layers = model.model.layers
     widths = [int(layer.mlp.down_proj.in_features) for layer in layers]
-    # a compensated cut's bias (a zero one where a layer kept every neuron)
+    # a repair's bias (a zero one where a layer kept every neuron)
     out_bias = bool(layers) and layers[0].mlp.down_proj.bias is not None
     qkv_bias = bool(layers) and _has_bias(layers[0].self_attn, "q_proj")
     config = GPTConfig(

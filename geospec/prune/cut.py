@@ -58,16 +58,29 @@ def pruned(
     ``[s.mean for s in calibration_stats(...)]``), each cut layer's output projection gains the
     bias that puts each removed neuron's mean in place of its activation (module docstring);
     with ``refits`` (:mod:`geospec.prune.repair`: one per layer, None where a layer is only
-    cut), each layer's output projection is re-fitted instead."""
-    from geospec.measure.cut import ffn_cut, kept_neurons
+    cut), each layer's output projection is re-fitted instead; where the re-fits carry an
+    intercept, a layer kept whole (no re-fit) gets a zero bias."""
+    import torch
+
+    from geospec.measure.cut import ffn_cut, ffn_width, kept_neurons
 
     for name, given in (("compensation", compensation), ("refits", refits)):
         if given is not None and len(given) != len(sites):
             raise ValueError(f"{name} for {len(given)} layers, {len(sites)} FFNs")
+    # A layer kept whole has no re-fit (nothing changes it), so no intercept. Where the other
+    # layers' re-fits have one, it gets a zero bias (the compensation of no removed neuron),
+    # which computes exactly what the unpruned layer does: then every output projection has a
+    # bias or none, as with mean compensation (whose bias is on every layer) and as the exports
+    # store them (hf_export.compensation_biases). geospec's engine imports only such a model
+    # (engine.imported.import_problem): healing trains the bias on every layer, and each
+    # healed bias needs a place to go back to (engine.imported.load_into_llama).
+    intercept = any(found is not None and found.bias is not None for found in refits or [])
     with ExitStack() as stack:
         for layer, (site, order, width) in enumerate(zip(sites, orders, widths, strict=True)):
             means = None if compensation is None else compensation[layer]
             found = None if refits is None else refits[layer]
+            if found is None and intercept:
+                means = torch.zeros(ffn_width(site.ffn))
             stack.enter_context(ffn_cut(site.ffn, kept_neurons(order, width), means, found))
         yield
 
