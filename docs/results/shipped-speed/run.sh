@@ -28,7 +28,8 @@ prune_and_export() {  # SPEC NAME: prune, then export every unit the spec keeps 
 }
 
 time_files() {  # NAME SOURCE: every exported file of NAME against its source, 5 rounds
-  local name=$1 source=$2 files=("unpruned=$source")
+  local name=$1 source=$2
+  local files=("unpruned=$source")
   for f in "$FILES/$name"-keep-*.gguf; do files+=("$(basename "$f" .gguf)=$f"); done
   python benchmarks/pruned_runtime.py --threads 2 --prompt 128 --generate 32 --repeats 5 \
     --files "${files[@]}" | tee "$RESULTS/runtime-$name.md"
