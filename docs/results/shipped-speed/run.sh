@@ -20,9 +20,11 @@ prune_and_export() {  # SPEC NAME: prune, then export every unit the spec keeps 
     [ -d "$unit/model" ] || continue
     local keep arm
     keep=$(basename "$(dirname "$(dirname "$unit")")") arm=$(basename "$(dirname "$unit")")
-    /usr/bin/time -f "  $name $keep $arm export: %e s wall, %M KiB peak" \
-      geospec export "$unit" --format gguf --to "$FILES/$name-$keep-$arm.gguf" \
-      2>&1 | tee -a "$RESULTS/exports.log"
+    # a file already there was written whole (exports are atomic) by an earlier try: kept
+    [ -e "$FILES/$name-$keep-$arm.gguf" ] ||
+      /usr/bin/time -f "  $name $keep $arm export: %e s wall, %M KiB peak" \
+        geospec export "$unit" --format gguf --to "$FILES/$name-$keep-$arm.gguf" \
+        2>&1 | tee -a "$RESULTS/exports.log"
     rm -rf "$unit/model"  # float32 weights of 0.5-1.5B models: the disk holds one run's at a time
   done
 }
