@@ -550,3 +550,41 @@ def test_stored_types_count_the_ffn_matrices_that_fell_back(
     assert found.ffn == Counter(t.tensor_type.name for t in ffn) and sum(found.ffn.values()) == 9
     assert found.ffn_fallbacks == Counter({"F16": 1})  # blk.2.ffn_down: 40 rows
     assert found.fallbacks == found.ffn_fallbacks  # 64 wide elsewhere: whole blocks of 32
+
+
+def test_an_exports_fallbacks_are_told_beside_its_sources(
+    tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose rows are not whole blocks falls back in its source file too (Qwen2.5's
+    d_model of 896 in Q4_K_M): the export line says how many of its fallbacks the source file
+    stores so, counted here from both files by gguf-py's reader; a source of another type is
+    not compared."""
+    import sys
+
+    from geospec.prune.exports import _gguf_line
+    from geospec.prune.gguf_quant import source_stored_types
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    eos = eos_of(tokenizer_dir)
+    source = write_gguf(
+        gguf_models.llama(eos, widths=[96, 96, 40]), tmp_path / "source.gguf", "q4_1",
+        tokenizer=tokenizer_dir,
+    ).path  # fmt: skip
+    pruned = write_gguf(
+        gguf_models.llama(eos, widths=[40, 72, 40]), tmp_path / "pruned.gguf", "q4_1",
+        tokenizer=tokenizer_dir,
+    )  # fmt: skip
+
+    def fell(path: Path) -> int:
+        return sum(
+            1 for t in gguf.GGUFReader(str(path)).tensors if len(t.shape) == 2 and t.shape[0] % 32
+        )
+
+    assert (fell(source), fell(pruned.path)) == (1, 3)  # down projections 40 and 72 wide
+    in_source = source_stored_types(source, "q4_1")
+    assert in_source is not None and sum(in_source.fallbacks.values()) == fell(source)
+    line = _gguf_line(pruned, "as asked", source)
+    assert f"{fell(pruned.path)} matrices whose rows do not split into blocks of 32" in line
+    assert "(the source file stores 1 so: the widths add 2)" in line
+    assert source_stored_types(source, "q8_0") is None  # another type: nothing to compare
+    assert "the source file stores" not in _gguf_line(pruned, "as asked", None)

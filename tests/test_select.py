@@ -385,6 +385,14 @@ def test_what_to_ship_gives_the_sizes_of_the_files_the_export_writes(
         "matrices": dict(Counter(t.tensor_type.name for t in matrices)),
         "ffn_matrices": dict(ffn),
         "ffn_fallbacks": dict(fell),  # rows not whole blocks of 32: the spec's grid is 8
+        # the source file in the same type: its FFN matrices' fallbacks, read from it
+        "source_ffn_fallbacks": dict(
+            Counter(
+                t.tensor_type.name
+                for t in gguf.GGUFReader(str(from_gguf / "q.gguf")).tensors
+                if len(t.shape) == 2 and ".ffn_" in t.name and int(t.shape[0]) % 32
+            )
+        ),
     }
     # scored as shipped: the float32 model on the selection windows is the unit's own
     # select_loss (the prune's forward passes, float32), the file's weights beside it
@@ -413,6 +421,25 @@ def test_what_to_ship_gives_the_sizes_of_the_files_the_export_writes(
     ) in report
     assert "; no llama.cpp speed (llama-cpp-python is not installed)" in report
     assert ratio < 1
+
+
+def test_what_to_ship_tells_the_fallbacks_beside_the_source_files() -> None:
+    """Qwen2.5-Coder-0.5B's d_model of 896 is not whole blocks of 256: its gate and up
+    projections fall back in the source Q4_K_M file as in any export of it, so What to ship
+    gives the source's count beside the export's (an older record without it: the export's)."""
+    from geospec.report.prune import _stored_words
+
+    record = {
+        "ffn_matrices": {"Q4_K": 12, "Q5_0": 48, "Q6_K": 12},
+        "ffn_fallbacks": {"Q5_0": 48},
+        "block": 256,
+        "source_ffn_fallbacks": {"Q5_0": 48},
+    }
+    words = _stored_words(record)
+    assert words.endswith("48 fell back (48 to Q5_0), their rows not whole blocks of 256; "
+                          "the source file's: 48")  # fmt: skip
+    del record["source_ffn_fallbacks"]
+    assert _stored_words(record).endswith("their rows not whole blocks of 256")
 
 
 @pytest.mark.gguf

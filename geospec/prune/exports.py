@@ -271,7 +271,12 @@ def _gguf_target(to: Path) -> Path:
 def _gguf_line(written: Any, why: str, source: Path | None = None) -> str:
     """What a GGUF export prints: its type and why, who quantized it, the matrices that fell
     back, its widths, and its size against ``source``'s (and an f16 file's)."""
-    from geospec.prune.gguf_quant import block_size, fallbacks
+    from geospec.prune.gguf_quant import (
+        block_size,
+        fallback_words,
+        fallbacks,
+        source_stored_types,
+    )
     from geospec.prune.gguf_size import gguf_size
 
     kind = written.dtype if written.dtype in ("f32", "f16") else written.dtype.upper()
@@ -279,9 +284,11 @@ def _gguf_line(written: Any, why: str, source: Path | None = None) -> str:
     fallen = ""
     if fell:
         stored = ", ".join(f"{count} in {name}" for name, count in sorted(fell.items()))
+        in_source = source_stored_types(source, written.dtype)
         fallen = (
             f"; {sum(fell.values())} matrices whose rows do not split into blocks of "
             f"{block_size(written.dtype)} are stored as llama.cpp's quantizer falls back: {stored}"
+            + fallback_words(fell, in_source.fallbacks if in_source else None)
         )
     return (
         f"exported GGUF {kind} ({why}; written by {written.quantizer}), llama.cpp architecture "

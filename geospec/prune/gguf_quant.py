@@ -249,3 +249,26 @@ def fallbacks(path: Path, dtype: str) -> Counter[str]:
     """How many of the GGUF file's matrices have rows that do not split into ``dtype``'s blocks,
     by the type each was stored in instead (empty for f32 and f16)."""
     return stored_types(path, dtype).fallbacks
+
+
+def source_stored_types(source: Path | None, dtype: str) -> StoredTypes | None:
+    """What the source GGUF file ``source`` stores its matrices as, where an export of type
+    ``dtype`` is in the source's own type (None otherwise: no file, not a GGUF file, another
+    type). A model whose rows are not whole blocks falls back in its source as well (Qwen2.5's
+    d_model of 896 is 3.5 blocks of 256), so what an export's widths add is the difference."""
+    if source is None or source.suffix != ".gguf" or not source.is_file():
+        return None
+    if source_type(source).dtype != dtype:
+        return None
+    return stored_types(source, dtype)
+
+
+def fallback_words(fell: Counter[str], source: Counter[str] | None) -> str:
+    """How many matrices fell back, beside how many the source file stores so (where it is of
+    the same type): the widths' own share."""
+    if source is None:
+        return ""
+    total, before = sum(fell.values()), sum(source.values())
+    if total <= before:
+        return f" (the source file stores {before} so: the widths add none)"
+    return f" (the source file stores {before} so: the widths add {total - before})"

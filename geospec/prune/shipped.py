@@ -305,7 +305,7 @@ def _gguf(model: Path, target: Path, settings: ShipSettings, plan: Plan) -> dict
     if plan.dtype is None:
         return {"skipped": plan.no_gguf}
     from geospec.prune.exports import unit_gguf
-    from geospec.prune.gguf_quant import block_size, stored_types
+    from geospec.prune.gguf_quant import block_size, source_stored_types, stored_types
     from geospec.prune.gguf_size import gguf_size
 
     source = settings.gguf_source
@@ -329,7 +329,15 @@ def _gguf(model: Path, target: Path, settings: ShipSettings, plan: Plan) -> dict
         "matrices": dict(sorted(stored.matrices.items())),
         "ffn_matrices": dict(sorted(stored.ffn.items())),
         "ffn_fallbacks": dict(sorted(stored.ffn_fallbacks.items())),
-    }
+    } | _source_fallbacks(source_stored_types(source, written.dtype))
+
+
+def _source_fallbacks(in_source: Any) -> dict[str, Any]:
+    """The source file's FFN matrices that fell back in the same type (where it is of it): a
+    model whose rows are not whole blocks falls back in its source too."""
+    if in_source is None:
+        return {}
+    return {"source_ffn_fallbacks": dict(sorted(in_source.ffn_fallbacks.items()))}
 
 
 def _score(

@@ -399,9 +399,11 @@ def _stored_words(gguf: Mapping[str, Any]) -> str:
     if not fell:
         return f"FFN matrices {stored}, every row in whole blocks"
     fallen = ", ".join(f"{count} to {kind}" for kind, count in fell.items())
+    in_source = gguf.get("source_ffn_fallbacks")  # absent: another type, or an older record
+    before = "" if in_source is None else f"; the source file's: {sum(in_source.values())}"
     return (
         f"FFN matrices {stored}: {sum(fell.values())} fell back ({fallen}), their rows not whole "
-        f"blocks of {gguf['block']}"
+        f"blocks of {gguf['block']}{before}"
     )
 
 
