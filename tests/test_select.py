@@ -550,3 +550,13 @@ def test_select_shipped_without_a_gguf_file_says_the_float32_models_chose(
     chosen = json.loads((tmp_path / "run" / "prune.json").read_text())["budgets"][0]["recommended"]
     assert chosen["on"].startswith("float32: no GGUF file to score (the reference is not a GGUF")
     assert "but the float32 models' chose" in (tmp_path / "run" / "prune" / "report.md").read_text()
+
+
+def test_the_report_says_the_share_a_budget_keeps_where_the_grid_moved_it() -> None:
+    """Qwen2.5-Coder-1.5B's 28 layers of 8,960 at keep 0.5 on a grid of 256: a uniform width of
+    4,608, so the budget keeps 129,024 neurons, 0.514 of them; on the grid keep is kept as is."""
+    from geospec.report.prune import _share
+
+    prune = {"layers": 28, "width": 8960}
+    assert _share(prune, {"keep": 0.5, "budget": 28 * 4608}) == ", 0.514 on the width grid"
+    assert _share(prune, {"keep": 0.5, "budget": 28 * 4480}) == ""

@@ -135,12 +135,36 @@ def fill_grid(data: dict[str, Any], spec_dir: Path) -> None:
         model["multiple_of"] = grid.block
 
 
+def _shares(spec: Spec, multiple: int) -> str:
+    """What each keep fraction keeps on the grid where its rounding moves it (Qwen2.5-Coder-
+    1.5B's 8,960 neurons at keep 0.5 on a grid of 256: 4,608 a layer, 0.514): every arm's
+    budget is that uniform width's, so the pruned model is that much larger or smaller."""
+    from geospec.shapes.pruned import keep_problem, pruned_width
+
+    width = spec.model.ffn_width
+    assert spec.prune is not None
+    moved = []
+    for keep in spec.prune.fractions:
+        if keep_problem(keep, width, multiple) is not None:
+            continue  # refused in its own line
+        kept = pruned_width(keep, width, multiple)
+        if abs(kept / width - keep) > 0.0005:
+            moved.append(f"keep {keep:g} keeps {kept:,} of {width:,} a layer ({kept / width:.3f})")
+    return f"; on this grid {', '.join(moved)}" if moved else ""
+
+
 def grid_line(spec: Spec, spec_dir: Path) -> str | None:
     """What ``geospec validate`` says of a prune's width grid: the multiple in force and why
-    (the export's blocks followed, or the spec's own value against them); None without
-    ``[prune]``."""
+    (the export's blocks followed, or the spec's own value against them), and the share each
+    keep fraction keeps on it where the grid moves it; None without ``[prune]``."""
     if spec.prune is None:
         return None
+    return _grid_words(spec, spec_dir) + _shares(spec, spec.model.multiple_of)
+
+
+def _grid_words(spec: Spec, spec_dir: Path) -> str:
+    """:func:`grid_line`'s multiple and why."""
+    assert spec.prune is not None
     multiple = spec.model.multiple_of
     said = f"width grid: FFN widths in multiples of {multiple}"
     reference = spec.reference.model_dump(mode="json")
