@@ -147,7 +147,7 @@ def _shares(spec: Spec, multiple: int) -> str:
     for keep in spec.prune.fractions:
         if keep_problem(keep, width, multiple) is not None:
             continue  # refused in its own line
-        kept = pruned_width(keep, width, multiple)
+        kept = min(pruned_width(keep, width, multiple), width)  # capped, as pruned_dims is
         if abs(kept / width - keep) > 0.0005:
             moved.append(f"keep {keep:g} keeps {kept:,} of {width:,} a layer ({kept / width:.3f})")
     return f"; on this grid {', '.join(moved)}" if moved else ""
