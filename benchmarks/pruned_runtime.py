@@ -17,8 +17,9 @@ parameter count, the peak resident memory after loading and running, prompt proc
 (``--prompt`` tokens in one batch) and generation (``--generate`` tokens one at a time, after the
 prompt) in tokens/s on ``--threads`` threads, the best of ``--repeats`` rounds and their median
 (each round measures every file once, after one untimed pass, so a load that comes and goes
-slows all alike), with the machine's load average before and after, and a warning where it
-exceeded the cores.
+slows all alike), as What to ship times a file (:mod:`geospec.prune.runtime`: the same best and
+median, the machine's load average read before the first round, with its warning where the load
+exceeds the cores).
 ``--torch`` adds the same prompt and generation in PyTorch through ``geospec.load_pruned`` (the
 padded model through ``AutoModelForCausalLM.from_pretrained``). Prints one table with every
 figure and its ratio to the unpruned model's, measured in the same run (needs llama-cpp-python:
@@ -34,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -200,8 +200,10 @@ def main() -> None:
         sys.exit(f"--gguf {args.gguf}: not found (nox -s gguf fetches SmolLM2-135M's GGUF)")
     common = ["--threads", str(args.threads), "--prompt", str(args.prompt)]
     common += ["--generate", str(args.generate), "--repeats", "1"]
+    from geospec.prune.runtime import Speed, Timing, load_words, machine_load
+
     runs: dict[str, list[dict[str, Any]]] = {}
-    load_before = os.getloadavg()[0]
+    load = machine_load()  # read before any timing, so that its own threads are not in it
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch)
         if args.files:
@@ -224,15 +226,19 @@ def main() -> None:
                     row |= child(["--child-torch", str(directory), *flags, *common])
                 runs.setdefault(name, []).append(row)
     # speeds: each figure's best round and its median over the rounds (the spread a shared
-    # machine leaves); sizes, parameters and memory are the same every round (the last one's)
+    # machine leaves), as What to ship gives them; sizes, parameters and memory are the same
+    # every round (the last one's)
     rows: dict[str, dict[str, Any]] = {}
     for name, rounds in runs.items():
         rows[name] = dict(rounds[-1])
-        for key in rounds[-1]:
-            if key.endswith(("pp", "tg")):
-                values = [r[key] for r in rounds]
-                rows[name][key] = max(values)
-                rows[name][key + "_median"] = statistics.median(values)
+        for prefix in ("", "torch_") if args.torch else ("",):
+            pp, tg = prefix + "pp", prefix + "tg"
+            timing = Timing.of([Speed(r[pp], r[tg]) for r in rounds])
+            rows[name] |= {pp: timing.best.prompt, tg: timing.best.generation}
+            rows[name] |= {
+                pp + "_median": timing.median.prompt,
+                tg + "_median": timing.median.generation,
+            }
     base = next(iter(rows.values()))  # the unpruned model (--files: the first file)
     columns = [("size_mb", "file MiB"), ("params", "parameters"), ("rss_mb", "peak RSS MiB"),
                ("pp", f"prompt tok/s ({args.prompt})"),
@@ -241,15 +247,9 @@ def main() -> None:
         columns += [("torch_rss_mb", "PyTorch RSS MiB"), ("torch_pp", "PyTorch prompt tok/s"),
                     ("torch_tg", "PyTorch generation tok/s")]  # fmt: skip
     what = "GGUF files given" if args.files else f"SmolLM2-135M, {args.dtype} GGUF"
-    load = f"1-minute load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after"
     print(f"{what}, llama.cpp on {args.threads} threads, best of {args.repeats} rounds "
-          f"[median]; each cell: value (ratio to {next(iter(rows))}); {load} on "
-          f"{os.cpu_count()} cores")  # fmt: skip
-    if max(load_before, os.getloadavg()[0]) > (os.cpu_count() or 1):
-        print(
-            "warning: the load exceeded the cores: every speed here is slower than on a "
-            "quiet machine, and the ratios are less sure than they look"
-        )
+          f"[median]; each cell: value (ratio to {next(iter(rows))}); {load_words(load)} "
+          "before the first round")  # fmt: skip
     print("| model | " + " | ".join(title for _, title in columns) + " |")
     print("|---|" + "---|" * len(columns))
     for name, row in rows.items():
