@@ -317,7 +317,7 @@ def _gguf(model: Path, target: Path, settings: ShipSettings, plan: Plan) -> dict
     size = gguf_size(target, source)
     kind = written.dtype if written.dtype in ("f32", "f16") else written.dtype.upper()
     stored = stored_types(target, written.dtype)
-    return {
+    record = {
         "file": target.name,
         "type": kind,
         "quantizer": written.quantizer,
@@ -329,15 +329,13 @@ def _gguf(model: Path, target: Path, settings: ShipSettings, plan: Plan) -> dict
         "matrices": dict(sorted(stored.matrices.items())),
         "ffn_matrices": dict(sorted(stored.ffn.items())),
         "ffn_fallbacks": dict(sorted(stored.ffn_fallbacks.items())),
-    } | _source_fallbacks(source_stored_types(source, written.dtype))
-
-
-def _source_fallbacks(in_source: Any) -> dict[str, Any]:
-    """The source file's FFN matrices that fell back in the same type (where it is of it): a
-    model whose rows are not whole blocks falls back in its source too."""
-    if in_source is None:
-        return {}
-    return {"source_ffn_fallbacks": dict(sorted(in_source.ffn_fallbacks.items()))}
+    }
+    # the source file's own fallbacks in the same type: a model whose rows are not whole blocks
+    # (Qwen2.5-0.5B's d_model of 896 on 256s) falls back in its source too
+    in_source = source_stored_types(source, written.dtype)
+    if in_source is not None:
+        record["source_ffn_fallbacks"] = dict(sorted(in_source.ffn_fallbacks.items()))
+    return record
 
 
 def _score(
