@@ -67,12 +67,51 @@ def test_heal_distils_only_the_recommended_model_and_exports_the_healed_one(
     line = next(line for line in output.splitlines() if line.startswith("healed "))
     assert f"docs.jsonl {math.exp(before):.2f} -> {math.exp(after):.2f}" in line
     assert f"(unpruned {math.exp(record['reference']['docs.jsonl']):.2f})" in line
+    printed = continuations_printed(output)
+    assert printed == greedy_texts(tmp_path / "model", units[chosen] / "model", tmp_path / "out")
     kept = files_of(healed_dir)
     again = invoke("heal", str(spec), "best@0.5", "--steps", "3", "--to", str(tmp_path / "b"))
     assert f"healed {chosen}@0.5 (seed 0) (reused)" in again and files_of(healed_dir) == kept
+    assert continuations_printed(again) == printed  # kept in healed/result.json
     assert (tmp_path / "b" / "config.json").read_text() == (
         tmp_path / "out" / "config.json"
     ).read_text()
+
+
+def continuations_printed(output: str) -> dict[str, tuple[str, str]]:
+    """geospec heal's continuation lines: each prompt's text before healing and healed."""
+    lines = output.splitlines()
+    start = lines.index("greedy continuations of fixed prompts (no decision reads them):")
+    found = {}
+    for at in range(start + 1, len(lines) - 2, 3):
+        if not lines[at].startswith("- `"):
+            break
+        before, after = (re.fullmatch(r"  - [a-z ]+: `(.*)`", lines[at + k]) for k in (1, 2))
+        assert before is not None and after is not None
+        found[lines[at][3:-1]] = (before.group(1), after.group(1))
+    return found
+
+
+def greedy_texts(checkpoint: Path, unhealed: Path, healed: Path) -> dict[str, tuple[str, str]]:
+    """transformers' own greedy generate of each fixed prompt by the two models, decoded by the
+    checkpoint's tokenizer (independent of geospec's loop)."""
+    from transformers import AutoTokenizer
+
+    from geospec.prune.continuations import CONTINUATION_TOKENS
+    from geospec.prune.select import PROMPTS
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    models = [geospec.load_pruned(unhealed).eval(), geospec.load_pruned(healed).eval()]
+    found = {}
+    for prompt in PROMPTS:
+        ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])
+        texts = []
+        for model in models:
+            out = model.generate(ids, max_new_tokens=CONTINUATION_TOKENS, do_sample=False)
+            text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+            texts.append(" ".join(text.split()))
+        found[prompt] = (texts[0], texts[1])
+    return found
 
 
 def test_a_vanishing_learning_rate_heals_to_the_pruned_model_and_a_damaged_record_is_redone(

@@ -72,8 +72,8 @@ def heal(
     training text, with [prune.heal]'s settings (distill = 1 and a tenth of the steps' warmup
     unless it sets them; its steps must stay 0, or the prune heals every arm itself). The
     healing resumes where it was interrupted and is reused by a later heal of the same model and
-    settings (the unit's healed/). Prints the perplexities before and after, then the export's
-    line (docs/prune.md, "Healing")."""
+    settings (the unit's healed/). Prints the perplexities and the fixed prompts' greedy
+    continuations before and after, then the export's line (docs/prune.md, "Healing")."""
     import math
 
     from geospec.cli.console import stderr
@@ -117,5 +117,18 @@ def heal(
         how += f", distilled from the unpruned model (distill {settings.distill:g})"
     reused = "" if healed.now else " (reused)"
     click.echo(f"healed {chosen.label}{reused}: {how}; perplexity {perplexity}")
+    if healed.continuations is not None:
+        click.echo(continuation_lines(healed.continuations))
     unit_dir = chosen.directory(run_dir)
     click.echo(export_prune_unit(unit_dir, to, fmt, dtype, padded=padded, model=healed.model))
+
+
+def continuation_lines(found: dict[str, list[str]]) -> str:
+    """The fixed prompts' greedy continuations before and after healing, one line each, as the
+    report prints the prune's."""
+    lines = ["greedy continuations of fixed prompts (no decision reads them):"]
+    for index, prompt in enumerate(found["prompts"]):
+        lines.append(f"- `{prompt}`")
+        for label, key in (("before healing", "before"), ("healed", "after")):
+            lines.append(f"  - {label}: `{' '.join(found[key][index].split())}`")
+    return "\n".join(lines)

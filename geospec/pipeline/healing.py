@@ -94,14 +94,17 @@ def healer(
 @dataclass(frozen=True)
 class Healed:
     """One exported model healed by ``geospec heal``: where the healed model is, its settings,
-    its losses on the eval corpora before and after, and whether it was healed now (False: a
-    finished healing of the same inputs, reused)."""
+    its losses on the eval corpora before and after, whether it was healed now (False: a
+    finished healing of the same inputs, reused) and the fixed prompts' greedy continuations
+    before and after (:func:`geospec.prune.continuations.healed_continuations`; None in a
+    record written before they were kept)."""
 
     model: Path
     settings: PruneHeal
     before: dict[str, float]
     after: dict[str, float]
     now: bool
+    continuations: dict[str, list[str]] | None = None
 
 
 def heal_exported(
@@ -123,6 +126,7 @@ def heal_exported(
     from geospec.pipeline.context import RunContext
     from geospec.pipeline.keys import section
     from geospec.pipeline.stages.reference import load_reference
+    from geospec.prune.continuations import healed_continuations
     from geospec.prune.corpora import eval_batches
     from geospec.prune.exports import export_dtype
     from geospec.prune.true_width import load_pruned, read_widths
@@ -142,7 +146,10 @@ def heal_exported(
     before = {name: float(loss) for name, loss in stored["loss"].items()}
     record = finished_unit(healed_dir, key)
     if record is not None and has_model(healed_dir, key, dtype):
-        return Healed(healed_dir / UNIT_MODEL_DIR, settings, before, record["healed_loss"], False)
+        return Healed(
+            healed_dir / UNIT_MODEL_DIR, settings, before, record["healed_loss"], False,
+            record.get("continuations"),
+        )  # fmt: skip
     run = RunContext(
         run_dir, spec_path.parent, console, context(), spec.train.device, spec_path=spec_path
     )
@@ -164,10 +171,14 @@ def heal_exported(
     sites = find_ffn_sites(cut, hidden_width(cut), lambda: logits_of(cut, first))
     widths = read_widths(unit_dir / UNIT_MODEL_DIR)
     export_unit(cut, sites, widths, healed_dir / UNIT_MODEL_DIR, key, dtype, unit_dir)
+    run.say("heal: the fixed prompts' greedy continuations before and after")
+    data = run.token_data(spec.data)
+    unhealed = load_pruned(unit_dir / UNIT_MODEL_DIR, torch.float32)
+    continued = healed_continuations(unhealed, cut, data.tokenizer(), data.bos_id, data.eot_id)
     result = {"key": key, "widths": widths, "loss": before, "healed_loss": after,
-              "heal": settings.model_dump(mode="json")}  # fmt: skip
+              "heal": settings.model_dump(mode="json"), "continuations": continued}  # fmt: skip
     atomic_write_json(healed_dir / UNIT_FILE, sealed(result))
-    return Healed(healed_dir / UNIT_MODEL_DIR, settings, before, after, True)
+    return Healed(healed_dir / UNIT_MODEL_DIR, settings, before, after, True, continued)
 
 
 def shipped_settings(heal: PruneHeal, steps: int) -> PruneHeal:

@@ -69,3 +69,20 @@ def greedy(
                     break
             continued.append([int(t) for t in ids[0, len(prompt) :]])
     return continued
+
+
+def healed_continuations(
+    before: nn.Module, after: nn.Module, tokenizer: Any, bos: int | None, stop: int | None
+) -> dict[str, list[str]]:
+    """``geospec heal``'s continuations: each fixed prompt continued greedily by the pruned
+    model before healing and by the healed one, as text (what "heal it before use" was about:
+    whether the healed model still answers "la la la")."""
+    from geospec.prune.select import PROMPTS, prompt_ids
+
+    prompts = prompt_ids(tokenizer, bos)
+
+    def texts(model: nn.Module) -> list[str]:
+        continued = greedy(model, prompts, stop)
+        return [tokenizer.decode(ids, skip_special_tokens=True) for ids in continued]
+
+    return {"prompts": list(PROMPTS), "before": texts(before), "after": texts(after)}
