@@ -194,7 +194,7 @@ def test_validate_and_what_to_ship_say_how_long_healing_takes(tmp_path: Path) ->
     """validate, for a spec that recommends a model, says what geospec heal costs it at the
     default steps (and, with [prune.heal], what the prune's healing costs); What to ship's
     advice to heal names the command and the same kind of estimate."""
-    from geospec.shapes.heal_time import CPU_MEASURED, DEFAULT_STEPS
+    from geospec.shapes.heal_time import CPU_MEASURED, DEFAULT_STEPS, QUIET_MEASURED
 
     spec = heal_spec(tmp_path)
     output = invoke("validate", str(spec))
@@ -206,7 +206,7 @@ def test_validate_and_what_to_ship_say_how_long_healing_takes(tmp_path: Path) ->
     output = invoke("validate", str(spec))
     line = next(line for line in output.splitlines() if line.startswith("time of healing"))
     assert "7 steps of 2 x 16 tokens" in line and "2 pruned models" in line
-    assert re.search(rf"about \d+ s on {CPU_MEASURED}", line)
+    assert re.search(rf"about \d+ s on {QUIET_MEASURED}, \d+ s on {CPU_MEASURED}", line)
 
 
 def test_what_to_ships_advice_names_geospec_heal_with_its_time(tmp_path: Path) -> None:
@@ -239,7 +239,8 @@ def test_the_healed_model_ships_as_a_gguf_file_with_the_healed_weights(
 ) -> None:
     """From a Qwen2 GGUF reference (its attention biases carried through healing), --format
     gguf --dtype f32: the file gguf-py reads holds the healed model's FFN weights at the true
-    widths, not the unhealed unit's."""
+    widths, not the unhealed unit's, and scored as shipped (its own weights) it has the healed
+    model's perplexities, nothing rounded away."""
     pytest.importorskip("gguf")
     from gguf import GGUFReader
     from test_select import gguf_prune_spec, no_llama_cpp
@@ -262,6 +263,40 @@ def test_the_healed_model_ships_as_a_gguf_file_with_the_healed_weights(
         assert stored.shape == weight.shape
         torch.testing.assert_close(stored, weight)
         assert not torch.equal(stored, unhealed.model.layers[index].mlp.down_proj.weight.float())
+    after = json.loads((unit / "healed" / "result.json").read_text())["healed_loss"]
+    shipped = next(line for line in output.splitlines() if line.startswith("as shipped"))
+    assert shipped.startswith("as shipped (healed.gguf's own F32 weights): perplexity ")
+    for corpus, loss in after.items():
+        assert f"{corpus} {math.exp(loss):.2f}" in shipped
+    assert "0.000 nats above the healed model" in shipped and "--dtype" not in shipped
+
+
+@pytest.mark.parametrize(
+    ("shipped", "kind", "advised"),
+    [
+        ({"a": 3.0, "b": 2.0}, "Q4_1", False),  # the healed model's own losses: nothing lost
+        ({"a": 3.5, "b": 2.45}, "Q4_1", False),  # 0.475 of the 1.0 nats gained: under half
+        ({"a": 3.6, "b": 2.5}, "Q4_1", True),  # 0.55 of them: the larger types are named
+        ({"a": 3.6, "b": 2.5}, "F16", False),  # no larger type to name
+    ],
+)
+def test_the_shipped_line_names_a_larger_type_where_the_file_rounds_away_most_healing(
+    shipped: dict[str, float], kind: str, advised: bool
+) -> None:
+    """The file's loss above the healed model's and the healing's gain, each the mean over the
+    corpora; a larger type is named exactly where the first exceeds half the second."""
+    from geospec.cli.heal import shipped_words
+    from geospec.pipeline.healing import Healed
+    from geospec.spec.sections import PruneHeal
+
+    healed = Healed(Path("m"), PruneHeal(), {"a": 4.0, "b": 3.0}, {"a": 3.0, "b": 2.0}, True)
+    line = shipped_words(Path("x.gguf"), kind, shipped, healed, {"a": "A"})
+    above = sum(shipped[c] - healed.after[c] for c in shipped) / 2
+    assert f"perplexity A {math.exp(shipped['a']):.2f}, b {math.exp(shipped['b']):.2f};" in line
+    assert f"{above:.3f} nats above the healed model on average, where healing gained 1.000" in line
+    assert ("--dtype q5_1 or q8_0" in line) == advised
+    if advised:
+        assert f"rounds away {above:.0%} of the healing" in line
 
 
 def test_a_llama_refit_with_its_intercept_heals_where_layers_are_kept_whole(

@@ -4,6 +4,7 @@ unpruned one, and exported like any other."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from geospec.cli.console import (
 )
 from geospec.cli.until import out_option, threads_option
 from geospec.shapes.heal_time import DEFAULT_STEPS
+
+if TYPE_CHECKING:
+    from geospec.pipeline.healing import Healed
 
 
 @click.command()
@@ -121,6 +125,16 @@ def heal(
         click.echo(continuation_lines(healed.continuations))
     unit_dir = chosen.directory(run_dir)
     click.echo(export_prune_unit(unit_dir, to, fmt, dtype, padded=padded, model=healed.model))
+    if fmt == "gguf":
+        from geospec.cli.prune import say_speed
+        from geospec.pipeline.healing import shipped_file_losses
+        from geospec.prune.gguf_quant import source_type
+
+        # a minute or so of de-quantizing and scoring: said, not silent
+        stderr().print(f"heal: scoring {to.name}'s own weights on the eval windows")
+        shipped = shipped_file_losses(spec, spec_path, run_dir, healed.model, to, stderr())
+        click.echo(shipped_words(to, source_type(to).label, shipped, healed, labels))
+        say_speed(unit_dir, to, "heal")
 
 
 def continuation_lines(found: dict[str, list[str]]) -> str:
@@ -132,3 +146,34 @@ def continuation_lines(found: dict[str, list[str]]) -> str:
         for label, key in (("before healing", "before"), ("healed", "after")):
             lines.append(f"  - {label}: `{' '.join(found[key][index].split())}`")
     return "\n".join(lines)
+
+
+#: Where the file gives back more than this share of what healing gained (in nats, over the
+#: eval corpora), its line names a larger type.
+GIVEN_BACK = 0.5
+
+
+def shipped_words(
+    to: Path, kind: str, shipped: dict[str, float], healed: Healed, labels: dict[str, str]
+) -> str:
+    """The healed GGUF file's own perplexities, and how much of the healing its type keeps:
+    healing moves every weight off the source file's grid, so a 4-bit file can round away
+    most of it (SmolLM2-135M at keep 1/2: Q4_1 kept 0.06 of 0.29 nats on the mix, Q8_0 all
+    of it; docs/prune.md, "Healing")."""
+    import math
+
+    perplexity = ", ".join(
+        f"{labels.get(corpus, corpus)} {math.exp(loss):.2f}" for corpus, loss in shipped.items()
+    )
+    above = sum(shipped[c] - healed.after[c] for c in shipped) / len(shipped)
+    gained = sum(healed.before[c] - healed.after[c] for c in shipped) / len(shipped)
+    line = (
+        f"as shipped ({to.name}'s own {kind} weights): perplexity {perplexity}; {above:.3f} "
+        f"nats above the healed model on average, where healing gained {gained:.3f}"
+    )
+    if gained > 0 and above > GIVEN_BACK * gained and kind.lower() not in ("f32", "f16"):
+        line += (
+            f" (the {kind} file rounds away {above / gained:.0%} of the healing: a larger type "
+            'keeps more of it, --dtype q5_1 or q8_0; docs/prune.md, "Healing")'
+        )
+    return line

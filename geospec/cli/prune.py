@@ -150,19 +150,28 @@ def prune(
         keep, arm, chosen = wanted
         unit = prune_unit_dir(run_dir, keep, arm, chosen)
         if fmt == "gguf":
-            from geospec.prune.exports import export_prune_unit, run_checkpoint
-            from geospec.prune.runtime import have_llamacpp, speed_line
+            from geospec.prune.exports import export_prune_unit
 
             # seconds to a minute of writing and quantizing: said, not silent
             stderr().print(f"prune: writing {arm}@{keep:g} (seed {chosen}) as GGUF to {to}")
             click.echo(export_prune_unit(unit, to, "gguf", dtype))
-            source = run_checkpoint(unit)
-            if have_llamacpp() and source is not None and source.suffix == ".gguf":
-                # what the smaller file buys where it runs, measured now against the user's own
-                stderr().print(f"prune: timing {to.name} against {source.name} in llama.cpp")
-                click.echo(speed_line(to, source))
+            say_speed(unit, to, "prune")
         else:
             click.echo(export_padded(unit, to) if padded else export_with_tokenizer(unit, to))
+
+
+def say_speed(unit: Path, to: Path, command: str) -> None:
+    """The GGUF file ``to``, written from the prune unit ``unit``, timed in llama.cpp against
+    its source file (where llama-cpp-python is installed and the reference is a GGUF file):
+    what the smaller file buys where it runs, measured now against the user's own."""
+    from geospec.cli.console import stderr
+    from geospec.prune.exports import run_checkpoint
+    from geospec.prune.runtime import have_llamacpp, speed_line
+
+    source = run_checkpoint(unit)
+    if have_llamacpp() and source is not None and source.suffix == ".gguf":
+        stderr().print(f"{command}: timing {to.name} against {source.name} in llama.cpp")
+        click.echo(speed_line(to, source))
 
 
 def run_prune(

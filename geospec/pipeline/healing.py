@@ -181,6 +181,27 @@ def heal_exported(
     return Healed(healed_dir / UNIT_MODEL_DIR, settings, before, after, True, continued)
 
 
+def shipped_file_losses(
+    spec: Spec, spec_path: Path, run_dir: Path, model: Path, gguf: Path, console: Console
+) -> dict[str, float]:
+    """The GGUF file ``gguf`` written from the healed ``model`` scored on the prune's eval
+    corpora with its own (de-quantized) weights: what ``geospec heal --format gguf`` ships,
+    beside the healed float32 model's losses (healing moves every weight, the embeddings and
+    attention included, off the source file's quantization grid, so the file's type costs more
+    after healing than before)."""
+    from geospec.engine.distributed import context
+    from geospec.engine.train import resolve_device
+    from geospec.pipeline.context import RunContext
+    from geospec.prune.corpora import eval_batches
+    from geospec.prune.gguf_weights import shipped_corpus_losses
+
+    assert spec.prune is not None
+    run = RunContext(run_dir, spec_path.parent, console, context(), spec.train.device)
+    device = resolve_device(spec.train.device)
+    corpora = eval_batches(spec.prune.eval, spec.data, spec.model.seq_len, run.token_data, device)
+    return shipped_corpus_losses(model, gguf, corpora)
+
+
 def shipped_settings(heal: PruneHeal, steps: int) -> PruneHeal:
     """How ``geospec heal`` heals one model: ``[prune.heal]``'s settings with ``steps`` steps,
     distilled from the unpruned model alone (``distill = 1``, as Minitron heals) and warmed up

@@ -13,7 +13,7 @@ imported only inside the functions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,19 @@ def shipped_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> dict[
     shipped = eval_loss(model, batches)
     windows = sum(int(inputs.shape[0]) for inputs, _ in batches)
     return {"windows": windows, "float32": float32, "shipped": shipped}
+
+
+def shipped_corpus_losses(
+    model_dir: Path, path: Path, corpora: Mapping[str, Sequence[Any]]
+) -> dict[str, float]:
+    """Each corpus's mean loss (its batches') of the model the GGUF file ``path`` ships, its
+    de-quantized weights in the model in ``model_dir`` (``geospec heal --format gguf``: what the
+    healing is worth in the file)."""
+    from geospec.prune.losses import eval_loss
+
+    first = next(iter(corpora.values()), [])
+    model = shipped_model(model_dir, path, _device(first))
+    return {name: eval_loss(model, batches) for name, batches in corpora.items()}
 
 
 def shipped_window_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> list[float]:
