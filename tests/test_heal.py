@@ -268,35 +268,44 @@ def test_the_healed_model_ships_as_a_gguf_file_with_the_healed_weights(
     assert shipped.startswith("as shipped (healed.gguf's own F32 weights): perplexity ")
     for corpus, loss in after.items():
         assert f"{corpus} {math.exp(loss):.2f}" in shipped
-    assert "0.000 nats above the healed model" in shipped and "--dtype" not in shipped
+    assert "on the selection windows 0.000 nats above the healed model" in shipped
+    assert "--dtype" not in shipped
 
 
 @pytest.mark.parametrize(
     ("shipped", "kind", "advised"),
     [
-        ({"a": 3.0, "b": 2.0}, "Q4_1", False),  # the healed model's own losses: nothing lost
-        ({"a": 3.5, "b": 2.45}, "Q4_1", False),  # 0.475 of the 1.0 nats gained: under half
-        ({"a": 3.6, "b": 2.5}, "Q4_1", True),  # 0.55 of them: the larger types are named
-        ({"a": 3.6, "b": 2.5}, "F16", False),  # no larger type to name
+        (3.0, "Q4_1", False),  # the healed model's own loss: nothing lost
+        (3.45, "Q4_1", False),  # 0.45 of the 1.0 nats gained: under half
+        (3.55, "Q4_1", True),  # 0.55 of them: the larger types are named
+        (3.55, "F16", False),  # no larger type to name
     ],
 )
 def test_the_shipped_line_names_a_larger_type_where_the_file_rounds_away_most_healing(
-    shipped: dict[str, float], kind: str, advised: bool
+    shipped: float, kind: str, advised: bool
 ) -> None:
-    """The file's loss above the healed model's and the healing's gain, each the mean over the
-    corpora; a larger type is named exactly where the first exceeds half the second."""
-    from geospec.cli.heal import shipped_words
-    from geospec.pipeline.healing import Healed
-    from geospec.spec.sections import PruneHeal
+    """On the selection windows, the file's loss above the healed model's against what healing
+    gained there (the unhealed unit's selection loss, as prune.json records it, less the healed
+    model's); a larger type is named exactly where the first exceeds half the second. The eval
+    perplexities are shown; without a selection there is no advice."""
+    from geospec.cli.heal import shipped_words, unhealed_select_loss
+    from geospec.pipeline.healing import ShippedFile
+    from geospec.prune.units import Unit
 
-    healed = Healed(Path("m"), PruneHeal(), {"a": 4.0, "b": 3.0}, {"a": 3.0, "b": 2.0}, True)
-    line = shipped_words(Path("x.gguf"), kind, shipped, healed, {"a": "A"})
-    above = sum(shipped[c] - healed.after[c] for c in shipped) / 2
-    assert f"perplexity A {math.exp(shipped['a']):.2f}, b {math.exp(shipped['b']):.2f};" in line
-    assert f"{above:.3f} nats above the healed model on average, where healing gained 1.000" in line
+    record = {"budgets": [{"keep": 0.5, "arms": {"a": {"select_loss": {"0": [3.5, 4.5]}}}}]}
+    unhealed = unhealed_select_loss(record, Unit(0.5, "a", 0))
+    assert unhealed == 4.0 and unhealed_select_loss(record, Unit(0.75, "a", 0)) is None
+    scored = ShippedFile({"x": 2.0, "y": 1.0}, {"float32": 3.0, "shipped": shipped})
+    line = shipped_words(Path("f.gguf"), kind, scored, unhealed, {"x": "X"})
+    assert f"perplexity X {math.exp(2.0):.2f}, y {math.exp(1.0):.2f};" in line
+    above = shipped - 3.0
+    said = f"on the selection windows {above:.3f} nats above the healed model, where healing"
+    assert f"{said} gained 1.000" in line
     assert ("--dtype q5_1 or q8_0" in line) == advised
     if advised:
         assert f"rounds away {above:.0%} of the healing" in line
+    alone = shipped_words(Path("f.gguf"), kind, ShippedFile({"x": 2.0}, None), None, {})
+    assert "no [prune] select" in alone and "--dtype" not in alone
 
 
 def test_a_llama_refit_with_its_intercept_heals_where_layers_are_kept_whole(

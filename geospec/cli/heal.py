@@ -4,7 +4,7 @@ unpruned one, and exported like any other."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -19,7 +19,8 @@ from geospec.cli.until import out_option, threads_option
 from geospec.shapes.heal_time import DEFAULT_STEPS
 
 if TYPE_CHECKING:
-    from geospec.pipeline.healing import Healed
+    from geospec.pipeline.healing import ShippedFile
+    from geospec.prune.units import Unit
 
 
 @click.command()
@@ -127,13 +128,14 @@ def heal(
     click.echo(export_prune_unit(unit_dir, to, fmt, dtype, padded=padded, model=healed.model))
     if fmt == "gguf":
         from geospec.cli.prune import say_speed
-        from geospec.pipeline.healing import shipped_file_losses
+        from geospec.pipeline.healing import shipped_file_scores
         from geospec.prune.gguf_quant import source_type
 
         # a minute or so of de-quantizing and scoring: said, not silent
-        stderr().print(f"heal: scoring {to.name}'s own weights on the eval windows")
-        shipped = shipped_file_losses(spec, spec_path, run_dir, healed.model, to, stderr())
-        click.echo(shipped_words(to, source_type(to).label, shipped, healed, labels))
+        stderr().print(f"heal: scoring {to.name}'s own weights")
+        shipped = shipped_file_scores(spec, spec_path, run_dir, healed.model, to, stderr())
+        unhealed = unhealed_select_loss(record, chosen)
+        click.echo(shipped_words(to, source_type(to).label, shipped, unhealed, labels))
         say_speed(unit_dir, to, "heal")
 
 
@@ -148,28 +150,43 @@ def continuation_lines(found: dict[str, list[str]]) -> str:
     return "\n".join(lines)
 
 
-#: Where the file gives back more than this share of what healing gained (in nats, over the
-#: eval corpora), its line names a larger type.
+def unhealed_select_loss(record: dict[str, Any], unit: Unit) -> float | None:
+    """The unhealed unit's mean loss on the selection windows, as prune.json records it (None
+    where the prune has no selection)."""
+    for budget in record.get("budgets", []):
+        if budget["keep"] == unit.keep:
+            windows = budget["arms"][unit.arm].get("select_loss", {}).get(str(unit.seed))
+            return sum(windows) / len(windows) if windows else None
+    return None
+
+
+#: Where the file gives back more than this share of what healing gained on the selection
+#: windows, its line names a larger type.
 GIVEN_BACK = 0.5
 
 
 def shipped_words(
-    to: Path, kind: str, shipped: dict[str, float], healed: Healed, labels: dict[str, str]
+    to: Path, kind: str, shipped: ShippedFile, unhealed: float | None, labels: dict[str, str]
 ) -> str:
-    """The healed GGUF file's own perplexities, and how much of the healing its type keeps:
-    healing moves every weight off the source file's grid, so a 4-bit file can round away
-    most of it (SmolLM2-135M at keep 1/2: Q4_1 kept 0.06 of 0.29 nats on the mix, Q8_0 all
-    of it; docs/prune.md, "Healing")."""
+    """The healed GGUF file's own perplexities on the eval corpora (shown), and how much of the
+    healing its type keeps on the selection windows (``unhealed``: the unhealed model's loss
+    there): healing moves every weight off the source file's grid, so a 4-bit file can round
+    away most of it (SmolLM2-135M at keep 1/2: Q4_1 gave back 81% on the eval corpora, Q8_0
+    nothing; docs/prune.md, "Healing"). Its advice reads no eval text."""
     import math
 
     perplexity = ", ".join(
-        f"{labels.get(corpus, corpus)} {math.exp(loss):.2f}" for corpus, loss in shipped.items()
+        f"{labels.get(corpus, corpus)} {math.exp(loss):.2f}"
+        for corpus, loss in shipped.eval.items()
     )
-    above = sum(shipped[c] - healed.after[c] for c in shipped) / len(shipped)
-    gained = sum(healed.before[c] - healed.after[c] for c in shipped) / len(shipped)
-    line = (
-        f"as shipped ({to.name}'s own {kind} weights): perplexity {perplexity}; {above:.3f} "
-        f"nats above the healed model on average, where healing gained {gained:.3f}"
+    line = f"as shipped ({to.name}'s own {kind} weights): perplexity {perplexity}"
+    if shipped.select is None or unhealed is None:
+        return line + " (no [prune] select: nothing says how much of the healing the type keeps)"
+    above = shipped.select["shipped"] - shipped.select["float32"]
+    gained = unhealed - shipped.select["float32"]
+    line += (
+        f"; on the selection windows {above:.3f} nats above the healed model, where healing "
+        f"gained {gained:.3f}"
     )
     if gained > 0 and above > GIVEN_BACK * gained and kind.lower() not in ("f32", "f16"):
         line += (

@@ -181,25 +181,43 @@ def heal_exported(
     return Healed(healed_dir / UNIT_MODEL_DIR, settings, before, after, True, continued)
 
 
-def shipped_file_losses(
+@dataclass(frozen=True)
+class ShippedFile:
+    """A healed model's GGUF file scored with its own (de-quantized) weights: its loss on each
+    eval corpus (shown, not used) and, where ``[prune] select`` is set, on the selection windows
+    beside the healed float32 model's (``{"float32": ..., "shipped": ...}``), which the advice
+    on the file's type reads (no eval text in it)."""
+
+    eval: dict[str, float]
+    select: dict[str, float] | None
+
+
+def shipped_file_scores(
     spec: Spec, spec_path: Path, run_dir: Path, model: Path, gguf: Path, console: Console
-) -> dict[str, float]:
-    """The GGUF file ``gguf`` written from the healed ``model`` scored on the prune's eval
-    corpora with its own (de-quantized) weights: what ``geospec heal --format gguf`` ships,
-    beside the healed float32 model's losses (healing moves every weight, the embeddings and
-    attention included, off the source file's quantization grid, so the file's type costs more
-    after healing than before)."""
+) -> ShippedFile:
+    """The GGUF file ``gguf`` written from the healed ``model``, scored as ``geospec heal
+    --format gguf`` ships it (healing moves every weight, the embeddings and attention
+    included, off the source file's quantization grid, so the file's type can cost more after
+    healing than before)."""
     from geospec.engine.distributed import context
     from geospec.engine.train import resolve_device
     from geospec.pipeline.context import RunContext
     from geospec.prune.corpora import eval_batches
-    from geospec.prune.gguf_weights import shipped_corpus_losses
+    from geospec.prune.gguf_weights import shipped_corpus_losses, shipped_losses
+    from geospec.prune.select import select_batches
 
-    assert spec.prune is not None
+    prune = spec.prune
+    assert prune is not None
     run = RunContext(run_dir, spec_path.parent, console, context(), spec.train.device)
     device = resolve_device(spec.train.device)
-    corpora = eval_batches(spec.prune.eval, spec.data, spec.model.seq_len, run.token_data, device)
-    return shipped_corpus_losses(model, gguf, corpora)
+    seq_len = spec.model.seq_len
+    corpora = eval_batches(prune.eval, spec.data, seq_len, run.token_data, device)
+    chosen = None
+    if prune.select is not None:
+        batches = select_batches(prune, spec.data, seq_len, run.token_data, device)
+        losses = shipped_losses(model, gguf, batches)
+        chosen = {"float32": losses["float32"], "shipped": losses["shipped"]}
+    return ShippedFile(shipped_corpus_losses(model, gguf, corpora), chosen)
 
 
 def shipped_settings(heal: PruneHeal, steps: int) -> PruneHeal:
