@@ -73,6 +73,17 @@ def test_heal_distils_only_the_recommended_model_and_exports_the_healed_one(
     again = invoke("heal", str(spec), "best@0.5", "--steps", "3", "--to", str(tmp_path / "b"))
     assert f"healed {chosen}@0.5 (seed 0) (reused)" in again and files_of(healed_dir) == kept
     assert continuations_printed(again) == printed  # kept in healed/result.json
+    # the unhealed model's selection loss the advice on a file's type reads: prune.json's
+    # record of the recommended unit's selection windows, averaged
+    from rich.console import Console
+
+    from geospec.pipeline.healing import heal_exported
+    from geospec.prune.units import Unit
+    from geospec.spec.loading import load_spec
+
+    reused = heal_exported(load_spec(spec, ()), spec, run, Unit(0.5, chosen, 0), 3, Console())
+    windows = record["budgets"][0]["arms"][chosen]["select_loss"]["0"]
+    assert not reused.now and reused.before_select == pytest.approx(sum(windows) / len(windows))
     assert (tmp_path / "b" / "config.json").read_text() == (
         tmp_path / "out" / "config.json"
     ).read_text()
@@ -285,16 +296,13 @@ def test_the_shipped_line_names_a_larger_type_where_the_file_rounds_away_most_he
     shipped: float, kind: str, advised: bool
 ) -> None:
     """On the selection windows, the file's loss above the healed model's against what healing
-    gained there (the unhealed unit's selection loss, as prune.json records it, less the healed
+    gained there (the unhealed unit's selection loss, as its unit records it, less the healed
     model's); a larger type is named exactly where the first exceeds half the second. The eval
     perplexities are shown; without a selection there is no advice."""
-    from geospec.cli.heal import shipped_words, unhealed_select_loss
+    from geospec.cli.heal import shipped_words
     from geospec.pipeline.healing import ShippedFile
-    from geospec.prune.units import Unit
 
-    record = {"budgets": [{"keep": 0.5, "arms": {"a": {"select_loss": {"0": [3.5, 4.5]}}}}]}
-    unhealed = unhealed_select_loss(record, Unit(0.5, "a", 0))
-    assert unhealed == 4.0 and unhealed_select_loss(record, Unit(0.75, "a", 0)) is None
+    unhealed = 4.0  # the unhealed model's selection loss (read from its unit: the test above)
     scored = ShippedFile({"x": 2.0, "y": 1.0}, {"float32": 3.0, "shipped": shipped})
     line = shipped_words(Path("f.gguf"), kind, scored, unhealed, {"x": "X"})
     assert f"perplexity X {math.exp(2.0):.2f}, y {math.exp(1.0):.2f};" in line

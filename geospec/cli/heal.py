@@ -4,7 +4,7 @@ unpruned one, and exported like any other."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,7 +20,6 @@ from geospec.shapes.heal_time import DEFAULT_STEPS
 
 if TYPE_CHECKING:
     from geospec.pipeline.healing import ShippedFile
-    from geospec.prune.units import Unit
 
 
 @click.command()
@@ -123,7 +122,7 @@ def heal(
     reused = "" if healed.now else " (reused)"
     click.echo(f"healed {chosen.label}{reused}: {how}; perplexity {perplexity}")
     if healed.continuations is not None:
-        click.echo(continuation_lines(healed.continuations))
+        click.echo(healed_lines(healed.continuations))
     unit_dir = chosen.directory(run_dir)
     click.echo(export_prune_unit(unit_dir, to, fmt, dtype, padded=padded, model=healed.model))
     if fmt == "gguf":
@@ -134,30 +133,19 @@ def heal(
         # a minute or so of de-quantizing and scoring: said, not silent
         stderr().print(f"heal: scoring {to.name}'s own weights")
         shipped = shipped_file_scores(spec, spec_path, run_dir, healed.model, to, stderr())
-        unhealed = unhealed_select_loss(record, chosen)
-        click.echo(shipped_words(to, source_type(to).label, shipped, unhealed, labels))
+        kind = source_type(to).label
+        click.echo(shipped_words(to, kind, shipped, healed.before_select, labels))
         say_speed(unit_dir, to, "heal")
 
 
-def continuation_lines(found: dict[str, list[str]]) -> str:
+def healed_lines(found: dict[str, list[str]]) -> str:
     """The fixed prompts' greedy continuations before and after healing, one line each, as the
     report prints the prune's."""
-    lines = ["greedy continuations of fixed prompts (no decision reads them):"]
-    for index, prompt in enumerate(found["prompts"]):
-        lines.append(f"- `{prompt}`")
-        for label, key in (("before healing", "before"), ("healed", "after")):
-            lines.append(f"  - {label}: `{' '.join(found[key][index].split())}`")
-    return "\n".join(lines)
+    from geospec.report.prune import continuation_lines
 
-
-def unhealed_select_loss(record: dict[str, Any], unit: Unit) -> float | None:
-    """The unhealed unit's mean loss on the selection windows, as prune.json records it (None
-    where the prune has no selection)."""
-    for budget in record.get("budgets", []):
-        if budget["keep"] == unit.keep:
-            windows = budget["arms"][unit.arm].get("select_loss", {}).get(str(unit.seed))
-            return sum(windows) / len(windows) if windows else None
-    return None
+    models = [("before healing", found["before"]), ("healed", found["after"])]
+    lines = continuation_lines(found["prompts"], models)
+    return "\n".join(["greedy continuations of fixed prompts (no decision reads them):", *lines])
 
 
 #: Where the file gives back more than this share of what healing gained on the selection
@@ -170,10 +158,13 @@ def shipped_words(
 ) -> str:
     """The healed GGUF file's own perplexities on the eval corpora (shown), and how much of the
     healing its type keeps on the selection windows (``unhealed``: the unhealed model's loss
-    there): healing moves every weight off the source file's grid, so a 4-bit file can round
-    away most of it (SmolLM2-135M at keep 1/2: Q4_1 gave back 81% on the eval corpora, Q8_0
-    nothing; docs/prune.md, "Healing"). Its advice reads no eval text."""
+    there, as its unit recorded it): healing moves every weight off the source file's grid, so
+    a 4-bit file can round away most of it (SmolLM2-135M at keep 1/2: Q4_1 gave back 81% on
+    the eval corpora, Q8_0 nothing; docs/prune.md, "Healing"). Its advice reads no eval
+    text."""
     import math
+
+    from geospec.prune.gguf_quant import FLOATS
 
     perplexity = ", ".join(
         f"{labels.get(corpus, corpus)} {math.exp(loss):.2f}"
@@ -188,7 +179,7 @@ def shipped_words(
         f"; on the selection windows {above:.3f} nats above the healed model, where healing "
         f"gained {gained:.3f}"
     )
-    if gained > 0 and above > GIVEN_BACK * gained and kind.lower() not in ("f32", "f16"):
+    if gained > 0 and above > GIVEN_BACK * gained and kind.lower() not in FLOATS:
         line += (
             f" (the {kind} file rounds away {above / gained:.0%} of the healing: a larger type "
             'keeps more of it, --dtype q5_1 or q8_0; docs/prune.md, "Healing")'

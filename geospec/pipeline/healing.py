@@ -95,9 +95,10 @@ def healer(
 class Healed:
     """One exported model healed by ``geospec heal``: where the healed model is, its settings,
     its losses on the eval corpora before and after, whether it was healed now (False: a
-    finished healing of the same inputs, reused) and the fixed prompts' greedy continuations
+    finished healing of the same inputs, reused), the fixed prompts' greedy continuations
     before and after (:func:`geospec.prune.continuations.healed_continuations`; None in a
-    record written before they were kept)."""
+    record written before they were kept) and the unhealed model's mean loss on the selection
+    windows, as its unit recorded it (None: a prune without ``select``)."""
 
     model: Path
     settings: PruneHeal
@@ -105,6 +106,7 @@ class Healed:
     after: dict[str, float]
     now: bool
     continuations: dict[str, list[str]] | None = None
+    before_select: float | None = None
 
 
 def heal_exported(
@@ -144,11 +146,13 @@ def heal_exported(
     healed_dir = unit_dir / HEALED_DIR
     dtype = export_dtype(prune, spec.reference, spec_path.parent)
     before = {name: float(loss) for name, loss in stored["loss"].items()}
+    windows = stored.get("select_loss")  # what the recommendation read (prune.select)
+    before_select = sum(windows) / len(windows) if windows else None
     record = finished_unit(healed_dir, key)
     if record is not None and has_model(healed_dir, key, dtype):
         return Healed(
             healed_dir / UNIT_MODEL_DIR, settings, before, record["healed_loss"], False,
-            record.get("continuations"),
+            record.get("continuations"), before_select,
         )  # fmt: skip
     run = RunContext(
         run_dir, spec_path.parent, console, context(), spec.train.device, spec_path=spec_path
@@ -178,7 +182,9 @@ def heal_exported(
     result = {"key": key, "widths": widths, "loss": before, "healed_loss": after,
               "heal": settings.model_dump(mode="json"), "continuations": continued}  # fmt: skip
     atomic_write_json(healed_dir / UNIT_FILE, sealed(result))
-    return Healed(healed_dir / UNIT_MODEL_DIR, settings, before, after, True, continued)
+    return Healed(
+        healed_dir / UNIT_MODEL_DIR, settings, before, after, True, continued, before_select
+    )
 
 
 @dataclass(frozen=True)
@@ -203,7 +209,7 @@ def shipped_file_scores(
     from geospec.engine.train import resolve_device
     from geospec.pipeline.context import RunContext
     from geospec.prune.corpora import eval_batches
-    from geospec.prune.gguf_weights import shipped_corpus_losses, shipped_losses
+    from geospec.prune.gguf_weights import shipped_corpus_losses
     from geospec.prune.select import select_batches
 
     prune = spec.prune
@@ -212,12 +218,10 @@ def shipped_file_scores(
     device = resolve_device(spec.train.device)
     seq_len = spec.model.seq_len
     corpora = eval_batches(prune.eval, spec.data, seq_len, run.token_data, device)
-    chosen = None
+    selection = None
     if prune.select is not None:
-        batches = select_batches(prune, spec.data, seq_len, run.token_data, device)
-        losses = shipped_losses(model, gguf, batches)
-        chosen = {"float32": losses["float32"], "shipped": losses["shipped"]}
-    return ShippedFile(shipped_corpus_losses(model, gguf, corpora), chosen)
+        selection = select_batches(prune, spec.data, seq_len, run.token_data, device)
+    return ShippedFile(*shipped_corpus_losses(model, gguf, corpora, selection))
 
 
 def shipped_settings(heal: PruneHeal, steps: int) -> PruneHeal:

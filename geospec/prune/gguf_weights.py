@@ -75,16 +75,27 @@ def shipped_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> dict[
 
 
 def shipped_corpus_losses(
-    model_dir: Path, path: Path, corpora: Mapping[str, Sequence[Any]]
-) -> dict[str, float]:
+    model_dir: Path,
+    path: Path,
+    corpora: Mapping[str, Sequence[Any]],
+    beside: Sequence[Any] | None = None,
+) -> tuple[dict[str, float], dict[str, float] | None]:
     """Each corpus's mean loss (its batches') of the model the GGUF file ``path`` ships, its
     de-quantized weights in the model in ``model_dir`` (``geospec heal --format gguf``: what the
-    healing is worth in the file)."""
+    healing is worth in the file); with ``beside`` (more batches), their loss by the float32
+    model and by the file, as :func:`shipped_losses` gives it. The model is read and the file
+    de-quantized once."""
     from geospec.prune.losses import eval_loss
+    from geospec.prune.true_width import load_pruned
 
-    first = next(iter(corpora.values()), [])
-    model = shipped_model(model_dir, path, _device(first))
-    return {name: eval_loss(model, batches) for name, batches in corpora.items()}
+    first = beside if beside is not None else next(iter(corpora.values()), [])
+    model = load_pruned(model_dir, dtype=torch.float32, device=_device(first))
+    float32 = {} if beside is None else {"float32": eval_loss(model, beside)}
+    load_gguf_weights(model, path)  # the same model, the file's weights in place
+    losses = {name: eval_loss(model, batches) for name, batches in corpora.items()}
+    if beside is None:
+        return losses, None
+    return losses, {**float32, "shipped": eval_loss(model, beside)}
 
 
 def shipped_window_losses(model_dir: Path, path: Path, batches: Sequence[Any]) -> list[float]:

@@ -491,12 +491,23 @@ def _continuations(prune: Mapping[str, Any]) -> list[str]:
         f"seed {found['seed']}'s cut; no decision reads them):",
         "",
     ]
-    for index, prompt in enumerate(found["prompts"]):
+    texts = [(label, found[key]) for label, key in models]
+    return [*lines, *continuation_lines(found["prompts"], texts), ""]
+
+
+def continuation_lines(
+    prompts: Sequence[str], models: Sequence[tuple[str, Sequence[str]]]
+) -> list[str]:
+    """Each prompt, then each model's continuation of it (``models``: a label and the texts, in
+    the prompts' order), one line each (What to ship's, and ``geospec heal``'s before and
+    after)."""
+    lines = []
+    for index, prompt in enumerate(prompts):
         lines.append(f"- `{prompt}`")
-        for label, key in models:
-            text = " ".join(found[key][index].split())  # one line in a table of lines
+        for label, texts in models:
+            text = " ".join(texts[index].split())  # one line in a table of lines
             lines.append(f"  - {label}: `{text}`")
-    return [*lines, ""]
+    return lines
 
 
 def _seed_notes(seeds: int) -> list[str]:
